@@ -1,0 +1,43 @@
+"""User-facing errors.
+
+A ``UserError`` is a mistake the user can fix (a bad config key, a missing file, batch
+arithmetic that does not divide). The command line prints it as one line starting with
+``error:`` and exits with status 2; the traceback is shown only with ``--debug``.
+``assert`` stays for internal invariants.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the user's input, reported as one ``error:`` line.
+
+    Args:
+        message: a sentence naming what is wrong, the value received and the fix.
+        key: the dotted config key involved, if any (prefixed to the message).
+        path: the file involved, if any (prefixed to the message).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, path: str | None = None) -> None:
+        self.message = message
+        self.key = key
+        self.path = path
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """The message with the key or file it concerns in front."""
+        where = []
+        if self.path:
+            where.append(str(self.path))
+        if self.key:
+            where.append(self.key)
+        prefix = ": ".join(where)
+        return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class ConfigError(UserError):
+    """A config file or override that does not validate."""
+
+
+class DataError(UserError):
+    """Input data that is missing, corrupt or inconsistent: names file, record and offset."""
