@@ -30,9 +30,7 @@ from largebatch.errors import UserError
 PARTIAL_WINDOW_POLICIES = ("drop", "step")
 
 
-def nearest_valid_global_batches(
-    global_batch_size: int, micro_batch_size: int, world_size: int
-) -> list[int]:
+def nearest_valid_global_batches(global_batch_size: int, micro_batch_size: int, world_size: int) -> list[int]:
     """The multiples of ``micro_batch_size * world_size`` closest to ``global_batch_size``."""
     unit = micro_batch_size * world_size
     below = (global_batch_size // unit) * unit

@@ -1,0 +1,50 @@
+"""Data loaders behind one contract.
+
+``data.loader`` picks a module (``synthetic``, ``native``, ``dali``, ``mediapipe``); each
+module offers ``count_samples(data_cfg, split)``, ``build_train_loader(data_cfg, plan, *,
+rank, seed, device)`` and ``build_eval_loader(data_cfg, *, batch_size, rank, world_size,
+device)``. A loader:
+
+* has ``len()``: the micro-batches this rank yields per epoch (for training,
+  ``plan.micro_batches_per_epoch``, following ``sharding.rank_train_indices``);
+* ``set_epoch(epoch)`` before each epoch (reshuffles);
+* yields ``(images, labels)``: float32 NCHW normalised images and int64 0-based labels,
+  both on the device;
+* ``state_dict()`` / ``load_state_dict()`` hold its position in the epoch, so a resumed
+  run continues at the next micro-batch;
+* has ``num_samples`` and ``num_classes``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from largebatch.batching import BatchPlan
+
+LOADER_MODULES = {
+    "synthetic": "largebatch.data.synthetic",
+    "native": "largebatch.data.native",
+    "dali": "largebatch.data.dali",
+    "mediapipe": "largebatch.data.mediapipe",
+}
+
+
+def loader_module(data_cfg: dict[str, Any]) -> ModuleType:
+    return importlib.import_module(LOADER_MODULES[data_cfg["loader"]])
+
+
+def count_samples(data_cfg: dict[str, Any], split: str) -> int:
+    """Samples in ``split`` (``'train'`` or ``'eval'``)."""
+    return loader_module(data_cfg).count_samples(data_cfg, split)
+
+
+def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
+    return loader_module(data_cfg).build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
+
+
+def build_eval_loader(data_cfg: dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device):
+    return loader_module(data_cfg).build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)

@@ -1,0 +1,5 @@
+import sys
+
+from largebatch.cli import main
+
+sys.exit(main())

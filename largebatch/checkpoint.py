@@ -1,0 +1,234 @@
+"""Checkpoints: atomic save, keep the last K, a ``latest`` pointer, exact resume.
+
+A checkpoint is one file, ``<run_dir>/checkpoints/step-<N>.pt``, written by rank 0:
+model, optimizer, grad scaler, counters, each hook's state, the training loader's
+position, every rank's random generators (Python, NumPy, torch CPU and device, the mixup
+generator: gathered from all ranks), the resolved config and its hash. It is written to
+a temporary file in the same folder, flushed and fsync'ed, then renamed over its final
+name, and the folder is fsync'ed: a crash mid-write leaves the previous checkpoints
+intact and never a half-written file under a checkpoint's name. ``latest`` (a text file
+naming the newest checkpoint) is replaced the same way, after the checkpoint.
+
+Model weights at the end of a run go to ``model.safetensors`` (timm's ``load_state_dict``
+accepts them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import random
+import re
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+from largebatch.errors import UserError
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST = "latest"
+NAME_PATTERN = re.compile(r"^step-(\d+)\.pt$")
+
+# Keys that may change between a run and its resumption without changing its maths.
+RESUME_FREE_KEYS = (
+    "log.",
+    "checkpoint.",
+    "hooks",
+    "max_steps",
+    "eval.",
+    "data.num_workers",
+    "data.prefetch",
+    "dist.timeout_minutes",
+    "data.root",
+)
+
+
+def fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_torch_save(obj: Any, path: pathlib.Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ, ignoring ``RESUME_FREE_KEYS``."""
+    a, b = flatten(saved), flatten(current)
+    keys = sorted(set(a) | set(b))
+    return [k for k in keys if a.get(k) != b.get(k) and not any(k == f or k.startswith(f) for f in RESUME_FREE_KEYS)]
+
+
+def rng_state(backend: Any) -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if backend.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(backend.device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], backend: Any) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and backend.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], backend.device)
+
+
+def _gather(obj: Any) -> list[Any]:
+    if not torch_dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(out, obj)
+    return out
+
+
+def list_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Complete checkpoints in ``run_dir``, oldest first."""
+    folder = pathlib.Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME_PATTERN.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) -> pathlib.Path | None:
+    """Save a checkpoint of the run (collective: every rank must call it).
+
+    Returns:
+        The checkpoint's path on rank 0, None on other ranks.
+    """
+    per_rank = _gather({"rng": rng_state(state.backend), "mixup": state.mixup.state_dict()})
+    if not state.is_main:
+        return None
+    folder = state.run_dir / CHECKPOINT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step-{state.step:08d}.pt"
+    payload = {
+        "format": 1,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scaler": state.scaler.state_dict() if state.scaler else None,
+        "counters": state._counters.state_dict(),
+        "hooks": {hook.name: hook.state_dict() for hook in hooks},
+        "loader": train_loader.state_dict(),
+        "per_rank": per_rank,
+        "world_size": state.world_size,
+        "config": state.config,
+        "config_hash": config_hash(state.config),
+    }
+    atomic_torch_save(payload, path)
+    atomic_write_bytes(folder / LATEST, path.name.encode())
+    for old in list_checkpoints(state.run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def find_resume_path(resume: str, run_dir: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint ``--resume`` names: ``auto`` is the newest complete one in
+    ``run_dir`` (None when there is none yet: a fresh start), else a file path."""
+    if resume == "auto":
+        folder = run_dir / CHECKPOINT_DIR
+        latest = folder / LATEST
+        if latest.is_file():
+            candidate = folder / latest.read_text().strip()
+            if candidate.is_file():
+                return candidate
+        found = list_checkpoints(run_dir)
+        return found[-1] if found else None
+    path = pathlib.Path(resume)
+    if not path.is_file():
+        raise UserError("checkpoint file not found; give a step-*.pt file or --resume auto", path=str(path))
+    return path
+
+
+def load_checkpoint(path: pathlib.Path, state: Any, hooks: list[Any], train_loader: Any, *, ignore_config: bool = False) -> None:
+    """Restore a run from ``path`` into ``state``, the hooks and the loader.
+
+    Raises:
+        UserError: the file is unreadable, or its config differs from this run's in keys
+            that change the maths (listed) and ``ignore_config`` is false.
+    """
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
+        raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {exc}); resume from an earlier one", path=str(path)) from exc
+    if not ignore_config:
+        diffs = config_differences(payload["config"], state.config)
+        if diffs:
+            shown = ", ".join(f"{k} ({flatten(payload['config']).get(k)!r} -> {flatten(state.config).get(k)!r})" for k in diffs[:8])
+            raise UserError(
+                f"the checkpoint was made with a different config: {shown}; resume with the same config, "
+                "or pass --resume-ignore-config to accept the new values",
+                path=str(path),
+            )
+    state.model.load_state_dict(payload["model"])
+    state.optimizer.load_state_dict(payload["optimizer"])
+    if state.scaler and payload["scaler"]:
+        state.scaler.load_state_dict(payload["scaler"])
+    state._counters.load_state_dict(payload["counters"])
+    for hook in hooks:
+        if hook.name in payload["hooks"]:
+            hook.load_state_dict(payload["hooks"][hook.name])
+    # The position within the epoch follows from the counters: checkpoints are taken at
+    # optimizer-step boundaries, and the samples of each step do not depend on the world
+    # size (``largebatch.data.sharding``), so this also holds after a change of world size.
+    train_loader.load_state_dict({"epoch": state.epoch, "batches_yielded": state.step_in_epoch * state.plan.accumulation})
+    per_rank = payload["per_rank"]
+    if payload["world_size"] == state.world_size:
+        set_rng_state(per_rank[state.rank]["rng"], state.backend)
+        state.mixup.load_state_dict(per_rank[state.rank]["mixup"])
+    else:
+        seed = state.config["seed"] + state.rank + 1_000_003 * state.step
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+
+def save_weights(model: torch.nn.Module, path: pathlib.Path) -> None:
+    """Write the model's weights as safetensors, atomically."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write_bytes(path, save(tensors, metadata={"format": "pt"}))

@@ -1,0 +1,134 @@
+"""The ``largebatch`` command line: ``train``, ``config show``, ``data ...``.
+
+A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
+status 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Sequence
+
+from largebatch.errors import UserError
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="a .py or .yaml config file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optimizer.lr=0.02 (repeatable)",
+    )
+    parser.add_argument("--run-dir", help="run directory (default: runs/<config name>-<timestamp>)")
+    parser.add_argument(
+        "--resume", metavar="auto|PATH", help="resume from the newest checkpoint in the run directory (auto) or from a file"
+    )
+    parser.add_argument("--resume-ignore-config", action="store_true", help="resume even if the config differs from the checkpoint's")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from largebatch.launch import TrainArgs, train
+
+    train(TrainArgs(args.config, args.overrides, args.run_dir, args.resume, args.resume_ignore_config))
+    return 0
+
+
+def train_sample_count(cfg: dict) -> tuple[int, str]:
+    """Training samples for ``config show``: counted from the data when it is at hand,
+    else the config's ``data.train_samples``."""
+    from largebatch import data as data_mod
+
+    if cfg["data"]["loader"] == "synthetic":
+        return cfg["data"]["train_samples"], "synthetic"
+    try:
+        return data_mod.count_samples(cfg["data"], "train"), "counted from the shards"
+    except (UserError, OSError, ImportError):
+        return cfg["data"]["train_samples"], "data.train_samples (shards not found)"
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from largebatch.config import derive, dump_yaml
+    from largebatch.dist import discover
+    from largebatch.launch import resolve_config
+
+    cfg = resolve_config(args.config, args.overrides)
+    world_size = args.world_size or discover().world_size
+    samples, source = train_sample_count(cfg)
+    derived = derive(cfg, world_size, samples)
+    derived["train_samples_from"] = source
+    sys.stdout.write(dump_yaml({**cfg, "derived": derived}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="largebatch", description="Large-batch ViT pretraining.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train from a config")
+    add_train_arguments(train)
+    train.set_defaults(func=cmd_train)
+
+    config = commands.add_parser("config", help="inspect configs")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    show = config_commands.add_parser("show", help="print the resolved config and its derived numbers as YAML")
+    show.add_argument("config")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    show.add_argument("--world-size", type=int, help="number of processes (default: from the launcher's environment, else 1)")
+    show.add_argument("--debug", action="store_true")
+    show.set_defaults(func=cmd_config_show)
+
+    try:
+        from largebatch.data import cli as data_cli
+    except ImportError:
+        data_cli = None
+    if data_cli is not None:
+        data = commands.add_parser("data", help="prepare and check TFRecord shards")
+        data.add_argument("--debug", action="store_true")
+        data_cli.register(data.add_subparsers(dest="data_command", required=True))
+    return parser
+
+
+def run(func, args: argparse.Namespace) -> int:
+    """Call ``func(args)``, turning user errors into one ``error:`` line and status 2."""
+    try:
+        return func(args)
+    except UserError as exc:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a hook failing on a user mistake is still a user mistake
+        cause = exc.__cause__
+        if isinstance(cause, UserError):
+            if getattr(args, "debug", False):
+                traceback.print_exc()
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "debug", False):
+        os.environ.setdefault("LARGEBATCH_DEBUG", "1")
+    return run(args.func, args)
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """``python train.py ...``: the same as ``largebatch train ...``."""
+    parser = argparse.ArgumentParser(prog="train.py", description="Large-batch ViT pretraining (same as `largebatch train`).")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(cmd_train, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

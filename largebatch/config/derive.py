@@ -1,0 +1,80 @@
+"""Numbers derived from a validated config at a given world size: the batch arithmetic,
+the schedule's length and the effective learning rate. ``largebatch config show`` prints
+them under ``derived:``; the engine uses the same function, so what is shown is what runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from largebatch.batching import BatchPlan
+from largebatch.errors import ConfigError
+
+
+def scaled_lr(cfg: dict[str, Any]) -> float:
+    """``optimizer.lr`` scaled by ``lr_schedule.scaling`` from ``base_batch_size``."""
+    schedule = cfg["lr_schedule"]
+    lr = cfg["optimizer"]["lr"]
+    if schedule["scaling"] == "none":
+        return lr
+    ratio = cfg["global_batch_size"] / schedule["base_batch_size"]
+    return lr * (ratio if schedule["scaling"] == "linear" else math.sqrt(ratio))
+
+
+def make_plan(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> BatchPlan:
+    """The run's ``BatchPlan``; raises ``UserError`` when the batch arithmetic fails."""
+    return BatchPlan.create(
+        global_batch_size=cfg["global_batch_size"],
+        micro_batch_size=cfg["micro_batch_size"],
+        world_size=world_size,
+        num_samples=num_train_samples,
+        partial_window=cfg["partial_window"],
+        max_steps_per_epoch=cfg["steps_per_epoch"],
+    )
+
+
+def derive(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> dict[str, Any]:
+    """The derived numbers of a run.
+
+    Args:
+        cfg: a validated config.
+        world_size: number of processes.
+        num_train_samples: samples in the training split.
+
+    Returns:
+        A dict with ``world_size``, ``accumulation``, ``global_batch_size``,
+        ``micro_batch_size``, ``train_samples``, ``steps_per_epoch``, ``total_steps``,
+        ``warmup_steps``, ``peak_lr`` and ``samples_per_epoch``.
+
+    Raises:
+        UserError: the batch arithmetic does not divide, or warmup is longer than training.
+    """
+    plan = make_plan(cfg, world_size, num_train_samples)
+    total_steps = plan.steps_per_epoch * cfg["epochs"]
+    schedule = cfg["lr_schedule"]
+    if schedule["warmup_epochs"] is not None:
+        warmup = round(schedule["warmup_epochs"] * plan.steps_per_epoch)
+        warmup_key = "lr_schedule.warmup_epochs"
+    else:
+        warmup = schedule["warmup_steps"] or 0
+        warmup_key = "lr_schedule.warmup_steps"
+    if warmup > total_steps:
+        raise ConfigError(
+            f"warmup is {warmup} steps but training is {total_steps} steps "
+            f"({cfg['epochs']} epochs x {plan.steps_per_epoch} steps); shorten the warmup or train longer",
+            key=warmup_key,
+        )
+    return {
+        "world_size": world_size,
+        "accumulation": plan.accumulation,
+        "global_batch_size": plan.global_batch_size,
+        "micro_batch_size": plan.micro_batch_size,
+        "train_samples": num_train_samples,
+        "samples_per_epoch": plan.samples_per_epoch,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "total_steps": total_steps,
+        "max_steps": cfg["max_steps"],
+        "warmup_steps": warmup,
+        "peak_lr": scaled_lr(cfg),
+    }

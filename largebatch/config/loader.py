@@ -1,0 +1,172 @@
+"""Load a config: Python or YAML files, ``_base_`` inheritance, ``--set`` overrides.
+
+A Python config is a module whose lowercase module-level names hold dicts, lists and
+scalars (the shape of Colossal-AI's ``vit-b16.py``). Uppercase names are the file's own
+constants, and names starting with ``_`` (other than ``_base_``), modules, functions and
+classes are ignored, so a config may compute its values::
+
+    _base_ = ['_base_/vit.py']
+    GLOBAL = 32 * 1024
+    global_batch_size = GLOBAL
+    optimizer = dict(type='lamb', lr=1.8e-2, weight_decay=0.1)
+
+A YAML file of the same shape is accepted. ``_base_`` (a path or a list of paths,
+relative to the file) is merged first, in order; this file's values are merged over it.
+Dicts merge key by key; a dict holding ``_delete_=True`` replaces its base instead.
+Lists and scalars replace.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import runpy
+import types
+from typing import Any
+
+import yaml
+
+from largebatch.errors import ConfigError
+
+SCALARS = (str, int, float, bool, type(None))
+CONFIG_SUFFIXES = (".py", ".yaml", ".yml")
+
+
+def load_config(path: str | pathlib.Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read a config file with its bases and apply ``key.path=value`` overrides.
+
+    Args:
+        path: a ``.py``, ``.yaml`` or ``.yml`` config file.
+        overrides: ``--set`` strings, each ``dotted.key=value``; values parse as YAML
+            (``0.02`` is a float, ``true`` a bool, ``[1, 2]`` a list, ``null`` None).
+
+    Returns:
+        The merged, overridden config as plain dicts, lists and scalars (not yet
+        validated: see ``largebatch.config.schema.validate``).
+
+    Raises:
+        ConfigError: the file is missing or unreadable, a value is not plain data, a
+            ``_base_`` cycles, or an override is malformed.
+    """
+    config = _load_file(pathlib.Path(path), chain=())
+    for override in overrides or []:
+        apply_override(config, override)
+    return config
+
+
+def _load_file(path: pathlib.Path, chain: tuple[pathlib.Path, ...]) -> dict[str, Any]:
+    if not path.is_file():
+        hint = "check the path" if path.suffix in CONFIG_SUFFIXES else f"a config file ends in {', '.join(CONFIG_SUFFIXES)}"
+        raise ConfigError(f"config file not found; {hint}", path=str(path))
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, resolved))
+        raise ConfigError(f"_base_ files include each other in a cycle: {cycle}", path=str(path))
+    if path.suffix == ".py":
+        raw = _read_python(path)
+    elif path.suffix in (".yaml", ".yml"):
+        raw = _read_yaml(path)
+    else:
+        raise ConfigError(f"unknown config file type {path.suffix!r}; use one of {', '.join(CONFIG_SUFFIXES)}", path=str(path))
+
+    bases = raw.pop("_base_", [])
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError("_base_ must be a path or a list of paths", path=str(path))
+    merged: dict[str, Any] = {}
+    for base in bases:
+        merge_into(merged, _load_file(path.parent / base, (*chain, resolved)))
+    merge_into(merged, raw)
+    return merged
+
+
+def _read_python(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        namespace = runpy.run_path(str(path), run_name="largebatch_config")
+    except Exception as exc:  # a config that raises is the user's to fix: show where
+        raise ConfigError(f"the config raised {type(exc).__name__}: {exc}", path=str(path)) from exc
+    config: dict[str, Any] = {}
+    for name, value in namespace.items():
+        if name == "_base_":
+            config[name] = value
+            continue
+        if name.startswith("_") or not name.islower():
+            continue
+        if isinstance(value, (types.ModuleType, types.FunctionType, type)):
+            continue
+        config[name] = _plain(value, name, path)
+    return config
+
+
+def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", path=str(path)) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("a YAML config must be a mapping of names to values", path=str(path))
+    return {k: (v if k == "_base_" else _plain(v, k, path)) for k, v in data.items()}
+
+
+def _plain(value: Any, key: str, path: pathlib.Path) -> Any:
+    """Copy ``value`` as dicts, lists and scalars; tuples become lists."""
+    if isinstance(value, SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{key}[{i}]", path) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"dict keys must be strings, got {k!r}", key=key, path=str(path))
+            out[k] = _plain(v, f"{key}.{k}", path)
+        return out
+    raise ConfigError(
+        f"values must be dicts, lists, strings, numbers, booleans or None, got {type(value).__name__}",
+        key=key,
+        path=str(path),
+    )
+
+
+def merge_into(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``update`` into ``base`` in place (dicts recursively) and return ``base``."""
+    for key, value in update.items():
+        if isinstance(value, dict) and value.get("_delete_"):
+            base[key] = {k: copy.deepcopy(v) for k, v in value.items() if k != "_delete_"}
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def apply_override(config: dict[str, Any], override: str) -> None:
+    """Apply one ``dotted.key=value`` override in place.
+
+    Raises:
+        ConfigError: no ``=``, an empty key, or a path through a non-dict value.
+    """
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set expects key.path=value, got {override!r}", key="--set")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    if isinstance(value, dict):
+        value = _plain(value, key, pathlib.Path("--set"))
+    parts = key.split(".")
+    node = config
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"cannot set {key!r}: {where} is {child!r}, not a dict", key="--set")
+        node = child
+    node[parts[-1]] = value

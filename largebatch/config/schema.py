@@ -1,0 +1,340 @@
+"""The config schema: every key, its type, default, range and meaning; validation.
+
+Validation runs before any work starts. It fills in defaults, coerces ints to floats
+where a float is wanted, and reports the first mistake as a ``ConfigError`` that names
+the dotted key, the value received, what is allowed, and the fix: an unknown key gets a
+"did you mean" from its siblings.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+from typing import Any
+
+from largebatch.errors import ConfigError
+
+REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One config value.
+
+    Attributes:
+        kind: ``int``, ``float``, ``str``, ``bool``, ``list`` or ``dict`` (a free dict).
+        default: the value when the key is absent; ``REQUIRED`` makes it mandatory.
+        doc: one line for ``largebatch config keys`` and the README.
+        choices: allowed values, if a closed set.
+        low / high: inclusive bounds for numbers; ``low_open`` makes ``low`` exclusive.
+        nullable: ``None`` is allowed.
+        items: for lists, the kind of each item.
+        length: for lists, the required length.
+    """
+
+    kind: type
+    default: Any = REQUIRED
+    doc: str = ""
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    nullable: bool = False
+    items: type | None = None
+    length: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A dict of known keys. ``open`` sections also accept keys checked elsewhere."""
+
+    fields: dict[str, "Field | Section"]
+    doc: str = ""
+    open: bool = False
+
+
+DEFAULT_NO_WEIGHT_DECAY = ["*.bias", "*norm*.weight", "pos_embed", "cls_token", "dist_token", "reg_token"]
+
+SCHEMA = Section(
+    {
+        "seed": Field(int, 0, "base seed: model init uses it on every rank, training randomness seed + rank", low=0),
+        "device": Field(str, "auto", "auto picks hpu, then cuda, then cpu", choices=("auto", "cpu", "cuda", "hpu")),
+        "precision": Field(
+            str, "auto", "auto: the backend's best (fp32 on cpu, bf16 on cuda/hpu)", choices=("auto", "fp32", "bf16", "fp16")
+        ),
+        "epochs": Field(int, REQUIRED, "passes over the training split", low=1),
+        "max_steps": Field(int, None, "stop after this many optimizer steps (schedules still span epochs)", low=1, nullable=True),
+        "steps_per_epoch": Field(
+            int, None, "cap on optimizer steps per epoch (default: floor(samples / global batch))", low=1, nullable=True
+        ),
+        "global_batch_size": Field(int, REQUIRED, "samples per optimizer step, all devices together", low=1),
+        "micro_batch_size": Field(int, REQUIRED, "samples per device per forward/backward", low=1),
+        "partial_window": Field(str, "drop", "trailing partial accumulation window: drop it, or step on it", choices=("drop", "step")),
+        "clip_grad_norm": Field(float, None, "clip the global gradient norm once per step (0 or None: off)", low=0, nullable=True),
+        "compile": Field(bool, False, "torch.compile the model"),
+        "model": Section(
+            {
+                "name": Field(str, REQUIRED, "a timm model name, e.g. vit_base_patch16_224"),
+            },
+            "timm model; every other key is a keyword argument of timm.create_model",
+            open=True,
+        ),
+        "optimizer": Section(
+            {
+                "type": Field(str, "adamw", "optimizer", choices=("adamw", "sgd", "lamb")),
+                "lr": Field(float, REQUIRED, "peak learning rate (before lr_schedule.scaling)", low=0, low_open=True),
+                "weight_decay": Field(float, 0.0, "weight decay for the decayed group", low=0),
+                "no_weight_decay": Field(
+                    list, DEFAULT_NO_WEIGHT_DECAY, "fnmatch patterns of parameter names without weight decay", items=str
+                ),
+                "exclude_1d": Field(bool, True, "no weight decay for parameters with ndim <= 1"),
+                "layer_decay": Field(float, None, "layer-wise lr decay for ViTs (None: off)", low=0, high=1, low_open=True, nullable=True),
+            },
+            "every other key is a keyword argument of the optimizer class",
+            open=True,
+        ),
+        "lr_schedule": Section(
+            {
+                "type": Field(str, "cosine", "decay after warmup", choices=("linear", "cosine", "polynomial", "constant")),
+                "warmup_steps": Field(int, None, "linear warmup length in steps", low=0, nullable=True),
+                "warmup_epochs": Field(float, None, "linear warmup length in epochs", low=0, nullable=True),
+                "warmup_init_lr": Field(float, 0.0, "learning rate at step 0", low=0),
+                "min_lr": Field(float, 0.0, "learning rate at the end of the decay", low=0),
+                "power": Field(float, 1.0, "exponent of the polynomial decay", low=0, low_open=True),
+                "scaling": Field(str, "none", "scale lr by global batch / base_batch_size", choices=("none", "linear", "sqrt")),
+                "base_batch_size": Field(int, None, "the batch size optimizer.lr was tuned at (needed by scaling)", low=1, nullable=True),
+            }
+        ),
+        "data": Section(
+            {
+                "loader": Field(
+                    str,
+                    "synthetic",
+                    "synthetic, native (TFRecord), dali or mediapipe",
+                    choices=("synthetic", "native", "dali", "mediapipe"),
+                ),
+                "root": Field(str, None, "folder of TFRecord shards", nullable=True),
+                "train_split": Field(str, "train", "shard name prefix of the training split"),
+                "eval_split": Field(str, "validation", "shard name prefix of the evaluation split"),
+                "image_size": Field(int, 224, "side of the square input images", low=1),
+                "channels": Field(int, 3, "image channels", choices=(1, 3)),
+                "num_classes": Field(int, 1000, "number of classes", low=2),
+                "label_offset": Field(int, 0, "subtracted from stored labels (ImageNet TFRecords: 1)"),
+                "mean": Field(list, [0.485, 0.456, 0.406], "per-channel mean, 0-1 units", items=float),
+                "std": Field(list, [0.229, 0.224, 0.225], "per-channel std, 0-1 units", items=float),
+                "num_workers": Field(int, 2, "loader worker processes (threads for DALI)", low=0),
+                "prefetch": Field(int, 2, "batches prefetched per worker", low=1),
+                "scale": Field(list, [0.08, 1.0], "RandomResizedCrop area range", items=float, length=2),
+                "ratio": Field(list, [0.75, 1.3333333333333333], "RandomResizedCrop aspect range", items=float, length=2),
+                "hflip": Field(float, 0.5, "horizontal flip probability", low=0, high=1),
+                "eval_crop_ratio": Field(float, 0.875, "centre crop / resize ratio in evaluation", low=0, high=1, low_open=True),
+                "verify_crc": Field(bool, True, "check every record's CRC-32C while reading"),
+                "train_samples": Field(
+                    int, 50000, "synthetic: the training split's size; TFRecord: used by config show when the shards are absent", low=1
+                ),
+                "eval_samples": Field(int, 10000, "synthetic: samples in the evaluation split", low=0),
+                "synthetic_seed": Field(int, 0, "synthetic: which synthetic data set (the run seed only shuffles it)", low=0),
+                "signal": Field(float, 1.0, "synthetic: class signal strength against unit noise", low=0),
+            }
+        ),
+        "mixup": Section(
+            {
+                "mixup_alpha": Field(float, 0.0, "Beta(alpha, alpha) mixup; 0 disables", low=0),
+                "cutmix_alpha": Field(float, 0.0, "Beta(alpha, alpha) CutMix; 0 disables", low=0),
+                "prob": Field(float, 1.0, "probability a batch is mixed", low=0, high=1),
+                "switch_prob": Field(float, 0.5, "probability of CutMix when both are on", low=0, high=1),
+                "label_smoothing": Field(float, 0.0, "label smoothing of the soft targets", low=0, high=1),
+            }
+        ),
+        "eval": Section(
+            {
+                "interval_epochs": Field(int, 1, "evaluate every N epochs (0: only at the end)", low=0),
+                "at_end": Field(bool, True, "evaluate after training"),
+                "batch_size": Field(int, None, "evaluation batch per device (default: micro_batch_size)", low=1, nullable=True),
+            }
+        ),
+        "log": Section(
+            {
+                "interval": Field(int, 10, "log every N optimizer steps", low=1),
+                "console": Field(bool, True, "print a line per interval on rank 0"),
+            }
+        ),
+        "checkpoint": Section(
+            {
+                "interval_steps": Field(int, None, "save every N steps", low=1, nullable=True),
+                "interval_epochs": Field(int, 1, "save every N epochs (0: off)", low=0),
+                "keep": Field(int, 3, "keep the last K checkpoints", low=1),
+                "at_end": Field(bool, True, "save after training"),
+            }
+        ),
+        "dist": Section(
+            {
+                "backend": Field(
+                    str,
+                    "auto",
+                    "process-group backend; auto: gloo on cpu, nccl on cuda, hccl on hpu",
+                    choices=("auto", "gloo", "nccl", "hccl"),
+                ),
+                "timeout_minutes": Field(float, 30.0, "collective timeout", low=0, low_open=True),
+                "find_unused_parameters": Field(bool, False, "DDP find_unused_parameters"),
+                "bucket_cap_mb": Field(float, 25.0, "DDP gradient bucket size", low=0, low_open=True),
+                "gradient_as_bucket_view": Field(bool, True, "DDP gradient_as_bucket_view (saves a gradient copy)"),
+                "static_graph": Field(bool, False, "DDP static_graph"),
+            }
+        ),
+        "hooks": Field(list, [], "hooks: built-in names, or dict(type=name or 'file.py:Class', **kwargs)"),
+    }
+)
+
+# Keys users bring from other frameworks, with the fix.
+FOREIGN_KEYS = {
+    "gradient_accumulation": "accumulation is derived from global_batch_size / (micro_batch_size x world_size); set global_batch_size",
+    "batch_size": "set micro_batch_size (per device) and global_batch_size (per optimizer step)",
+    "num_epochs": "the key is epochs",
+    "fp16": "set precision = 'fp16' (or 'bf16', 'fp32', 'auto')",
+    "lr_scheduler": "the key is lr_schedule",
+    "clip_grad": "the key is clip_grad_norm",
+}
+
+
+def validate(config: dict[str, Any]) -> dict[str, Any]:
+    """Check ``config`` against the schema and return a copy with defaults filled in.
+
+    Raises:
+        ConfigError: the first unknown key, wrong type, out-of-range value or broken
+            cross-field rule, naming the key and the fix.
+    """
+    out = _check_section(SCHEMA, copy.deepcopy(config), prefix="")
+    _check_rules(out)
+    return out
+
+
+def _check_section(section: Section, values: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise ConfigError(f"must be a dict, got {type(values).__name__} {values!r}", key=prefix.rstrip("."))
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        spec = section.fields.get(key)
+        if spec is None:
+            if section.open:
+                out[key] = value
+                continue
+            raise ConfigError(_unknown_key_message(key, section, prefix), key=f"{prefix}{key}")
+        out[key] = _check_value(spec, value, f"{prefix}{key}")
+    for key, spec in section.fields.items():
+        if key in out:
+            continue
+        if isinstance(spec, Section):
+            out[key] = _check_section(spec, {}, f"{prefix}{key}.")
+        elif spec.default is REQUIRED:
+            raise ConfigError(f"is required{': ' + spec.doc if spec.doc else ''}", key=f"{prefix}{key}")
+        else:
+            out[key] = copy.deepcopy(spec.default)
+    # Schema order first, then the open section's extra keys, so dumps read the same way.
+    ordered = {key: out[key] for key in section.fields if key in out}
+    ordered.update((key, value) for key, value in out.items() if key not in ordered)
+    return ordered
+
+
+def _unknown_key_message(key: str, section: Section, prefix: str) -> str:
+    if not prefix and key in FOREIGN_KEYS:
+        return f"unknown key; {FOREIGN_KEYS[key]}"
+    close = difflib.get_close_matches(key, list(section.fields), n=1, cutoff=0.6)
+    if close:
+        return f"unknown key; did you mean {prefix}{close[0]!r}?"
+    known = ", ".join(sorted(section.fields))
+    return f"unknown key; the keys here are: {known}"
+
+
+def _check_value(spec: Field | Section, value: Any, key: str) -> Any:
+    if isinstance(spec, Section):
+        return _check_section(spec, value, f"{key}.")
+    if value is None:
+        if spec.nullable or spec.default is None:
+            return None
+        raise ConfigError(f"must not be None; expected {_kind_name(spec.kind)}", key=key)
+    value = _coerce(spec.kind, value, key)
+    if spec.kind is list:
+        if spec.length is not None and len(value) != spec.length:
+            raise ConfigError(f"must have {spec.length} items, got {len(value)}: {value!r}", key=key)
+        if spec.items is not None:
+            value = [_coerce(spec.items, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if spec.choices is not None and value not in spec.choices:
+        allowed = ", ".join(repr(c) for c in spec.choices)
+        close = difflib.get_close_matches(str(value), [str(c) for c in spec.choices], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"got {value!r}; allowed: {allowed}{hint}", key=key)
+    if spec.low is not None and (value < spec.low or (spec.low_open and value == spec.low)):
+        bound = f"> {spec.low}" if spec.low_open else f">= {spec.low}"
+        raise ConfigError(f"got {value!r}; must be {bound}", key=key)
+    if spec.high is not None and value > spec.high:
+        raise ConfigError(f"got {value!r}; must be <= {spec.high}", key=key)
+    return value
+
+
+def _coerce(kind: type, value: Any, key: str) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        raise ConfigError(f"got {value!r}; expected an integer", key=key)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, kind):
+        raise ConfigError(f"got {type(value).__name__} {value!r}; expected {_kind_name(kind)}", key=key)
+    return value
+
+
+def _kind_name(kind: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "True or False", list: "a list", dict: "a dict"}[kind]
+
+
+def _check_rules(cfg: dict[str, Any]) -> None:
+    """Rules that involve more than one key."""
+    if cfg["micro_batch_size"] > cfg["global_batch_size"]:
+        raise ConfigError(
+            f"micro_batch_size {cfg['micro_batch_size']} is larger than global_batch_size "
+            f"{cfg['global_batch_size']}; lower micro_batch_size",
+            key="micro_batch_size",
+        )
+    schedule = cfg["lr_schedule"]
+    if schedule["warmup_steps"] is not None and schedule["warmup_epochs"] is not None:
+        raise ConfigError("set warmup_steps or warmup_epochs, not both", key="lr_schedule.warmup_epochs")
+    if schedule["scaling"] != "none" and schedule["base_batch_size"] is None:
+        raise ConfigError(
+            f"scaling {schedule['scaling']!r} needs the batch size optimizer.lr was tuned at; set lr_schedule.base_batch_size",
+            key="lr_schedule.base_batch_size",
+        )
+    if schedule["min_lr"] > cfg["optimizer"]["lr"]:
+        raise ConfigError(
+            f"min_lr {schedule['min_lr']} is above optimizer.lr {cfg['optimizer']['lr']}; lower min_lr",
+            key="lr_schedule.min_lr",
+        )
+    data = cfg["data"]
+    for name in ("mean", "std"):
+        if len(data[name]) != data["channels"]:
+            raise ConfigError(
+                f"has {len(data[name])} values for {data['channels']} channel(s); give one per channel",
+                key=f"data.{name}",
+            )
+    if data["loader"] != "synthetic" and not data["root"]:
+        raise ConfigError(f"loader {data['loader']!r} reads TFRecord shards; set data.root to their folder", key="data.root")
+    model = cfg["model"]
+    for model_key, data_key in (("num_classes", "num_classes"), ("img_size", "image_size"), ("in_chans", "channels")):
+        if model_key in model and model[model_key] != data[data_key]:
+            raise ConfigError(
+                f"is {model[model_key]} but data.{data_key} is {data[data_key]}; make them equal or drop model.{model_key}",
+                key=f"model.{model_key}",
+            )
+    mix = cfg["mixup"]
+    if mix["cutmix_alpha"] > 0 and data["image_size"] < 2:
+        raise ConfigError("CutMix needs images of at least 2 pixels", key="mixup.cutmix_alpha")
+    hooks = cfg["hooks"]
+    for i, spec in enumerate(hooks):
+        if isinstance(spec, str):
+            continue
+        if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+            raise ConfigError(
+                f"got {spec!r}; a hook is a name ('logger') or dict(type='name' or 'path/file.py:Class', **kwargs)",
+                key=f"hooks[{i}]",
+            )

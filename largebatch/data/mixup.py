@@ -1,0 +1,141 @@
+"""Mixup, CutMix and label smoothing as soft targets, on the device, on the batch.
+
+Mixup: Zhang et al., "mixup: Beyond Empirical Risk Minimization" (arXiv:1710.09412).
+CutMix: Yun et al., "CutMix" (arXiv:1905.04899). As in timm's ``Mixup`` (batch mode),
+one ``lam`` is drawn per batch and each image is mixed with the batch reversed; for
+CutMix, ``lam`` is corrected to the pasted box's true area. Label smoothing spreads
+``label_smoothing`` of each target's mass evenly over all classes.
+
+Randomness comes from a NumPy generator owned by this object (seeded per rank, saved
+in checkpoints), so mixing is reproducible and resumable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclasses.dataclass
+class MixedBatch:
+    """A batch after mixing.
+
+    Attributes:
+        images: the mixed images.
+        targets: soft targets ``[B, C]``, or the int64 labels when nothing mixes or
+            smooths (then plain cross-entropy runs).
+        labels: the original labels.
+        labels_b: the labels mixed in (``labels.flip(0)``), or None.
+        lam: the weight of ``labels`` (1.0 when unmixed).
+    """
+
+    images: torch.Tensor
+    targets: torch.Tensor
+    labels: torch.Tensor
+    labels_b: torch.Tensor | None = None
+    lam: float = 1.0
+
+
+class MixupCutmix:
+    """Batch-mode Mixup / CutMix with label smoothing.
+
+    Args:
+        num_classes: number of classes of the soft targets.
+        mixup_alpha: Beta(alpha, alpha) for mixup; 0 disables.
+        cutmix_alpha: Beta(alpha, alpha) for CutMix; 0 disables.
+        prob: probability that a batch is mixed at all.
+        switch_prob: probability of CutMix rather than mixup when both are enabled.
+        label_smoothing: mass spread over all classes.
+        seed: seed of this object's generator (give each rank its own).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        prob: float = 1.0,
+        switch_prob: float = 0.5,
+        label_smoothing: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.num_classes = num_classes
+        self.mixup_alpha = mixup_alpha
+        self.cutmix_alpha = cutmix_alpha
+        self.prob = prob
+        self.switch_prob = switch_prob
+        self.label_smoothing = label_smoothing
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def active(self) -> bool:
+        """Whether targets are soft (any mixing or smoothing configured)."""
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0 or self.label_smoothing > 0
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> MixedBatch:
+        if not self.active:
+            return MixedBatch(images, labels, labels)
+        lam, use_cutmix = 1.0, False
+        if (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.rng.random() < self.prob:
+            use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha == 0 or self.rng.random() < self.switch_prob)
+            alpha = self.cutmix_alpha if use_cutmix else self.mixup_alpha
+            lam = float(self.rng.beta(alpha, alpha))
+        labels_b = labels.flip(0)
+        if lam < 1.0:
+            if use_cutmix:
+                images, lam = self._cutmix(images, lam)
+            else:
+                images = images.mul(lam).add_(images.flip(0), alpha=1.0 - lam)
+        targets = self.soft_targets(labels, labels_b, lam, images.dtype)
+        return MixedBatch(images, targets, labels, labels_b if lam < 1.0 else None, lam)
+
+    def _cutmix(self, images: torch.Tensor, lam: float) -> tuple[torch.Tensor, float]:
+        height, width = images.shape[-2:]
+        cut = math.sqrt(1.0 - lam)
+        box_h, box_w = int(height * cut), int(width * cut)
+        cy = int(self.rng.integers(height))
+        cx = int(self.rng.integers(width))
+        y0, y1 = max(cy - box_h // 2, 0), min(cy + box_h // 2, height)
+        x0, x1 = max(cx - box_w // 2, 0), min(cx + box_w // 2, width)
+        images = images.clone()
+        images[..., y0:y1, x0:x1] = images.flip(0)[..., y0:y1, x0:x1]
+        return images, 1.0 - (y1 - y0) * (x1 - x0) / (height * width)
+
+    def soft_targets(self, labels: torch.Tensor, labels_b: torch.Tensor, lam: float, dtype: torch.dtype) -> torch.Tensor:
+        off = self.label_smoothing / self.num_classes
+        on = 1.0 - self.label_smoothing + off
+        dtype = dtype if dtype.is_floating_point else torch.float32
+
+        def one_hot(y: torch.Tensor) -> torch.Tensor:
+            return torch.full((y.shape[0], self.num_classes), off, device=y.device, dtype=dtype).scatter_(1, y.unsqueeze(1), on)
+
+        targets = one_hot(labels)
+        if lam < 1.0:
+            targets = targets.mul_(lam).add_(one_hot(labels_b), alpha=1.0 - lam)
+        return targets
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
+
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against soft targets (or int labels), averaged over the batch."""
+    if targets.dtype == torch.int64:
+        return torch.nn.functional.cross_entropy(logits, targets)
+    return torch.sum(-targets * torch.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+
+
+def mixed_correct(logits: torch.Tensor, batch: MixedBatch) -> torch.Tensor:
+    """Mixup-aware count of correct top-1 predictions: ``lam * [pred == a] + (1 - lam) * [pred == b]``."""
+    pred = logits.argmax(dim=-1)
+    correct = (pred == batch.labels).sum(dtype=torch.float32)
+    if batch.labels_b is None:
+        return correct
+    return correct * batch.lam + (pred == batch.labels_b).sum(dtype=torch.float32) * (1.0 - batch.lam)

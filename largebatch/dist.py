@@ -1,0 +1,155 @@
+"""Rank discovery and process-group setup.
+
+Launchers announce ranks through different environment variables. They are read in
+this order, the first complete set winning:
+
+1. torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (also ``srun torchrun ...``);
+2. Open MPI: ``OMPI_COMM_WORLD_RANK``, ``_SIZE``, ``_LOCAL_RANK`` (``mpirun``; inside an
+   sbatch allocation every mpirun rank also inherits ``SLURM_PROCID=0``, so MPI must be
+   read before Slurm);
+3. Slurm: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` (``srun python train.py``).
+
+Under MPI and Slurm, ``MASTER_ADDR`` defaults to the first host of the job
+(``scontrol show hostnames $SLURM_JOB_NODELIST``) or to 127.0.0.1 on one node, and
+``MASTER_PORT`` to a port derived from the Slurm job id (so two jobs sharing a node do
+not collide) or 29500. A single process with none of these runs without a process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import subprocess
+
+import torch
+import torch.distributed as torch_dist
+
+from largebatch.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    launcher: str = "single"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _ints(env: dict[str, str], *names: str) -> tuple[int, ...] | None:
+    if not all(name in env for name in names):
+        return None
+    try:
+        return tuple(int(env[name]) for name in names)
+    except ValueError as exc:
+        raise UserError(f"launcher variables {', '.join(names)} are not integers: {exc}") from exc
+
+
+def discover(env: dict[str, str] | None = None) -> DistInfo:
+    """Read this process's rank, world size and local rank from the environment."""
+    env = dict(os.environ if env is None else env)
+    sources = (
+        ("torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
+        ("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")),
+        ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")),
+    )
+    for launcher, names in sources:
+        values = _ints(env, *names)
+        if values is not None:
+            rank, world, local = values
+            if not 0 <= rank < world:
+                raise UserError(f"{names[0]}={rank} is outside 0..{world - 1} ({names[1]}={world})")
+            return DistInfo(rank, world, local, launcher)
+    return DistInfo()
+
+
+def rendezvous_env(info: DistInfo, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``MASTER_ADDR`` / ``MASTER_PORT`` / ``RANK`` / ``WORLD_SIZE`` for ``env://`` init."""
+    env = dict(os.environ if env is None else env)
+    out = {"RANK": str(info.rank), "WORLD_SIZE": str(info.world_size), "LOCAL_RANK": str(info.local_rank)}
+    if "MASTER_ADDR" not in env:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        out["MASTER_ADDR"] = _first_slurm_host(nodelist) if nodelist else "127.0.0.1"
+    if "MASTER_PORT" not in env:
+        job = env.get("SLURM_JOB_ID")
+        out["MASTER_PORT"] = str(20000 + int(job) % 20000) if job and job.isdigit() else "29500"
+    return out
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    try:
+        result = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UserError(
+            f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with scontrol ({exc}); set MASTER_ADDR to the first node's address"
+        ) from exc
+    hosts = result.stdout.split()
+    if not hosts:
+        raise UserError(f"scontrol show hostnames {nodelist!r} printed no host; set MASTER_ADDR")
+    return hosts[0]
+
+
+def init_process_group(info: DistInfo, backend: str, timeout_minutes: float = 30.0) -> None:
+    """Join the job's process group (no-op for a single process).
+
+    Args:
+        info: from ``discover()``.
+        backend: ``gloo``, ``nccl`` or ``hccl`` (hccl needs Habana's
+            ``habana_frameworks.torch.distributed.hccl`` imported first, which the HPU
+            backend does).
+        timeout_minutes: collective timeout.
+    """
+    if not info.distributed or torch_dist.is_initialized():
+        return
+    os.environ.update(rendezvous_env(info))
+    torch_dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(minutes=timeout_minutes),
+    )
+
+
+def destroy_process_group() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s ``obj`` on every rank (identity without a process group)."""
+    if not torch_dist.is_initialized():
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """Mean over ranks, in place (identity without a process group)."""
+    if torch_dist.is_initialized():
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
+        tensor /= torch_dist.get_world_size()
+    return tensor
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks, in place (identity without a process group)."""
+    if torch_dist.is_initialized():
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.barrier()

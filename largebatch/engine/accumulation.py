@@ -1,0 +1,32 @@
+"""Gradient accumulation: how micro-batch losses combine into one optimizer step.
+
+A rank runs a window of ``w`` micro-batches (``w = A``, or fewer in a trailing partial
+window; see ``largebatch.batching``). Each micro-batch's loss is the mean over its
+samples; it is multiplied by ``1 / w`` before backward, so after the window a rank's
+gradient is the mean over its ``w * micro_batch_size`` samples. DDP then averages over
+the ``world_size`` ranks, whose shares are equal, so the optimizer sees the mean
+gradient over the whole global batch: the same gradient one device would compute on
+the global batch at once (tested against that full-batch gradient).
+
+Under DDP, all micro-steps but the window's last run inside ``no_sync()``: gradients
+accumulate locally and are all-reduced once per optimizer step, not once per micro-step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+
+def micro_loss_weight(window: int) -> float:
+    """Factor applied to each micro-batch's mean loss in a window of ``window`` micro-batches."""
+    return 1.0 / window
+
+
+def sync_context(model: torch.nn.Module, micro: int, window: int) -> ContextManager[None]:
+    """``model.no_sync()`` for every micro-step but the last of the window, when the model is DDP."""
+    if micro < window - 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()

@@ -1,0 +1,183 @@
+"""The training loop. Short on purpose: everything optional is a hook.
+
+The loop's shape and its events are documented in ``largebatch.engine.events``; the
+gradient-accumulation rules in ``largebatch.engine.accumulation``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import torch
+
+from largebatch.data.mixup import soft_cross_entropy
+from largebatch.dist import all_reduce_sum
+from largebatch.engine.accumulation import micro_loss_weight, sync_context
+from largebatch.engine.events import Event
+from largebatch.engine.hook import Hook, HookError
+from largebatch.engine.state import TrainState
+
+
+class Engine:
+    """Runs training (and evaluation) for a ``TrainState``, firing hooks at each event.
+
+    Args:
+        state: the run's state, built by ``largebatch.launch``.
+        hooks: hooks to fire; sorted by priority (stable: equal priorities keep order).
+        train_loader: yields this rank's micro-batches (``largebatch.data`` contract).
+        eval_loader: the evaluation loader, or None.
+    """
+
+    def __init__(self, state: TrainState, hooks: list[Hook], train_loader: Any, eval_loader: Any = None) -> None:
+        self.state = state
+        self.hooks = sorted(hooks, key=lambda h: h.priority)
+        self.train_loader = train_loader
+        self.eval_loader = eval_loader
+        self._by_event = {event: [h for h in self.hooks if h.overrides(event)] for event in Event}
+        self._last_eval_step: int | None = None
+
+    def fire(self, event: Event) -> None:
+        """Call every hook that implements ``event``, in priority order."""
+        for hook in self._by_event[event]:
+            try:
+                getattr(hook, event.value)(self.state)
+            except Exception as exc:
+                raise HookError(f"hook {hook.name} failed in {event.value}: {type(exc).__name__}: {exc}") from exc
+
+    def run(self) -> None:
+        """Train for the configured epochs (or until a hook requests a stop), then evaluate."""
+        state, counters = self.state, self.state._counters
+        try:
+            self.fire(Event.BEFORE_RUN)
+            self.fire(Event.BEFORE_TRAIN)
+            state.schedule.apply(state.optimizer, state.step)
+            state.lr = state.schedule.lr_at(state.step)
+            while counters.epoch < state.epochs and not self._done():
+                self.train_loader.set_epoch(counters.epoch)
+                self.fire(Event.BEFORE_EPOCH)
+                self._train_epoch()
+                if counters.step_in_epoch < state.plan.steps_per_epoch:
+                    break  # stopped mid-epoch
+                counters.epoch += 1
+                counters.step_in_epoch = 0
+                self.fire(Event.AFTER_EPOCH)
+                interval = state.config["eval"]["interval_epochs"]
+                if interval > 0 and counters.epoch % interval == 0:
+                    self.evaluate()
+            if state.config["eval"]["at_end"] and self._last_eval_step != state.step:
+                self.evaluate()
+            self.fire(Event.AFTER_TRAIN)
+            self.fire(Event.AFTER_RUN)
+        except BaseException as exc:
+            for hook in self._by_event[Event.ON_EXCEPTION]:
+                try:
+                    hook.on_exception(state, exc)
+                except Exception as hook_exc:  # noqa: BLE001 - the original error matters more
+                    exc.add_note(f"hook {hook.name} also failed in on_exception: {hook_exc!r}")
+            raise
+
+    def _done(self) -> bool:
+        return self.state.should_stop or self.state.step >= self.state.total_steps
+
+    def _train_epoch(self) -> None:
+        state = self.state
+        batches = iter(self.train_loader)
+        for window in state.plan.window_sizes()[state.step_in_epoch :]:
+            if self._done():
+                return
+            self._train_step(batches, window)
+
+    def _next_batch(self, batches: Iterator) -> tuple[torch.Tensor, torch.Tensor]:
+        start = time.perf_counter()
+        try:
+            images, labels = next(batches)
+        except StopIteration:
+            raise RuntimeError(
+                f"the training loader ended early in epoch {self.state.epoch}: it promised {len(self.train_loader)} micro-batches per epoch"
+            ) from None
+        self.state.data_wait_seconds += time.perf_counter() - start
+        return images, labels
+
+    def _train_step(self, batches: Iterator, window: int) -> None:
+        state, counters = self.state, self.state._counters
+        state.optimizer.zero_grad(set_to_none=True)
+        state.metrics = {}
+        state.skip_step = False
+        state.grad_norm = None
+        state.window_size = window
+        state.step_loss = None
+        self.fire(Event.BEFORE_STEP)
+        for micro in range(window):
+            state.micro_in_window = micro
+            images, labels = self._next_batch(batches)
+            state.batch = state.mixup(images, labels)
+            self.fire(Event.BEFORE_MICRO_STEP)
+            with sync_context(state.train_model, micro, window):
+                with state.backend.autocast():
+                    state.outputs = state.train_model(state.batch.images)
+                    state.loss = soft_cross_entropy(state.outputs, state.batch.targets)
+                self.fire(Event.AFTER_FORWARD)
+                scaled = state.loss * micro_loss_weight(window)
+                (state.scaler.scale(scaled) if state.scaler else scaled).backward()
+            state.backend.after_backward()
+            detached = state.loss.detach() * micro_loss_weight(window)
+            state.step_loss = detached if state.step_loss is None else state.step_loss + detached
+            counters.micro_step += 1
+            counters.samples_seen += images.shape[0] * state.world_size
+            self.fire(Event.AFTER_BACKWARD)
+        if state.scaler:
+            state.scaler.unscale_(state.optimizer)
+        self.fire(Event.BEFORE_OPTIMIZER_STEP)
+        if not state.skip_step:
+            if state.scaler:
+                state.scaler.step(state.optimizer)
+            else:
+                state.optimizer.step()
+        if state.scaler:
+            state.scaler.update()
+        state.backend.after_optimizer_step()
+        state.schedule.apply(state.optimizer, state.step + 1)
+        self.fire(Event.AFTER_OPTIMIZER_STEP)
+        counters.step += 1
+        counters.step_in_epoch += 1
+        self.fire(Event.AFTER_STEP)
+        state.lr = state.schedule.lr_at(state.step)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Top-1, top-5 and loss over the evaluation split (every sample once across ranks)."""
+        state = self.state
+        if self.eval_loader is None:
+            return {}
+        self.fire(Event.BEFORE_EVAL)
+        state.model.eval()
+        sums = torch.zeros(4, dtype=torch.float64, device=state.backend.device)  # loss, top1, top5, count
+        try:
+            for images, labels in self.eval_loader:
+                with state.backend.autocast():
+                    logits = state.model(images)
+                loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+                k = min(5, logits.shape[-1])
+                top = logits.topk(k, dim=-1).indices
+                hits = top.eq(labels.unsqueeze(1))
+                sums += torch.stack(
+                    [
+                        loss.double(),
+                        hits[:, 0].sum().double(),
+                        hits.any(1).sum().double(),
+                        torch.tensor(float(labels.numel()), dtype=torch.float64, device=sums.device),
+                    ]
+                )
+                state.eval_batch = (images, labels, logits)
+                self.fire(Event.AFTER_EVAL_BATCH)
+        finally:
+            state.model.train()
+            state.eval_batch = None
+        all_reduce_sum(sums)
+        loss, top1, top5, count = sums.tolist()
+        count = max(count, 1.0)
+        state.eval_metrics = {"eval/loss": loss / count, "eval/top1": top1 / count, "eval/top5": top5 / count, "eval/samples": count}
+        self._last_eval_step = state.step
+        self.fire(Event.AFTER_EVAL)
+        return state.eval_metrics

@@ -1,0 +1,100 @@
+"""The ``Hook`` base class and hook priorities.
+
+A hook subclasses ``Hook`` and overrides the methods named after the events it needs
+(``largebatch.engine.events``); each receives the ``TrainState``. Hooks run in priority
+order, lowest number first; equal priorities keep registration order. A hook's
+``state_dict()`` is saved in checkpoints under its ``name``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from largebatch.engine.events import Event
+
+
+class Priority(enum.IntEnum):
+    """Named points on the 0-100 priority scale (lower runs first)."""
+
+    HIGHEST = 0
+    VERY_HIGH = 10
+    HIGH = 30
+    ABOVE_NORMAL = 40
+    NORMAL = 50
+    BELOW_NORMAL = 60
+    LOW = 70
+    VERY_LOW = 90
+    LOWEST = 100
+
+
+def parse_priority(value: int | str | Priority) -> int:
+    """A priority from a name (``'LOW'``) or a number in 0..100."""
+    if isinstance(value, str):
+        try:
+            return int(Priority[value.upper()])
+        except KeyError:
+            names = ", ".join(p.name for p in Priority)
+            raise ValueError(f"unknown priority {value!r}; use a number 0-100 or one of {names}") from None
+    if not 0 <= int(value) <= 100:
+        raise ValueError(f"priority {value} is outside 0..100")
+    return int(value)
+
+
+class Hook:
+    """Base class of every hook.
+
+    Class attributes:
+        priority: where the hook runs among others (``Priority`` or 0-100).
+
+    Override any of the event methods below; the engine calls only the ones a hook
+    overrides. Hooks read the state freely and write ``state.metrics``; they must not
+    write the counters (only the engine does). ``state.request_stop(reason)`` ends the
+    run at the next step boundary.
+    """
+
+    priority: int = Priority.NORMAL
+
+    def __init__(self, priority: int | str | None = None) -> None:
+        if priority is not None:
+            self.priority = parse_priority(priority)
+
+    @property
+    def name(self) -> str:
+        """The key of this hook's state in checkpoints."""
+        return type(self).__name__
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint (empty by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    def before_run(self, state) -> None: ...
+    def before_train(self, state) -> None: ...
+    def before_epoch(self, state) -> None: ...
+    def before_step(self, state) -> None: ...
+    def before_micro_step(self, state) -> None: ...
+    def after_forward(self, state) -> None: ...
+    def after_backward(self, state) -> None: ...
+    def before_optimizer_step(self, state) -> None: ...
+    def after_optimizer_step(self, state) -> None: ...
+    def after_step(self, state) -> None: ...
+    def after_epoch(self, state) -> None: ...
+    def before_eval(self, state) -> None: ...
+    def after_eval_batch(self, state) -> None: ...
+    def after_eval(self, state) -> None: ...
+    def after_train(self, state) -> None: ...
+    def after_run(self, state) -> None: ...
+
+    def on_exception(self, state, exception: BaseException) -> None:
+        """Called when the run fails, before the error propagates."""
+
+    def overrides(self, event: Event) -> bool:
+        """Whether this hook implements ``event`` (the engine skips the rest)."""
+        return getattr(type(self), event.value) is not getattr(Hook, event.value)
+
+
+class HookError(RuntimeError):
+    """A hook raised; the message names the hook and the event."""

@@ -1,0 +1,167 @@
+"""``TrainState``: what hooks see. Hooks get the state, never the engine.
+
+Counters are named by their unit and only the engine advances them (the public
+attributes are read-only properties):
+
+* ``step``: optimizer steps completed. During a step's events (``before_step`` to
+  ``after_optimizer_step``) it is the 0-based index of the step being taken; at
+  ``after_step`` it already counts that step.
+* ``micro_step``: forward/backward passes completed on this rank (advanced before
+  ``after_backward``).
+* ``samples_seen``: training samples consumed by all ranks together.
+* ``epoch``: epochs completed; during an epoch's events, the 0-based index of the
+  current epoch (advanced before ``after_epoch``).
+* ``step_in_epoch``: optimizer steps completed in the current epoch (0 again at
+  ``after_epoch``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import torch
+
+from largebatch.batching import BatchPlan
+from largebatch.dist import DistInfo
+
+
+@dataclasses.dataclass
+class Counters:
+    step: int = 0
+    micro_step: int = 0
+    samples_seen: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key, value in state.items():
+            setattr(self, key, int(value))
+
+
+class TrainState:
+    """Everything a hook may read (and ``metrics`` / ``request_stop`` to write).
+
+    Attributes:
+        config: the validated config.
+        derived: the derived numbers (``largebatch.config.derive``).
+        plan: the batch arithmetic.
+        dist: rank, world size, local rank.
+        backend: the device backend.
+        model: the model being trained (unwrapped; its ``state_dict`` is the weights).
+        train_model: what the forward pass calls (the DDP wrapper when distributed).
+        optimizer, schedule, scaler, mixup: as built from the config (scaler may be None).
+        run_dir: the run directory.
+        batch: the current micro-batch (``MixedBatch``) in micro events.
+        outputs / loss: the current micro-batch's logits and mean loss (``after_forward`` on).
+        window_size / micro_in_window: micro-batches in this step's window, and the
+            current one's index.
+        step_loss: the step's loss so far (mean over the window's micro-batches, detached).
+        lr: the base learning rate of the current (or, after it, the last) step.
+        grad_norm: the global gradient norm before clipping, when clipping computed it.
+        metrics: values hooks publish for the logger this step (cleared each step);
+            tensors are averaged over ranks when logged.
+        eval_metrics: results of the last evaluation.
+        data_wait_seconds: time spent waiting for the loader, cumulative.
+        skip_step: set in ``before_optimizer_step`` to skip this optimizer update.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: dict[str, Any],
+        derived: dict[str, Any],
+        plan: BatchPlan,
+        dist: DistInfo,
+        backend: Any,
+        model: torch.nn.Module,
+        train_model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        schedule: Any,
+        scaler: torch.amp.GradScaler | None,
+        mixup: Any,
+        run_dir: pathlib.Path,
+    ) -> None:
+        self.config = config
+        self.derived = derived
+        self.plan = plan
+        self.dist = dist
+        self.backend = backend
+        self.model = model
+        self.train_model = train_model
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.scaler = scaler
+        self.mixup = mixup
+        self.run_dir = run_dir
+        self._counters = Counters()
+        self.batch = None
+        self.outputs: torch.Tensor | None = None
+        self.loss: torch.Tensor | None = None
+        self.window_size = plan.accumulation
+        self.micro_in_window = 0
+        self.step_loss: torch.Tensor | None = None
+        self.lr = 0.0
+        self.grad_norm: torch.Tensor | None = None
+        self.metrics: dict[str, Any] = {}
+        self.eval_metrics: dict[str, float] = {}
+        self.eval_batch = None
+        self.data_wait_seconds = 0.0
+        self.skip_step = False
+        self.stop_reason: str | None = None
+
+    # Counters, read-only for hooks.
+    step = property(lambda self: self._counters.step)
+    micro_step = property(lambda self: self._counters.micro_step)
+    samples_seen = property(lambda self: self._counters.samples_seen)
+    epoch = property(lambda self: self._counters.epoch)
+    step_in_epoch = property(lambda self: self._counters.step_in_epoch)
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.rank == 0
+
+    @property
+    def accumulation(self) -> int:
+        return self.plan.accumulation
+
+    @property
+    def epochs(self) -> int:
+        return self.config["epochs"]
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps this run takes (``max_steps`` included)."""
+        max_steps = self.config["max_steps"]
+        total = self.derived["total_steps"]
+        return min(total, max_steps) if max_steps else total
+
+    @property
+    def is_last_step(self) -> bool:
+        return self.step >= self.total_steps
+
+    @property
+    def is_log_step(self) -> bool:
+        """At ``after_step``: whether this step is logged (every ``log.interval`` and the last)."""
+        return self.step % self.config["log"]["interval"] == 0 or self.is_last_step
+
+    def request_stop(self, reason: str) -> None:
+        """End the run after the current optimizer step."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    @property
+    def should_stop(self) -> bool:
+        return self.stop_reason is not None

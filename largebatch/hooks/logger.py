@@ -1,0 +1,88 @@
+"""The metrics sink: ``metrics.jsonl`` in the run directory and a console line, on rank 0.
+
+At each logging step (every ``log.interval`` steps and the last) it collects
+``state.metrics``: tensor values are averaged over ranks in one all-reduce, plain
+numbers are taken as they are. Each line of ``metrics.jsonl`` is one JSON object with at
+least ``step``, ``epoch``, ``loss``, ``lr`` and ``samples_per_sec``; evaluation results
+are written as their own lines, with ``eval/`` keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import torch
+
+from largebatch.dist import all_reduce_mean
+from largebatch.engine.hook import Hook, Priority
+
+
+class MetricsLogger(Hook):
+    """Write metrics to ``metrics.jsonl`` and the console.
+
+    Args:
+        console: print a line per logging step (rank 0).
+        filename: the JSON-lines file in the run directory.
+    """
+
+    priority = Priority.VERY_LOW
+
+    def __init__(self, console: bool = True, filename: str = "metrics.jsonl", priority: int | str | None = None) -> None:
+        super().__init__(priority)
+        self.console = console
+        self.filename = filename
+        self._file = None
+        self._start = 0.0
+
+    def before_run(self, state) -> None:
+        self._start = time.time()
+        if state.is_main:
+            state.run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(state.run_dir / self.filename, "a", buffering=1)
+
+    def _write(self, state, record: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+
+    def after_step(self, state) -> None:
+        if not state.is_log_step:
+            return
+        names = [k for k, v in state.metrics.items() if isinstance(v, torch.Tensor)]
+        values = {k: v for k, v in state.metrics.items() if not isinstance(v, torch.Tensor)}
+        if names:
+            stacked = torch.stack([state.metrics[k].detach().float().reshape(()) for k in names])
+            values.update(zip(names, all_reduce_mean(stacked).tolist()))
+        record = {"step": state.step, "epoch": state.epoch, "lr": state.lr, "samples_seen": state.samples_seen, **values}
+        self._write(state, record)
+        if self.console and state.is_main:
+            print(self._line(state, record), flush=True)
+
+    def _line(self, state, record: dict) -> str:
+        parts = [f"step {state.step}/{state.total_steps}", f"epoch {state.epoch + 1}/{state.epochs}"]
+        for key in ("loss", "train/top1", "lr", "samples_per_sec"):
+            if key in record:
+                value = record[key]
+                parts.append(f"{key} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{key} {value}")
+        return " | ".join(parts)
+
+    def after_eval(self, state) -> None:
+        record = {"step": state.step, "epoch": state.epoch, **state.eval_metrics}
+        self._write(state, record)
+        if self.console and state.is_main:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in state.eval_metrics.items() if k != "eval/samples")
+            print(f"eval at step {state.step}: {shown} ({int(state.eval_metrics.get('eval/samples', 0))} samples)", flush=True)
+
+    def after_run(self, state) -> None:
+        if state.is_main:
+            print(f"done: {state.step} steps in {time.time() - self._start:.1f}s; run directory {state.run_dir}", flush=True)
+        self._close()
+
+    def on_exception(self, state, exception: BaseException) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,178 @@
+"""Build a run from a config and train it: the body of ``train.py`` / ``largebatch train``.
+
+Order matters: everything that can be checked without the device or the data is
+checked first (the config, the model name), so a mistake costs seconds, not a queue slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import pathlib
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from largebatch import checkpoint as ckpt
+from largebatch import data as data_mod
+from largebatch.backends import create_backend
+from largebatch.config import derive, dump_yaml, load_and_validate, make_plan
+from largebatch.data.mixup import MixupCutmix
+from largebatch.dist import DistInfo, barrier, broadcast_object, destroy_process_group, discover, init_process_group
+from largebatch.engine.engine import Engine
+from largebatch.engine.state import TrainState
+from largebatch.errors import UserError
+from largebatch.hooks import build_hooks
+from largebatch.hooks.checkpoint import CheckpointHook
+from largebatch.models import build_model, check_model_name
+from largebatch.optim import build_optimizer, optimizer_kwargs
+from largebatch.optim.schedules import build_schedule
+
+
+@dataclasses.dataclass
+class TrainArgs:
+    """The command line of ``train.py``."""
+
+    config: str
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    run_dir: str | None = None
+    resume: str | None = None
+    resume_ignore_config: bool = False
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_run_dir(config_path: str, resume: str | None) -> pathlib.Path:
+    """``runs/<config name>-<timestamp>``; with ``--resume auto``, the newest existing one."""
+    stem = pathlib.Path(config_path).stem
+    if resume == "auto":
+        existing = sorted(p for p in pathlib.Path("runs").glob(f"{stem}-*") if ckpt.list_checkpoints(p))
+        if existing:
+            return existing[-1]
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return pathlib.Path("runs") / f"{stem}-{stamp}"
+
+
+def resolve_config(path: str, overrides: list[str]) -> dict[str, Any]:
+    """Load and validate, including checks that need timm or the optimizer's signature."""
+    cfg = load_and_validate(path, overrides)
+    check_model_name(cfg["model"]["name"])
+    optimizer_kwargs(cfg["optimizer"])
+    return cfg
+
+
+def wrap_ddp(model: torch.nn.Module, cfg: dict[str, Any], info: DistInfo, device: torch.device) -> torch.nn.Module:
+    if not info.distributed:
+        return model
+    options = cfg["dist"]
+    return torch.nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=options["bucket_cap_mb"],
+        gradient_as_bucket_view=options["gradient_as_bucket_view"],
+        find_unused_parameters=options["find_unused_parameters"],
+        static_graph=options["static_graph"],
+    )
+
+
+def build_run(args: TrainArgs) -> tuple[Engine, list]:
+    """Everything a run needs, resumed if asked; returns the engine and its hooks."""
+    cfg = resolve_config(args.config, args.overrides)
+    info = discover()
+    backend = create_backend(cfg["device"], cfg["precision"], info.local_rank)
+    dist_backend = backend.dist_backend if cfg["dist"]["backend"] == "auto" else cfg["dist"]["backend"]
+    init_process_group(info, dist_backend, cfg["dist"]["timeout_minutes"])
+
+    num_samples = data_mod.count_samples(cfg["data"], "train")
+    derived = derive(cfg, info.world_size, num_samples)
+    plan = make_plan(cfg, info.world_size, num_samples)
+    run_dir = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir(args.config, args.resume)
+    run_dir = pathlib.Path(broadcast_object(str(run_dir)))
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_yaml({**cfg, "derived": derived}))
+
+    seed_everything(cfg["seed"])  # the same initial weights on every rank
+    model = backend.prepare_model(build_model(cfg))
+    seed_everything(cfg["seed"] + info.rank)  # then each rank its own randomness
+    backend.seed(cfg["seed"] + info.rank)
+    train_model = wrap_ddp(model, cfg, info, backend.device)
+    if cfg["compile"]:
+        train_model = torch.compile(train_model)
+    optimizer = build_optimizer(cfg, model)
+    mix = cfg["mixup"]
+    mixup = MixupCutmix(
+        cfg["data"]["num_classes"],
+        mix["mixup_alpha"],
+        mix["cutmix_alpha"],
+        mix["prob"],
+        mix["switch_prob"],
+        mix["label_smoothing"],
+        seed=cfg["seed"] * 7919 + info.rank,
+    )
+    train_loader = data_mod.build_train_loader(cfg["data"], plan, rank=info.rank, seed=cfg["seed"], device=backend.device)
+    eval_loader = None
+    if data_mod.count_samples(cfg["data"], "eval") > 0 and (cfg["eval"]["interval_epochs"] or cfg["eval"]["at_end"]):
+        eval_loader = data_mod.build_eval_loader(
+            cfg["data"],
+            batch_size=cfg["eval"]["batch_size"] or cfg["micro_batch_size"],
+            rank=info.rank,
+            world_size=info.world_size,
+            device=backend.device,
+        )
+
+    hooks = build_hooks(cfg, pathlib.Path(args.config))
+    state = TrainState(
+        config=cfg,
+        derived=derived,
+        plan=plan,
+        dist=info,
+        backend=backend,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        schedule=build_schedule(cfg, derived),
+        scaler=backend.make_grad_scaler(),
+        mixup=mixup,
+        run_dir=run_dir,
+    )
+    for hook in hooks:
+        if isinstance(hook, CheckpointHook):
+            hook.attach(hooks, train_loader)
+    if args.resume:
+        path = ckpt.find_resume_path(args.resume, run_dir)
+        if path is not None:
+            ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config)
+            if info.is_main:
+                print(f"resumed from {path} at step {state.step}, epoch {state.epoch}", flush=True)
+        elif args.resume != "auto":
+            raise UserError("no checkpoint to resume from", path=args.resume)
+    return Engine(state, hooks, train_loader, eval_loader), hooks
+
+
+def train(args: TrainArgs) -> TrainState:
+    """Train as ``args`` say; rank 0 writes ``model.safetensors`` at the end."""
+    try:
+        engine, _ = build_run(args)
+        state = engine.state
+        if state.is_main:
+            d = state.derived
+            print(
+                f"largebatch: {state.backend.describe()}, world size {d['world_size']}, global batch "
+                f"{d['global_batch_size']} = {d['micro_batch_size']} x {d['accumulation']} accumulation x "
+                f"{d['world_size']}, {state.total_steps} steps; run directory {state.run_dir}",
+                flush=True,
+            )
+        engine.run()
+        if state.is_main:
+            ckpt.save_weights(state.model, state.run_dir / "model.safetensors")
+        barrier()
+        return state
+    finally:
+        destroy_process_group()
