@@ -101,7 +101,7 @@ class BatchPlan:
         num_samples: int,
         partial_window: str = "drop",
         max_steps_per_epoch: int | None = None,
-    ) -> "BatchPlan":
+    ) -> BatchPlan:
         """Derive the plan; raises ``UserError`` when the numbers do not fit together."""
         if partial_window not in PARTIAL_WINDOW_POLICIES:
             raise UserError(

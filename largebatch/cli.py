@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from largebatch.errors import UserError
 

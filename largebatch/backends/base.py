@@ -10,7 +10,8 @@ backend puts such calls).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
 
 import torch
 

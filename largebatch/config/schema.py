@@ -49,7 +49,7 @@ class Field:
 class Section:
     """A dict of known keys. ``open`` sections also accept keys checked elsewhere."""
 
-    fields: dict[str, "Field | Section"]
+    fields: dict[str, Field | Section]
     doc: str = ""
     open: bool = False
 

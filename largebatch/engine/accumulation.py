@@ -15,7 +15,7 @@ accumulate locally and are all-reduced once per optimizer step, not once per mic
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from contextlib import AbstractContextManager as ContextManager
 
 import torch
 

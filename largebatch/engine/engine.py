@@ -7,7 +7,8 @@ gradient-accumulation rules in ``largebatch.engine.accumulation``.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
