@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -56,9 +57,11 @@ def train_sample_count(cfg: dict) -> tuple[int, str]:
 def cmd_config_show(args: argparse.Namespace) -> int:
     from largebatch.config import derive, dump_yaml
     from largebatch.dist import discover
+    from largebatch.hooks import build_hooks
     from largebatch.launch import resolve_config
 
     cfg = resolve_config(args.config, args.overrides)
+    build_hooks(cfg, pathlib.Path(args.config))  # a bad hook spec is a config mistake too
     world_size = args.world_size or discover().world_size
     samples, source = train_sample_count(cfg)
     derived = derive(cfg, world_size, samples)

@@ -26,8 +26,8 @@ from largebatch.engine.state import TrainState
 from largebatch.errors import UserError
 from largebatch.hooks import build_hooks
 from largebatch.hooks.checkpoint import CheckpointHook
-from largebatch.models import build_model, check_model_name
-from largebatch.optim import build_optimizer, optimizer_kwargs
+from largebatch.models import build_model, check_model_config
+from largebatch.optim import build_optimizer
 from largebatch.optim.schedules import build_schedule
 
 
@@ -62,8 +62,7 @@ def default_run_dir(config_path: str, resume: str | None) -> pathlib.Path:
 def resolve_config(path: str, overrides: list[str]) -> dict[str, Any]:
     """Load and validate, including checks that need timm or the optimizer's signature."""
     cfg = load_and_validate(path, overrides)
-    check_model_name(cfg["model"]["name"])
-    optimizer_kwargs(cfg["optimizer"])
+    check_model_config(cfg)
     return cfg
 
 
@@ -84,6 +83,7 @@ def wrap_ddp(model: torch.nn.Module, cfg: dict[str, Any], info: DistInfo, device
 def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
     cfg = resolve_config(args.config, args.overrides)
+    hooks = build_hooks(cfg, pathlib.Path(args.config))
     info = discover()
     backend = create_backend(cfg["device"], cfg["precision"], info.local_rank)
     dist_backend = backend.dist_backend if cfg["dist"]["backend"] == "auto" else cfg["dist"]["backend"]
@@ -127,7 +127,6 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
             device=backend.device,
         )
 
-    hooks = build_hooks(cfg, pathlib.Path(args.config))
     state = TrainState(
         config=cfg,
         derived=derived,

@@ -40,6 +40,25 @@ def check_model_name(name: str) -> None:
     raise ConfigError(f"timm has no model {name!r}; {hint}", key="model.name")
 
 
+def check_model_config(cfg: dict[str, Any]) -> None:
+    """Check the model name and its keyword arguments without building the model.
+
+    Raises:
+        ConfigError: an unknown name, or a key that neither ``timm.create_model`` nor the
+            model's classes take (with a "did you mean").
+    """
+    import timm
+
+    name = cfg["model"]["name"]
+    check_model_name(name)
+    accepted = set(_accepted_kwargs(timm, name)) | set(inspect.signature(timm.create_model).parameters)
+    for key in model_kwargs(cfg):
+        if key not in accepted:
+            close = difflib.get_close_matches(key, sorted(accepted), n=1)
+            hint = f"did you mean 'model.{close[0]}'?" if close else "remove it"
+            raise ConfigError(f"{name} does not take the argument {key!r}; {hint}", key=f"model.{key}")
+
+
 def build_model(cfg: dict[str, Any]) -> torch.nn.Module:
     """Create the config's timm model on the CPU with random weights.
 
@@ -61,7 +80,7 @@ def build_model(cfg: dict[str, Any]) -> torch.nn.Module:
         bad = match.group(1)
         accepted = _accepted_kwargs(timm, name)
         close = difflib.get_close_matches(bad, accepted, n=1)
-        hint = f"did you mean model.{close[0]}?" if close else "remove it"
+        hint = f"did you mean 'model.{close[0]}'?" if close else "remove it"
         raise ConfigError(f"{name} does not take the argument {bad!r}; {hint}", key=f"model.{bad}") from exc
 
 

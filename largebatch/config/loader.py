@@ -143,6 +143,16 @@ def merge_into(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+def _number_or_text(text: str) -> int | float | str:
+    """YAML 1.1 reads ``2e-3`` as a string; a command line means the number."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def apply_override(config: dict[str, Any], override: str) -> None:
     """Apply one ``dotted.key=value`` override in place.
 
@@ -157,6 +167,8 @@ def apply_override(config: dict[str, Any], override: str) -> None:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
+    if isinstance(value, str):
+        value = _number_or_text(value)
     if isinstance(value, dict):
         value = _plain(value, key, pathlib.Path("--set"))
     parts = key.split(".")

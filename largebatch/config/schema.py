@@ -329,6 +329,9 @@ def _check_rules(cfg: dict[str, Any]) -> None:
     mix = cfg["mixup"]
     if mix["cutmix_alpha"] > 0 and data["image_size"] < 2:
         raise ConfigError("CutMix needs images of at least 2 pixels", key="mixup.cutmix_alpha")
+    from largebatch.optim import optimizer_kwargs  # the optimizer's own signature
+
+    optimizer_kwargs(cfg["optimizer"])
     hooks = cfg["hooks"]
     for i, spec in enumerate(hooks):
         if isinstance(spec, str):

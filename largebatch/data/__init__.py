@@ -7,7 +7,8 @@ device)``. A loader:
 
 * has ``len()``: the micro-batches this rank yields per epoch (for training,
   ``plan.micro_batches_per_epoch``, following ``sharding.rank_train_indices``);
-* ``set_epoch(epoch)`` before each epoch (reshuffles);
+* ``set_epoch(epoch)`` before each epoch: a new epoch reshuffles and starts from its
+  first micro-batch; the epoch a loader was restored to keeps its position;
 * yields ``(images, labels)``: float32 NCHW normalised images and int64 0-based labels,
   both on the device;
 * ``state_dict()`` / ``load_state_dict()`` hold its position in the epoch, so a resumed

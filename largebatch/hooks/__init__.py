@@ -88,6 +88,8 @@ def load_hook_class(spec: str, key: str, config_path: pathlib.Path | None = None
         raise ConfigError(f"{file} has no class {class_name!r}; {hint}", key=key)
     if not (inspect.isclass(cls) and issubclass(cls, Hook)):
         raise ConfigError(f"{file}:{class_name} is not a subclass of largebatch.engine.hook.Hook; subclass Hook", key=key)
+    if cls is Hook:
+        raise ConfigError(f"{file}:{class_name} is the Hook base class itself; name your subclass of it", key=key)
     return cls
 
 
@@ -116,16 +118,16 @@ def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) ->
             specs.append((entry, {}, key))
         else:
             specs.append((entry["type"], {k: v for k, v in entry.items() if k != "type"}, key))
-    defaults: dict[str, dict[str, Any]] = {name: {} for name in DEFAULT_HOOKS}
-    defaults["checkpoint"] = dict(cfg["checkpoint"])
-    defaults["logger"] = {"console": cfg["log"]["console"]}
+    defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
+    defaults["checkpoint"] = (dict(cfg["checkpoint"]), "checkpoint")
+    defaults["logger"] = ({"console": cfg["log"]["console"]}, "log")
     extra = []
     for type_name, kwargs, key in specs:
         if type_name in defaults:
-            defaults[type_name] = {**defaults[type_name], **kwargs}
+            defaults[type_name] = ({**defaults[type_name][0], **kwargs}, key)
         else:
             extra.append((type_name, kwargs, key))
-    hooks = [instantiate(_builtin_class(name), kwargs, f"hooks ({name})") for name, kwargs in defaults.items()]
+    hooks = [instantiate(_builtin_class(name), kwargs, key) for name, (kwargs, key) in defaults.items()]
     if cfg["clip_grad_norm"]:
         hooks.append(_builtin_class("clip_grad_norm")(cfg["clip_grad_norm"]))
     for type_name, kwargs, key in extra:

@@ -39,7 +39,7 @@ def optimizer_kwargs(section: dict[str, Any]) -> dict[str, Any]:
     for key in kwargs:
         if key not in accepted:
             close = difflib.get_close_matches(key, [*accepted, *GROUP_KEYS], n=1)
-            hint = f"did you mean optimizer.{close[0]}?" if close else f"{cls.__name__} takes: {', '.join(accepted)}"
+            hint = f"did you mean 'optimizer.{close[0]}'?" if close else f"{cls.__name__} takes: {', '.join(accepted)}"
             raise ConfigError(f"{section['type']} does not take {key!r}; {hint}", key=f"optimizer.{key}")
     for key in ("betas",):
         if key in kwargs and isinstance(kwargs[key], list):

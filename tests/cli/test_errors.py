@@ -1,0 +1,73 @@
+"""Each user mistake prints one ``error:`` line naming the key or file, and exits 2."""
+
+import pytest
+
+from tests.conftest import run_cli, tiny_config, write_config
+
+
+def assert_one_error_line(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        ({"optimizer.weight_decy": 0.1}, ["optimizer.weight_decy", "did you mean 'optimizer.weight_decay'"]),
+        ({"epochs": "three"}, ["epochs", "expected an integer"]),
+        ({"mixup.mixup_alpha": -1.0}, ["mixup.mixup_alpha", "must be >= 0"]),
+        ({"global_batch_size": 30}, ["global_batch_size 30", "micro_batch_size 8", "world_size 1", "set global_batch_size to 24 or 32"]),
+        ({"lr_schedule.warmup_steps": 50}, ["lr_schedule.warmup_steps", "warmup is 50 steps but training is 4 steps"]),
+        ({"model.name": "vit_tiny_patch16_22"}, ["model.name", "did you mean"]),
+        ({"model.drop_rte": 0.1}, ["model.drop_rte", "did you mean 'model.drop_rate'"]),
+    ],
+)
+def test_bad_config_gives_one_error_line(tmp_path, overrides, fragments):
+    path = write_config(tmp_path, tiny_config(**overrides))
+    for command in (("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run")), ("config", "show", str(path))):
+        assert_one_error_line(run_cli(*command), *fragments)
+
+
+def test_bad_override_gives_one_error_line(tmp_path):
+    path = write_config(tmp_path, tiny_config())
+    result = run_cli("train.py", "--config", str(path), "--set", "optimizer.lr=-1", "--run-dir", str(tmp_path / "run"))
+    assert_one_error_line(result, "optimizer.lr", "must be > 0")
+
+
+def test_missing_config_file(tmp_path):
+    result = run_cli("train.py", "--config", str(tmp_path / "nope.py"))
+    assert_one_error_line(result, "nope.py", "config file not found")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = run_cli("train.py", "--config", str(tmp_path / "nope.py"), "--debug")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and "error: " in result.stderr
+
+
+def test_world_size_that_does_not_divide(tmp_path):
+    path = write_config(tmp_path, tiny_config())
+    result = run_cli("config", "show", str(path), "--world-size", "3")
+    assert_one_error_line(result, "global_batch_size 32", "world_size 3", "set global_batch_size to 24 or 48")
+
+
+@pytest.mark.parametrize(
+    ("hook", "fragments"),
+    [
+        ("loggr", ["hooks[0]", "did you mean 'logger'"]),
+        ({"type": "hooks/nowhere.py:Thing"}, ["hooks[0]", "hook file 'hooks/nowhere.py' not found"]),
+        ({"type": "tests/support/rank_weights.py:SaveRankWeight"}, ["hooks[0]", "did you mean 'SaveRankWeights'"]),
+        ({"type": "tests/support/rank_weights.py:Hook"}, ["hooks[0]"]),
+        ({"type": "tests/support/rank_weights.py:save_file"}, ["hooks[0]", "not a subclass"]),
+        ({"type": "tests/support/rank_weights.py:SaveRankWeights", "colour": "red"}, ["hooks[0]", "colour"]),
+        ({"type": "logger", "priority": 500}, ["hooks[0].priority", "outside 0..100"]),
+    ],
+)
+def test_bad_hook_specs(tmp_path, hook, fragments):
+    path = write_config(tmp_path, tiny_config(hooks=[hook]))
+    assert_one_error_line(run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run")), *fragments)

@@ -1,0 +1,105 @@
+"""Whole runs through the command line: torchrun with 2 ranks, exact resume, the outputs."""
+
+import json
+import shutil
+
+import pytest
+import timm
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import REPO, clean_env, run_cli, tiny_config, write_config
+
+SAVE_RANKS = "hooks=[{type: tests/support/rank_weights.py:SaveRankWeights}]"
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_torchrun_two_ranks_end_with_identical_weights(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [
+        str(REPO / ".venv/bin/torchrun") if (REPO / ".venv/bin/torchrun").exists() else shutil.which("torchrun"),
+        "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+        "--config", str(REPO / "configs/demo/vit-tiny-synthetic.py"), "--run-dir", str(run_dir), "--set", SAVE_RANKS,
+    ]
+    import subprocess
+
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=clean_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rank0, rank1 = load_file(run_dir / "rank0.safetensors"), load_file(run_dir / "rank1.safetensors")
+    final = load_file(run_dir / "model.safetensors")
+    assert rank0.keys() == rank1.keys() == final.keys()
+    for key in rank0:
+        assert torch.equal(rank0[key], rank1[key]), key
+        assert torch.equal(rank0[key], final[key]), key
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["derived"]["world_size"] == 2 and config["derived"]["accumulation"] == 4
+    # The weights load into the timm model the config names.
+    model_cfg = {k: v for k, v in config["model"].items() if k != "name"}
+    model = timm.create_model(config["model"]["name"], num_classes=10, img_size=16, in_chans=3, **model_cfg)
+    model.load_state_dict(final)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if "loss" in r]
+    assert train_records and all({"step", "epoch", "loss", "lr", "samples_per_sec"} <= r.keys() for r in train_records)
+    assert train_records[-1]["step"] == config["derived"]["total_steps"]
+    assert train_records[-1]["loss"] < train_records[0]["loss"]
+
+
+def _train(tmp_path, cfg, run_dir, *extra):
+    path = write_config(tmp_path, cfg)
+    result = run_cli("train.py", "--config", str(path), "--run-dir", str(run_dir), *extra)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_at", [3, 4, 6])  # mid-epoch, at an epoch boundary, mid-epoch 2
+def test_resumed_run_equals_uninterrupted_run(tmp_path, stop_at):
+    cfg = tiny_config(**{"epochs": 2, "mixup.mixup_alpha": 0.4, "model.drop_rate": 0.1, "checkpoint.at_end": True})
+    _train(tmp_path, cfg, tmp_path / "straight")
+    stopped = tmp_path / "stopped"
+    _train(tmp_path, {**cfg, "max_steps": stop_at}, stopped)
+    assert (stopped / "checkpoints" / f"step-{stop_at:08d}.pt").exists()
+    result = _train(tmp_path, cfg, stopped, "--resume", "auto")
+    assert "resumed from" in result.stdout and f"at step {stop_at}" in result.stdout
+    a, b = load_file(tmp_path / "straight/model.safetensors"), load_file(stopped / "model.safetensors")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path):
+    cfg = tiny_config(**{"checkpoint.at_end": True})
+    _train(tmp_path, {**cfg, "max_steps": 2}, tmp_path / "run")
+    changed = tiny_config(**{"optimizer.lr": 5e-3, "checkpoint.at_end": True})
+    path = write_config(tmp_path, changed)
+    result = run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    assert result.returncode == 2
+    assert "optimizer.lr (0.001 -> 0.005)" in result.stderr and "--resume-ignore-config" in result.stderr
+    ok = run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run"), "--resume", "auto", "--resume-ignore-config")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+def test_custom_hook_by_path_runs_at_its_events(tmp_path):
+    hook_file = tmp_path / "my_hook.py"
+    hook_file.write_text(
+        "from largebatch.engine.hook import Hook\n"
+        "class Recorder(Hook):\n"
+        "    def __init__(self, tag):\n"
+        "        super().__init__()\n"
+        "        self.tag, self.lines = tag, []\n"
+        "    def after_backward(self, state):\n"
+        "        self.lines.append(f'micro {state.micro_step}')\n"
+        "    def after_step(self, state):\n"
+        "        self.lines.append(f'step {state.step}')\n"
+        "    def after_run(self, state):\n"
+        "        (state.run_dir / f'{self.tag}.txt').write_text(chr(10).join(self.lines))\n"
+    )
+    cfg = tiny_config(hooks=[{"type": f"{hook_file}:Recorder", "tag": "seen"}])
+    _train(tmp_path, cfg, tmp_path / "run")
+    lines = (tmp_path / "run/seen.txt").read_text().splitlines()
+    # 128 samples / 32 per step = 4 steps of 4 micro-batches each.
+    expected = []
+    for step in range(4):
+        expected += [f"micro {step * 4 + m + 1}" for m in range(4)] + [f"step {step + 1}"]
+    assert lines == expected
