@@ -24,11 +24,11 @@ def _positive(text: str) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    common = dict(
-        limit=args.limit,
-        quality=args.quality,
-        progress=None if not args.quiet else False,
-    )
+    common = {
+        "limit": args.limit,
+        "quality": args.quality,
+        "progress": None if not args.quiet else False,
+    }
     if args.source == "folder":
         if args.src is None:
             raise UserError(

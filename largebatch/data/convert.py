@@ -53,7 +53,7 @@ from largebatch.data.tfrecord import (
     shard_name,
     write_index,
 )
-from largebatch.errors import DataError, UserError
+from largebatch.errors import DataError
 
 META_FILE = "dataset.json"
 TRAIN_SHUFFLE_SEED = 12345

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping
-from typing import Union
 
-FeatureValue = Union[bytes, str, int, float, Iterable]
+FeatureValue = bytes | str | int | float | Iterable
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 

@@ -20,11 +20,13 @@ Shards of a split are named as in the ImageNet TFRecord convention,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import crc32c
 import numpy as np
@@ -80,7 +82,7 @@ class TFRecordWriter:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed in close())
         self._offset = 0
         self.index: list[tuple[int, int]] = []
 
@@ -100,7 +102,7 @@ class TFRecordWriter:
             os.fsync(self._file.fileno())
         self._file.close()
 
-    def __enter__(self) -> "TFRecordWriter":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -415,8 +417,6 @@ class ShardSet:
         return state
 
     def __del__(self) -> None:
-        try:
-            if os.getpid() == self._pid:
+        if os.getpid() == self._pid and getattr(self, "_fds", None):
+            with contextlib.suppress(OSError):
                 self.close()
-        except Exception:
-            pass
