@@ -40,9 +40,7 @@ def nearest_valid_global_batches(
     return sorted(set(candidates))
 
 
-def derive_accumulation(
-    global_batch_size: int, micro_batch_size: int, world_size: int
-) -> int:
+def derive_accumulation(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
     """Micro-batches per device per optimizer step.
 
     Args:
@@ -60,12 +58,7 @@ def derive_accumulation(
     """
     unit = micro_batch_size * world_size
     if global_batch_size % unit != 0:
-        nearest = " or ".join(
-            str(n)
-            for n in nearest_valid_global_batches(
-                global_batch_size, micro_batch_size, world_size
-            )
-        )
+        nearest = " or ".join(str(n) for n in nearest_valid_global_batches(global_batch_size, micro_batch_size, world_size))
         raise UserError(
             f"global_batch_size {global_batch_size} is not divisible by micro_batch_size "
             f"{micro_batch_size} x world_size {world_size} = {unit}; "
@@ -117,18 +110,13 @@ class BatchPlan:
                 f"partial_window must be one of {', '.join(PARTIAL_WINDOW_POLICIES)}, got {partial_window!r}",
                 key="partial_window",
             )
-        accumulation = derive_accumulation(
-            global_batch_size, micro_batch_size, world_size
-        )
+        accumulation = derive_accumulation(global_batch_size, micro_batch_size, world_size)
         full_steps = num_samples // global_batch_size
         trailing = 0
         if partial_window == "step":
             leftover = num_samples - full_steps * global_batch_size
             trailing = leftover // (micro_batch_size * world_size)
-        if (
-            max_steps_per_epoch is not None
-            and full_steps + (trailing > 0) > max_steps_per_epoch
-        ):
+        if max_steps_per_epoch is not None and full_steps + (trailing > 0) > max_steps_per_epoch:
             full_steps, trailing = max_steps_per_epoch, 0
         if full_steps == 0 and trailing == 0:
             raise UserError(
@@ -156,9 +144,7 @@ class BatchPlan:
     @property
     def micro_batches_per_epoch(self) -> int:
         """Micro-batches each rank runs (and its loader yields) per epoch."""
-        return (
-            self.full_steps_per_epoch * self.accumulation + self.trailing_micro_batches
-        )
+        return self.full_steps_per_epoch * self.accumulation + self.trailing_micro_batches
 
     @property
     def samples_per_rank_per_epoch(self) -> int:

@@ -18,9 +18,7 @@ class UserError(Exception):
         path: the file involved, if any (prefixed to the message).
     """
 
-    def __init__(
-        self, message: str, *, key: str | None = None, path: str | None = None
-    ) -> None:
+    def __init__(self, message: str, *, key: str | None = None, path: str | None = None) -> None:
         self.message = message
         self.key = key
         self.path = path

@@ -38,17 +38,17 @@ def random_resized_crop_box(
     for _ in range(10):
         target_area = area * rng.uniform(scale[0], scale[1])
         aspect = math.exp(rng.uniform(*log_ratio))
-        crop_w = int(round(math.sqrt(target_area * aspect)))
-        crop_h = int(round(math.sqrt(target_area / aspect)))
+        crop_w = round(math.sqrt(target_area * aspect))
+        crop_h = round(math.sqrt(target_area / aspect))
         if 0 < crop_w <= width and 0 < crop_h <= height:
             top = int(rng.integers(0, height - crop_h + 1))
             left = int(rng.integers(0, width - crop_w + 1))
             return left, top, crop_w, crop_h
     in_ratio = width / height
     if in_ratio < ratio[0]:
-        crop_w, crop_h = width, int(round(width / ratio[0]))
+        crop_w, crop_h = width, round(width / ratio[0])
     elif in_ratio > ratio[1]:
-        crop_h, crop_w = height, int(round(height * ratio[1]))
+        crop_h, crop_w = height, round(height * ratio[1])
     else:
         crop_w, crop_h = width, height
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
