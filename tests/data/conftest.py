@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
+from PIL import Image
 
 from largebatch.data import convert
 from largebatch.data.convert import Sample, make_example, write_split
@@ -24,16 +25,19 @@ def pytest_configure(config):
 def noise_jpeg(
     rng: np.random.Generator, height: int, width: int, channels: int = 3
 ) -> bytes:
-    """A JPEG of smooth noise with a bright rectangle (compresses like a photo, not like static)."""
+    """A JPEG of smooth colour noise with a bright rectangle: photo-like, not static."""
     small = rng.integers(
-        0, 256, size=(height // 8 + 1, width // 8 + 1, channels), dtype=np.uint8
+        0, 256, size=(height // 16 + 2, width // 16 + 2, channels), dtype=np.uint8
     )
-    pixels = np.repeat(np.repeat(small, 8, axis=0), 8, axis=1)[:height, :width].copy()
+    image = Image.fromarray(small[:, :, 0] if channels == 1 else small)
+    pixels = np.asarray(image.resize((width, height), Image.BICUBIC)).copy()
     top, left = rng.integers(0, height // 2), rng.integers(0, width // 2)
     pixels[top : top + height // 3, left : left + width // 3] = 230
+    if channels == 1:
+        pixels = pixels[:, :, None]
     return simplejpeg.encode_jpeg(
         np.ascontiguousarray(pixels),
-        quality=85,
+        quality=90,
         colorspace="GRAY" if channels == 1 else "RGB",
     )
 
