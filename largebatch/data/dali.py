@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
-from largebatch.data.native import _check_channels, _cfg
+from largebatch.data.native import _cfg, _check_channels
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
@@ -58,10 +58,8 @@ _READER = "tfrecord_reader"
 
 def _import_dali():
     try:
-        import nvidia.dali.fn as fn
         import nvidia.dali.tfrecord as tfrec
-        import nvidia.dali.types as types
-        from nvidia.dali import pipeline_def
+        from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     except ImportError as err:
         raise UserError(
