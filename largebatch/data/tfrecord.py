@@ -417,6 +417,6 @@ class ShardSet:
         return state
 
     def __del__(self) -> None:
-        if os.getpid() == self._pid and getattr(self, "_fds", None):
+        if os.getpid() == getattr(self, "_pid", None) and getattr(self, "_fds", None):
             with contextlib.suppress(OSError):
                 self.close()

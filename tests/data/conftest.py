@@ -52,6 +52,7 @@ def write_unique_label_shards(
 ) -> Path:
     """Shards whose record ``i`` has label ``i + label_offset``: labels identify samples."""
     rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
     for split, count in counts.items():
         jpegs = [
             noise_jpeg(rng, int(rng.integers(48, 96)), int(rng.integers(48, 96)))
