@@ -39,25 +39,20 @@ def test_same_samples_per_micro_batch_as_native(unique_shards):
 
     cfg = data_cfg(unique_shards, 48)
     for rank, epoch in ((0, 1), (1, 2)):
-        if True:
-            got = {}
-            for name, module in (("native", native), ("dali", dali)):
-                loader = module.build_train_loader(
-                    cfg, plan(), rank=rank, seed=SEED, device=CPU
-                )
-                loader.set_epoch(epoch)
-                batches = list(loader)
-                assert len(batches) == len(loader) == plan().micro_batches_per_epoch
-                for images, labels in batches:
-                    assert (
-                        images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
-                    )
-                    assert labels.dtype == torch.int64 and images.device == CPU
-                    assert -2.2 < float(images.min()) and float(images.max()) < 2.7
-                got[name] = [sorted(labels.tolist()) for _, labels in batches]
-            assert (
-                got["native"] == got["dali"]
-            )  # label = record number: same sample sets
+        got = {}
+        for name, module in (("native", native), ("dali", dali)):
+            loader = module.build_train_loader(
+                cfg, plan(), rank=rank, seed=SEED, device=CPU
+            )
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert len(batches) == len(loader) == plan().micro_batches_per_epoch
+            for images, labels in batches:
+                assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
+                assert labels.dtype == torch.int64 and images.device == CPU
+                assert -2.2 < float(images.min()) and float(images.max()) < 2.7
+            got[name] = [sorted(labels.tolist()) for _, labels in batches]
+        assert got["native"] == got["dali"]  # label = record number: same sample sets
 
 
 @needs_dali
