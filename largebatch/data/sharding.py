@@ -22,9 +22,7 @@ import numpy as np
 from largebatch.batching import BatchPlan
 
 
-def epoch_permutation(
-    num_samples: int, seed: int, epoch: int, shuffle: bool = True
-) -> np.ndarray:
+def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """All sample indices in this epoch's order (identity when ``shuffle`` is false)."""
     if not shuffle:
         return np.arange(num_samples, dtype=np.int64)
@@ -32,9 +30,7 @@ def epoch_permutation(
     return rng.permutation(num_samples).astype(np.int64)
 
 
-def rank_train_indices(
-    plan: BatchPlan, rank: int, seed: int, epoch: int, shuffle: bool = True
-) -> np.ndarray:
+def rank_train_indices(plan: BatchPlan, rank: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """Indices rank ``rank`` trains on in ``epoch``, in the order it reads them.
 
     Returns an array of length ``plan.samples_per_rank_per_epoch``; consecutive runs of
