@@ -1,0 +1,181 @@
+"""``largebatch data convert | index | verify``.
+
+The main command line calls :func:`register` with its ``data`` subparsers; each
+subcommand stores its handler as ``func`` (``args.func(args) -> int``). Problems raise
+``UserError``/``DataError``, which the main command line prints as one ``error:`` line
+(exit status 2). ``python -m largebatch.data.cli ...`` runs the same commands alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from largebatch.data import convert
+from largebatch.errors import UserError
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    common = {
+        "limit": args.limit,
+        "quality": args.quality,
+        "progress": None if not args.quiet else False,
+    }
+    if args.source == "folder":
+        if args.src is None:
+            raise UserError(
+                "'convert folder' needs the image folder: largebatch data convert folder SRC --out DIR"
+            )
+        out = args.out or f"data/{Path(args.src).resolve().name}"
+        meta = convert.convert_image_folder(
+            args.src,
+            out,
+            train_shards=args.train_shards or 1024,
+            validation_shards=args.validation_shards or 128,
+            label_offset=1 if args.label_offset is None else args.label_offset,
+            **common,
+        )
+    else:
+        out = args.out or "data/fashion-mnist"
+        meta = convert.convert_fashion_mnist(
+            out,
+            src=args.src or convert.FASHION_MNIST_DIR,
+            train_shards=args.train_shards or 8,
+            validation_shards=args.validation_shards or 2,
+            label_offset=0 if args.label_offset is None else args.label_offset,
+            **common,
+        )
+    for split, info in meta["splits"].items():
+        print(f"{out}: {split}: {info['records']} records in {info['shards']} shards")
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    for path in convert.index_files(args.files):
+        print(path)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    meta = convert.read_meta(args.dir) or {}
+    num_classes = (
+        args.num_classes if args.num_classes is not None else meta.get("num_classes")
+    )
+    label_offset = (
+        args.label_offset
+        if args.label_offset is not None
+        else meta.get("label_offset", 0)
+    )
+    splits = args.split or convert.find_splits(args.dir)
+    for split in splits:
+        count = convert.verify_split(
+            args.dir,
+            split,
+            num_classes=num_classes,
+            label_offset=label_offset,
+            decode=not args.no_decode,
+            progress=None if not args.quiet else False,
+        )
+        print(f"{args.dir}: {split}: {count} records OK")
+    if num_classes is None:
+        print("note: labels not range-checked (no dataset.json; pass --num-classes)")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``convert``, ``index`` and ``verify`` to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "convert",
+        help="write TFRecord shards (ImageNet schema) from an image folder or Fashion-MNIST",
+        description="Write TFRecord shards with index files; finished shards are skipped on a re-run.",
+    )
+    p.add_argument(
+        "source",
+        choices=("folder", "fashion-mnist"),
+        help="an ImageNet-style folder, or Fashion-MNIST",
+    )
+    p.add_argument(
+        "src",
+        nargs="?",
+        help=f"the folder with train/<class>/ (and val/<class>/); for fashion-mnist default {convert.FASHION_MNIST_DIR}",
+    )
+    p.add_argument(
+        "--out",
+        help="output folder (default data/<folder name>, or data/fashion-mnist)",
+    )
+    p.add_argument(
+        "--train-shards",
+        type=_positive,
+        help="train shards (default 1024; fashion-mnist 8)",
+    )
+    p.add_argument(
+        "--validation-shards",
+        type=_positive,
+        help="validation shards (default 128; fashion-mnist 2)",
+    )
+    p.add_argument(
+        "--label-offset",
+        type=int,
+        help="added to 0-based class numbers (default 1 for folder, as ImageNet; 0 for fashion-mnist)",
+    )
+    p.add_argument(
+        "--limit",
+        type=_positive,
+        help="only the first N records of each split (for quick tests)",
+    )
+    p.add_argument(
+        "--quality",
+        type=int,
+        default=95,
+        help="JPEG quality when re-encoding (default 95)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_convert)
+
+    p = subparsers.add_parser(
+        "index", help="write <file>.idx (DALI tfrecord2idx format) for TFRecord files"
+    )
+    p.add_argument("files", nargs="+", help="TFRecord files")
+    p.set_defaults(func=cmd_index)
+
+    p = subparsers.add_parser(
+        "verify", help="check every record's CRCs, index, JPEG and label"
+    )
+    p.add_argument("dir", help="the shard folder")
+    p.add_argument(
+        "--split",
+        action="append",
+        help="only this split (repeatable; default all found)",
+    )
+    p.add_argument(
+        "--num-classes", type=int, help="label range check (default from dataset.json)"
+    )
+    p.add_argument("--label-offset", type=int, help="default from dataset.json, else 0")
+    p.add_argument("--no-decode", action="store_true", help="skip decoding the JPEGs")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_verify)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m largebatch.data.cli", description=__doc__.splitlines()[0]
+    )
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

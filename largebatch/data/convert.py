@@ -1,0 +1,554 @@
+"""Write TFRecord shards with the ImageNet schema, and verify them.
+
+Each record is a ``tf.train.Example`` with the features of TensorFlow's ImageNet
+converter (``models/research/inception/inception/data/build_imagenet_data.py``):
+
+=====================  ==========  ==================================================
+``image/encoded``      bytes       the JPEG
+``image/format``       bytes       ``b'JPEG'``
+``image/class/label``  int64       class number + ``label_offset`` (ImageNet: 1..1000)
+``image/class/text``   bytes       class name (the synset folder name for ImageNet)
+``image/height``       int64       pixels
+``image/width``        int64       pixels
+``image/colorspace``   bytes       ``b'RGB'`` or ``b'Gray'``
+``image/channels``     int64       3 or 1
+``image/filename``     bytes       the source file's name
+=====================  ==========  ==================================================
+
+Sources: an ImageNet-style folder (``train/<class>/*``, ``val/<class>/*``; classes in
+sorted folder-name order; JPEGs are stored as they are, other formats and CMYK JPEGs are
+re-encoded as RGB JPEG) and Debian's ``dataset-fashion-mnist`` package (idx files,
+encoded as grayscale JPEG). Training records are shuffled with a fixed seed before
+sharding (as the ImageNet converter does) so every shard holds a mix of classes; the
+output is byte-for-byte deterministic.
+
+Each shard is written to a temporary file, fsynced and renamed, index first, so a shard
+with its index in place is complete; a re-run skips those. ``dataset.json`` beside the
+shards records classes, label offset and record counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import simplejpeg
+from tqdm import tqdm
+
+from largebatch.data.example import ExampleDecodeError, decode_example, encode_example
+from largebatch.data.tfrecord import (
+    SHARD_NAME_PATTERN,
+    TFRecordWriter,
+    check_index_layout,
+    index_path_for,
+    iter_records,
+    list_shards,
+    read_index,
+    shard_name,
+    write_index,
+)
+from largebatch.errors import DataError
+
+META_FILE = "dataset.json"
+TRAIN_SHUFFLE_SEED = 12345
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
+IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One image to write: where its pixels come from, its 0-based class and its name."""
+
+    source: object  # a Path, or an index into an in-memory array
+    label: int
+    filename: str
+
+
+def _jpeg_of_file(path: Path, quality: int) -> tuple[bytes, int, int, str]:
+    """The file's JPEG bytes (re-encoded only when needed), height, width and colorspace."""
+    data = path.read_bytes()
+    if data[:2] == b"\xff\xd8":
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError as err:
+            raise DataError(f"not a readable JPEG: {err}", path=str(path)) from err
+        if colorspace in ("Gray", "YCbCr", "RGB"):
+            return data, height, width, "Gray" if colorspace == "Gray" else "RGB"
+    from PIL import Image  # only for non-JPEG or CMYK sources
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            pixels = np.asarray(image.convert("RGB"))
+    except Exception as err:
+        raise DataError(f"cannot read image: {err}", path=str(path)) from err
+    encoded = simplejpeg.encode_jpeg(
+        np.ascontiguousarray(pixels), quality=quality, colorspace="RGB"
+    )
+    return encoded, pixels.shape[0], pixels.shape[1], "RGB"
+
+
+def make_example(
+    jpeg: bytes,
+    height: int,
+    width: int,
+    colorspace: str,
+    label: int,
+    text: str,
+    filename: str,
+) -> bytes:
+    """Serialise one record of the ImageNet schema (``label`` already offset)."""
+    return encode_example(
+        {
+            "image/encoded": jpeg,
+            "image/format": b"JPEG",
+            "image/class/label": int(label),
+            "image/class/text": text,
+            "image/height": int(height),
+            "image/width": int(width),
+            "image/colorspace": colorspace,
+            "image/channels": 1 if colorspace == "Gray" else 3,
+            "image/filename": filename,
+        }
+    )
+
+
+def shard_bounds(count: int, num_shards: int) -> list[int]:
+    """Start of each shard's slice (plus the end): sizes differ by at most one record."""
+    return [count * k // num_shards for k in range(num_shards + 1)]
+
+
+def _shard_done(path: Path) -> bool:
+    return path.is_file() and index_path_for(path).is_file()
+
+
+def write_split(
+    out: Path,
+    split: str,
+    samples: Sequence[Sample],
+    num_shards: int,
+    encode: Callable[[Sample], bytes],
+    progress: tqdm | None = None,
+) -> int:
+    """Write ``samples`` as ``num_shards`` shards of ``split`` under ``out``.
+
+    Finished shards (shard and index present) are skipped. Returns the shards written.
+    """
+    num_shards = max(1, min(num_shards, len(samples)))
+    bounds = shard_bounds(len(samples), num_shards)
+    written = 0
+    for number in range(num_shards):
+        path = out / shard_name(split, number, num_shards)
+        chunk = samples[bounds[number] : bounds[number + 1]]
+        if _shard_done(path):
+            if progress is not None:
+                progress.update(len(chunk))
+            continue
+        tmp = path.with_name(path.name + ".tmp")
+        with TFRecordWriter(tmp) as writer:
+            for sample in chunk:
+                writer.write(encode(sample))
+                if progress is not None:
+                    progress.update(1)
+            writer.close(fsync=True)
+        # Index first, shard last: a shard file present means its index is too.
+        write_index(index_path_for(path), writer.index)
+        os.replace(tmp, path)
+        written += 1
+    return written
+
+
+def _no_bar(progress: bool | None) -> bool | None:
+    """tqdm's ``disable``: ``None`` lets tqdm show the bar only on a terminal."""
+    return None if progress is None else not progress
+
+
+def _write_meta(out: Path, meta: dict) -> None:
+    tmp = out / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out / META_FILE)
+
+
+def _limit(samples: list[Sample], limit: int | None) -> list[Sample]:
+    return samples if limit is None else samples[:limit]
+
+
+def scan_image_folder(src: Path) -> tuple[list[str], dict[str, list[Sample]]]:
+    """Classes (sorted folder names of ``train/``) and the samples of each split found.
+
+    Raises:
+        DataError: when ``src/train`` is missing or empty, or ``val/`` names a class that
+            ``train/`` lacks.
+    """
+    train_dir = src / "train"
+    if not train_dir.is_dir():
+        raise DataError(
+            "expected an ImageNet-style folder with train/<class>/ images",
+            path=str(src),
+        )
+    classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError("no class folders under train/", path=str(train_dir))
+    number = {name: i for i, name in enumerate(classes)}
+    splits: dict[str, list[Sample]] = {}
+    for folder, split in (
+        ("train", "train"),
+        ("val", "validation"),
+        ("validation", "validation"),
+    ):
+        split_dir = src / folder
+        if not split_dir.is_dir() or split in splits:
+            continue
+        samples = []
+        for class_dir in sorted(p for p in split_dir.iterdir() if p.is_dir()):
+            if class_dir.name not in number:
+                raise DataError(
+                    f"class folder {class_dir.name!r} is not in train/",
+                    path=str(class_dir),
+                )
+            for image in sorted(class_dir.iterdir()):
+                if image.suffix.lower() in IMAGE_EXTENSIONS:
+                    samples.append(Sample(image, number[class_dir.name], image.name))
+        if not samples:
+            raise DataError("no images found", path=str(split_dir))
+        splits[split] = samples
+    return classes, splits
+
+
+def _shuffled(samples: list[Sample]) -> list[Sample]:
+    order = np.random.RandomState(TRAIN_SHUFFLE_SEED).permutation(len(samples))
+    return [samples[i] for i in order]
+
+
+def convert_image_folder(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    train_shards: int = 1024,
+    validation_shards: int = 128,
+    label_offset: int = 1,
+    limit: int | None = None,
+    quality: int = 95,
+    progress: bool | None = None,
+) -> dict:
+    """Convert ``src/train/<class>/*`` (and ``src/val/<class>/*``) into shards under ``out``.
+
+    Args:
+        src: the image folder.
+        out: where shards, index files and ``dataset.json`` go (created).
+        train_shards, validation_shards: shards per split (fewer when a split has fewer
+            images than shards).
+        label_offset: added to the 0-based class number (ImageNet's TFRecords count from 1).
+        limit: keep only the first ``limit`` records of each split (after shuffling), for tests.
+        quality: JPEG quality for images that must be re-encoded.
+        progress: show a progress bar (``None``: when stderr is a terminal).
+
+    Returns:
+        The metadata written to ``dataset.json``.
+    """
+    src, out = Path(src), Path(out)
+    classes, splits = scan_image_folder(src)
+    splits = {
+        s: _limit(_shuffled(v) if s == "train" else v, limit) for s, v in splits.items()
+    }
+
+    def encode(sample: Sample) -> bytes:
+        jpeg, height, width, colorspace = _jpeg_of_file(sample.source, quality)
+        return make_example(
+            jpeg,
+            height,
+            width,
+            colorspace,
+            sample.label + label_offset,
+            classes[sample.label],
+            sample.filename,
+        )
+
+    shards = {"train": train_shards, "validation": validation_shards}
+    return _convert(
+        out,
+        "image-folder",
+        str(src),
+        classes,
+        splits,
+        shards,
+        encode,
+        label_offset,
+        3,
+        progress,
+    )
+
+
+def _read_idx(path: Path, magic: int, header: int) -> np.ndarray:
+    if not path.is_file():
+        raise DataError(
+            "Fashion-MNIST file missing; install it with 'apt-get install dataset-fashion-mnist' "
+            "or run 'python data/prepare_fmnist.py'",
+            path=str(path),
+        )
+    with gzip.open(path, "rb") as fh:
+        raw = fh.read()
+    if int.from_bytes(raw[:4], "big") != magic:
+        raise DataError(
+            f"not an idx file (magic {raw[:4].hex()}, expected {magic:08x})",
+            path=str(path),
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header)
+
+
+def load_fashion_mnist(
+    src: str | os.PathLike = FASHION_MNIST_DIR,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{'train': (images, labels), 'validation': ...}`` from the Debian package's idx files."""
+    src = Path(src)
+    out = {}
+    for prefix, split in (("train", "train"), ("t10k", "validation")):
+        images = _read_idx(
+            src / f"{prefix}-images-idx3-ubyte.gz", 0x00000803, 16
+        ).reshape(-1, 28, 28)
+        labels = _read_idx(src / f"{prefix}-labels-idx1-ubyte.gz", 0x00000801, 8)
+        if len(images) != len(labels):
+            raise DataError(
+                f"{len(images)} images but {len(labels)} labels", path=str(src)
+            )
+        out[split] = (images, labels)
+    return out
+
+
+def convert_fashion_mnist(
+    out: str | os.PathLike,
+    *,
+    src: str | os.PathLike = FASHION_MNIST_DIR,
+    train_shards: int = 8,
+    validation_shards: int = 2,
+    label_offset: int = 0,
+    limit: int | None = None,
+    quality: int = 95,
+    progress: bool | None = None,
+) -> dict:
+    """Convert Debian's Fashion-MNIST package into grayscale-JPEG shards under ``out``.
+
+    Arguments as for :func:`convert_image_folder`; the source keeps its own order.
+    """
+    out = Path(out)
+    arrays = load_fashion_mnist(src)
+    prefixes = {"train": "train", "validation": "t10k"}
+    splits = {
+        split: _limit(
+            [
+                Sample(i, int(labels[i]), f"{prefixes[split]}-{i:05d}.jpg")
+                for i in range(len(labels))
+            ],
+            limit,
+        )
+        for split, (_, labels) in arrays.items()
+    }
+
+    def encoder(split: str) -> Callable[[Sample], bytes]:
+        images = arrays[split][0]
+
+        def encode(sample: Sample) -> bytes:
+            pixels = np.ascontiguousarray(images[sample.source][:, :, None])
+            jpeg = simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="GRAY")
+            return make_example(
+                jpeg,
+                28,
+                28,
+                "Gray",
+                sample.label + label_offset,
+                FASHION_MNIST_CLASSES[sample.label],
+                sample.filename,
+            )
+
+        return encode
+
+    shards = {"train": train_shards, "validation": validation_shards}
+    return _convert(
+        out,
+        "fashion-mnist",
+        str(src),
+        list(FASHION_MNIST_CLASSES),
+        splits,
+        shards,
+        encoder,
+        label_offset,
+        1,
+        progress,
+    )
+
+
+def _convert(
+    out, source, src, classes, splits, shards, encode, label_offset, channels, progress
+) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    total = sum(len(v) for v in splits.values())
+    meta = {
+        "source": source,
+        "source_path": src,
+        "num_classes": len(classes),
+        "label_offset": label_offset,
+        "channels": channels,
+        "classes": classes,
+        "splits": {},
+    }
+    with tqdm(
+        total=total, unit="img", desc=f"convert {source}", disable=_no_bar(progress)
+    ) as bar:
+        for split, samples in splits.items():
+            num_shards = max(1, min(shards[split], len(samples)))
+            split_encode = encode(split) if source == "fashion-mnist" else encode
+            write_split(out, split, samples, num_shards, split_encode, bar)
+            meta["splits"][split] = {"shards": num_shards, "records": len(samples)}
+    _write_meta(out, meta)
+    return meta
+
+
+def read_meta(root: str | os.PathLike) -> dict | None:
+    """``dataset.json`` of a shard folder, or ``None`` when absent."""
+    path = Path(root) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"not valid JSON: {err}", path=str(path)) from err
+
+
+def index_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Write ``<file>.idx`` for each TFRecord file (CRCs are checked while walking it)."""
+    written = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise DataError("no such TFRecord file", path=str(path))
+        entries = [
+            (offset, size) for offset, size, _ in iter_records(path, verify_crc=True)
+        ]
+        write_index(index_path_for(path), entries)
+        written.append(index_path_for(path))
+    return written
+
+
+def find_splits(root: str | os.PathLike) -> list[str]:
+    """Split names that have shard files under ``root``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError("no such folder", path=str(root))
+    splits = sorted(
+        {
+            m.group("split")
+            for p in root.iterdir()
+            if (m := SHARD_NAME_PATTERN.match(p.name))
+        }
+    )
+    if not splits:
+        raise DataError(
+            "no TFRecord shards (files named <split>-00000-of-00008)", path=str(root)
+        )
+    return splits
+
+
+def verify_split(
+    root: str | os.PathLike,
+    split: str,
+    *,
+    num_classes: int | None,
+    label_offset: int,
+    decode: bool = True,
+    progress: bool | None = None,
+) -> int:
+    """Check every record of a split: index against file, both CRCs, Example, JPEG, label.
+
+    Returns:
+        The number of records checked.
+
+    Raises:
+        DataError: on the first problem, naming the file, record number and byte offset.
+    """
+    shards = list_shards(root, split)
+    indexes = []
+    for path in shards:
+        index = read_index(index_path_for(path))
+        check_index_layout(
+            index,
+            path.stat().st_size,
+            path=str(path),
+            index_path=str(index_path_for(path)),
+        )
+        indexes.append(index)
+    total = sum(len(i) for i in indexes)
+    checked = 0
+    with tqdm(
+        total=total, unit="rec", desc=f"verify {split}", disable=_no_bar(progress)
+    ) as bar:
+        for path, index in zip(shards, indexes):
+            in_file = 0
+            for record, (offset, size, data) in enumerate(
+                iter_records(path, verify_crc=True)
+            ):
+                where = f"record {record} at byte offset {offset}"
+                if record >= len(index) or tuple(index[record]) != (offset, size):
+                    raise DataError(
+                        f"{where}: not in its index file; rebuild with 'largebatch data index'",
+                        path=str(path),
+                    )
+                try:
+                    features = decode_example(
+                        data, ("image/encoded", "image/class/label")
+                    )
+                except ExampleDecodeError as err:
+                    raise DataError(
+                        f"{where}: not a tf.train.Example ({err})", path=str(path)
+                    ) from err
+                if (
+                    len(features.get("image/encoded", ())) != 1
+                    or len(features.get("image/class/label", ())) != 1
+                ):
+                    raise DataError(
+                        f"{where}: missing image/encoded or image/class/label",
+                        path=str(path),
+                    )
+                label = features["image/class/label"][0] - label_offset
+                if num_classes is not None and not 0 <= label < num_classes:
+                    raise DataError(
+                        f"{where}: label {label + label_offset} is outside "
+                        f"{label_offset}..{label_offset + num_classes - 1} (num_classes {num_classes}, "
+                        f"label_offset {label_offset})",
+                        path=str(path),
+                    )
+                if decode:
+                    try:
+                        simplejpeg.decode_jpeg(
+                            features["image/encoded"][0], colorspace="GRAY"
+                        )
+                    except ValueError as err:
+                        raise DataError(
+                            f"{where}: JPEG does not decode ({err})", path=str(path)
+                        ) from err
+                checked += 1
+                bar.update(1)
+                in_file = record + 1
+            if in_file != len(index):
+                raise DataError(
+                    f"index lists {len(index)} records, the file holds {in_file}; "
+                    f"rebuild with 'largebatch data index {path}'",
+                    path=str(index_path_for(path)),
+                )
+    return checked

@@ -1,0 +1,389 @@
+"""The NVIDIA DALI loader: ``fn.readers.tfrecord`` over the same shards and index files.
+
+DALI is imported only here, only when this loader is asked for
+(``pip install -e .[dali]``, i.e. ``nvidia-dali-cuda120``).
+
+**Same samples as every other loader.** DALI's TFRecord reader reads the records listed
+in its index files, in index order, one ``(path, index_path)`` pair after another, and it
+accepts the same shard more than once with different index files. So, per epoch, this
+loader takes the rank's micro-batches from ``rank_train_indices`` (the native loader's
+exact sequence), sorts the records inside each micro-batch by position, cuts the sequence
+into runs of consecutive records from one shard, and writes one small index file per run
+(into a private temporary folder) pointing into the unchanged shard. The reader, with
+``random_shuffle=False``, then yields exactly the native loader's micro-batches: the same
+sample set per micro-batch and per optimizer step, only in a different order inside a
+micro-batch. A resumed epoch simply leaves the consumed micro-batches out of the runs.
+
+The cost is one index file per run, about one per sample when shards outnumber the
+samples of a micro-batch (ImageNet's 1024 shards), written when an epoch's iteration
+starts (measured here: ~0.1 ms per file; DALI builds a 20,000-run reader in 0.2 s).
+
+**Augmentation**: the same operations (random-resized-crop with the same ``scale`` and
+``ratio`` ranges, fused with decoding as ``fn.decoders.image_random_crop``; flip with
+probability ``hflip``; resize shorter side + centre crop for evaluation; normalise), but
+DALI's own random streams, seeded from ``(seed, epoch, rank)``: reproducible for a given
+world size, not per sample as in the native loader.
+
+**Devices**: with a CUDA device the JPEGs are decoded with ``device='mixed'`` (nvJPEG) and
+resized on the GPU; otherwise the whole pipeline runs on the CPU (``device_id=None``).
+
+**Checks**: every index is checked against its shard's layout when the loader is built.
+DALI's reader does not check record CRCs; run ``largebatch data verify`` once after
+conversion. A JPEG that fails to decode is named (file, record, byte offset) by
+re-reading the failing micro-batch with the native reader.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import zlib
+
+import numpy as np
+import torch
+
+from largebatch.batching import BatchPlan
+from largebatch.data.native import _cfg, _check_channels
+from largebatch.data.sharding import rank_eval_indices, rank_train_indices
+from largebatch.data.tfrecord import ShardSet, count_samples
+from largebatch.errors import DataError, UserError
+
+__all__ = ["DaliLoader", "build_eval_loader", "build_train_loader", "count_samples"]
+
+_READER = "tfrecord_reader"
+
+
+def _import_dali():
+    try:
+        import nvidia.dali.tfrecord as tfrec
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    except ImportError as err:
+        raise UserError(
+            f"data.loader 'dali' needs NVIDIA DALI, which is not importable ({err}); "
+            f"install it with: pip install -e .[dali]   (or choose data.loader 'native')",
+            key="data.loader",
+        ) from err
+    return fn, tfrec, types, pipeline_def, DALIGenericIterator, LastBatchPolicy
+
+
+def write_run_indexes(
+    shards: ShardSet, batches: list[np.ndarray], folder: str
+) -> tuple[list[str], list[str]]:
+    """Index files that make DALI's reader yield ``batches`` (each sorted within itself).
+
+    Returns:
+        ``(paths, index_paths)`` for ``fn.readers.tfrecord``: consecutive records that
+        lie in one shard form one run, i.e. one pair.
+    """
+    if not batches:
+        return [], []
+    order = np.concatenate([np.sort(b) for b in batches])
+    shard_of = np.searchsorted(shards.starts, order, side="right") - 1
+    breaks = np.flatnonzero(np.diff(shard_of)) + 1
+    paths, index_paths = [], []
+    for run, (lo, hi) in enumerate(zip(np.r_[0, breaks], np.r_[breaks, len(order)])):
+        shard = int(shard_of[lo])
+        entries = shards.indices[shard][order[lo:hi] - shards.starts[shard]]
+        index_path = os.path.join(folder, f"{run:07d}.idx")
+        fd = os.open(index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, "".join(f"{o} {s}\n" for o, s in entries.tolist()).encode())
+        finally:
+            os.close(fd)
+        paths.append(str(shards.paths[shard]))
+        index_paths.append(index_path)
+    return paths, index_paths
+
+
+class DaliLoader:
+    """A DALI pipeline per epoch, following the loader contract (see module docstring).
+
+    Attributes:
+        num_samples: records in the split (all ranks together).
+        num_classes: classes (labels are 0-based on output).
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        num_batches: int,
+        batches_for_epoch,
+        *,
+        train: bool,
+        data_cfg: dict,
+        seed: int,
+        rank: int,
+        device: torch.device,
+    ) -> None:
+        self._dali = _import_dali()
+        self.shards = shards
+        self.num_samples = len(shards)
+        self.num_classes = int(_cfg(data_cfg, "num_classes"))
+        self.device = torch.device(device)
+        self.epoch = 0
+        self._start = 0
+        self._position = 0
+        self._num_batches = num_batches
+        self._batches_for_epoch = batches_for_epoch
+        self._train = train
+        self._seed = seed
+        self._rank = rank
+        self._cfg = data_cfg
+        self._label_offset = int(data_cfg.get("label_offset", 0))
+        self._channels = int(_cfg(data_cfg, "channels"))
+        if (
+            len(_cfg(data_cfg, "mean")) != self._channels
+            or len(_cfg(data_cfg, "std")) != self._channels
+        ):
+            raise UserError(
+                f"data.mean and data.std need {self._channels} values (data.channels)",
+                key="data.mean",
+            )
+        self._folder = tempfile.mkdtemp(prefix="largebatch-dali-")
+        self._use_gpu = self.device.type == "cuda"
+        if self.device.type not in ("cpu", "cuda"):
+            raise UserError(
+                f"data.loader 'dali' delivers to CPU or CUDA devices, not {self.device.type!r}; "
+                f"use data.loader 'native' (or 'mediapipe' on HPU)",
+                key="data.loader",
+            )
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields per epoch (a resumed epoch yields the rest of them)."""
+        return self._num_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._start = 0
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "micro_batch": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self._start = self._position = min(int(state["micro_batch"]), len(self))
+
+    def _pipeline(self, paths: list[str], index_paths: list[str], batch_size: int):
+        fn, tfrec, types, pipeline_def, _, _ = self._dali
+        cfg = self._cfg
+        size = int(cfg["image_size"])
+        gray = self._channels == 1
+        mean = [float(m) * 255 for m in cfg["mean"]]
+        std = [float(s) * 255 for s in cfg["std"]]
+        device_id = (
+            (
+                self.device.index
+                if self.device.index is not None
+                else torch.cuda.current_device()
+            )
+            if self._use_gpu
+            else None
+        )
+        decode_device = "mixed" if self._use_gpu else "cpu"
+        ops_device = "gpu" if self._use_gpu else "cpu"
+        seed = (
+            zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF
+        )
+        output_type = types.GRAY if gray else types.RGB
+
+        @pipeline_def(
+            batch_size=batch_size,
+            num_threads=max(1, int(cfg.get("num_workers", 1))),
+            device_id=device_id,
+            seed=seed,
+            prefetch_queue_depth=max(1, int(cfg.get("prefetch", 2))),
+        )
+        def pipeline():
+            record = fn.readers.tfrecord(
+                path=paths,
+                index_path=index_paths,
+                features={
+                    "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+                    "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+                },
+                random_shuffle=False,
+                name=_READER,
+            )
+            jpegs, labels = record["image/encoded"], record["image/class/label"]
+            if self._train:
+                images = fn.decoders.image_random_crop(
+                    jpegs,
+                    device=decode_device,
+                    output_type=output_type,
+                    random_area=list(cfg.get("scale", (0.08, 1.0))),
+                    random_aspect_ratio=list(cfg.get("ratio", (3 / 4, 4 / 3))),
+                    num_attempts=10,
+                )
+                images = fn.resize(
+                    images, device=ops_device, resize_x=size, resize_y=size
+                )
+                mirror = fn.random.coin_flip(probability=float(cfg.get("hflip", 0.5)))
+                crop = None
+            else:
+                images = fn.decoders.image(
+                    jpegs, device=decode_device, output_type=output_type
+                )
+                shorter = size / float(cfg.get("eval_crop_ratio", 0.875))
+                images = fn.resize(images, device=ops_device, resize_shorter=shorter)
+                mirror, crop = 0, (size, size)
+            images = fn.crop_mirror_normalize(
+                images,
+                device=ops_device,
+                dtype=types.FLOAT,
+                output_layout="CHW",
+                crop=crop,
+                mean=mean,
+                std=std,
+                mirror=mirror,
+            )
+            return images, labels
+
+        return pipeline()
+
+    def _name_bad_record(self, batch: np.ndarray, err: Exception) -> DataError:
+        import simplejpeg
+
+        from largebatch.data.example import decode_example
+
+        for index in batch.tolist():
+            try:
+                simplejpeg.decode_jpeg(
+                    decode_example(self.shards.read(index), ["image/encoded"])[
+                        "image/encoded"
+                    ][0]
+                )
+            except DataError as bad:
+                return bad
+            except Exception as bad:  # noqa: BLE001 - any failure here names the record
+                return DataError(
+                    f"{self.shards.where(index)}: JPEG does not decode ({bad})"
+                )
+        return DataError(
+            f"DALI pipeline failed on a micro-batch of {self.shards.split!r}: {str(err).splitlines()[0]}"
+        )
+
+    def __iter__(self):
+        _, _, _, _, iterator_class, policy = self._dali
+        batches = self._batches_for_epoch(self.epoch)[self._start :]
+        self._position = self._start
+        if not batches:
+            self._start = 0
+            return
+        for name in os.listdir(self._folder):
+            os.unlink(os.path.join(self._folder, name))
+        paths, index_paths = write_run_indexes(self.shards, batches, self._folder)
+        batch_size = max(len(b) for b in batches)
+        pipe = self._pipeline(paths, index_paths, batch_size)
+        iterator = iterator_class(
+            [pipe],
+            ["images", "labels"],
+            reader_name=_READER,
+            last_batch_policy=policy.PARTIAL,
+            auto_reset=False,
+        )
+        try:
+            for number, batch in enumerate(batches):
+                try:
+                    out = next(iterator)[0]
+                except StopIteration:
+                    raise AssertionError(
+                        "DALI ran out of records before the epoch's micro-batches"
+                    ) from None
+                except RuntimeError as err:
+                    raise self._name_bad_record(batch, err) from err
+                images, labels = (
+                    out["images"],
+                    out["labels"].view(-1) - self._label_offset,
+                )
+                bad = (labels < 0) | (labels >= self.num_classes)
+                if bool(bad.any()):
+                    index = int(np.sort(batch)[int(bad.nonzero()[0, 0])])
+                    raise DataError(
+                        f"{self.shards.where(index)}: label {int(labels[bad][0]) + self._label_offset} is outside "
+                        f"{self._label_offset}..{self._label_offset + self.num_classes - 1} "
+                        f"(data.num_classes {self.num_classes}, data.label_offset {self._label_offset})"
+                    )
+                self._position = self._start + number + 1
+                yield (
+                    images.to(self.device, non_blocking=True),
+                    labels.to(self.device, non_blocking=True),
+                )
+        finally:
+            self._start = 0
+            del iterator, pipe
+
+    def __del__(self) -> None:
+        shutil.rmtree(getattr(self, "_folder", ""), ignore_errors=True)
+
+
+class _TrainBatches:
+    def __init__(self, plan: BatchPlan, rank: int, seed: int) -> None:
+        self.plan, self.rank, self.seed = plan, rank, seed
+
+    def __call__(self, epoch: int) -> list[np.ndarray]:
+        return list(
+            rank_train_indices(self.plan, self.rank, self.seed, epoch).reshape(
+                -1, self.plan.micro_batch_size
+            )
+        )
+
+
+def build_train_loader(
+    data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device
+) -> DaliLoader:
+    """The DALI training loader of ``rank``; same contract and samples as the native one.
+
+    Raises:
+        UserError: DALI not installed, a plan made for a different sample count.
+        DataError: missing or inconsistent shards or index files.
+    """
+    _import_dali()
+    _check_channels(data_cfg)
+    shards = ShardSet(
+        _cfg(data_cfg, "root"), data_cfg.get("train_split", "train"), verify_crc=False
+    )
+    if len(shards) != plan.num_samples:
+        raise UserError(
+            f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
+            f"{len(shards)} in split {shards.split!r}; build the plan from count_samples()",
+            key="data.root",
+        )
+    return DaliLoader(
+        shards,
+        plan.micro_batches_per_epoch,
+        _TrainBatches(plan, rank, seed),
+        train=True,
+        data_cfg=data_cfg,
+        seed=seed,
+        rank=rank,
+        device=device,
+    )
+
+
+def build_eval_loader(
+    data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device
+) -> DaliLoader:
+    """The DALI evaluation loader: every record once across ranks, in record order."""
+    _import_dali()
+    _check_channels(data_cfg)
+    shards = ShardSet(
+        _cfg(data_cfg, "root"),
+        data_cfg.get("eval_split", "validation"),
+        verify_crc=False,
+    )
+    indices = rank_eval_indices(len(shards), rank, world_size)
+    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+    return DaliLoader(
+        shards,
+        math.ceil(len(indices) / batch_size),
+        lambda epoch: batches,
+        train=False,
+        data_cfg=data_cfg,
+        seed=0,
+        rank=rank,
+        device=device,
+    )

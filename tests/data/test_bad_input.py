@@ -1,0 +1,191 @@
+"""Bad input is found and named (file, record, byte offset), never trained on."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import data_cfg, write_unique_label_shards
+
+from largebatch.batching import BatchPlan
+from largebatch.data import cli, native
+from largebatch.data.convert import Sample, make_example, write_split
+from largebatch.data.tfrecord import index_path_for, read_index
+from largebatch.errors import DataError
+
+SHARD = "train-00001-of-00002"
+
+
+@pytest.fixture
+def shards(tmp_path) -> Path:
+    """16 train records in 2 shards; label = record number + 1."""
+    return write_unique_label_shards(tmp_path / "shards", {"train": 16}, {"train": 2})
+
+
+def load_all(root: Path, num_classes: int = 16) -> None:
+    plan = BatchPlan.create(
+        global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16
+    )
+    loader = native.build_train_loader(
+        data_cfg(root, num_classes), plan, rank=0, seed=0, device=torch.device("cpu")
+    )
+    for _ in loader:
+        pass
+
+
+def verify(root: Path, capsys) -> str:
+    assert (
+        cli.main(
+            [
+                "verify",
+                str(root),
+                "--quiet",
+                "--num-classes",
+                "16",
+                "--label-offset",
+                "1",
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    return err
+
+
+def record_offset(root: Path, record: int) -> int:
+    return int(read_index(index_path_for(root / SHARD))[record][0])
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_data_crc(shards, capsys):
+    offset = record_offset(shards, 3)
+    flip_byte(shards / SHARD, offset + 40)  # inside record 3's payload
+    message = f"{SHARD}: record 3 at byte offset {offset}: data CRC mismatch"
+    with pytest.raises(DataError, match=message):
+        load_all(shards)
+    assert message in verify(shards, capsys)
+
+
+def test_corrupt_length_crc(shards, capsys):
+    offset = record_offset(shards, 2)
+    flip_byte(shards / SHARD, offset + 9)
+    assert f"record 2 at byte offset {offset}: length CRC mismatch" in verify(
+        shards, capsys
+    )
+    with pytest.raises(DataError, match="length CRC mismatch"):
+        load_all(shards)
+
+
+def test_truncated_file(shards, capsys):
+    path = shards / SHARD
+    offset = record_offset(shards, 7)
+    path.write_bytes(path.read_bytes()[: offset + 30])
+    err = verify(shards, capsys)
+    assert SHARD in err and "index does not match its file" in err
+    with pytest.raises(DataError, match="index does not match its file"):
+        load_all(shards)
+    # with a rebuilt index the cut record itself is reported
+    index_path_for(path).unlink()
+    assert cli.main(["index", str(path)]) == 2
+    assert (
+        f"record 7 at byte offset {offset}: truncated data" in capsys.readouterr().err
+    )
+
+
+def test_missing_index(shards, capsys):
+    index_path_for(shards / SHARD).unlink()
+    assert f"{SHARD}.idx: index file missing" in verify(shards, capsys)
+    with pytest.raises(
+        DataError, match="index file missing; create it with 'largebatch data index"
+    ):
+        load_all(shards)
+
+
+def test_index_not_matching_file(shards, capsys):
+    other = shards / "train-00000-of-00002.idx"
+    shutil.copy(other, index_path_for(shards / SHARD))  # same record count, other sizes
+    err = verify(shards, capsys)
+    assert f"{SHARD}.idx" in err and "index does not match" in err
+    with pytest.raises(DataError, match="index does not match"):
+        load_all(shards)
+
+
+def _rewrite_shard(
+    root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None
+) -> None:
+    """Rewrite SHARD with record ``bad`` replaced by a broken JPEG or an out-of-range label."""
+    from largebatch.data.example import decode_example
+    from largebatch.data.tfrecord import iter_records
+
+    originals = [decode_example(data) for _, _, data in iter_records(root / SHARD)]
+
+    def encode(sample: Sample) -> bytes:
+        r = originals[sample.source]
+        return make_example(
+            jpeg
+            if sample.source == bad and jpeg is not None
+            else r["image/encoded"][0],
+            r["image/height"][0],
+            r["image/width"][0],
+            "RGB",
+            label
+            if sample.source == bad and label is not None
+            else r["image/class/label"][0],
+            "x",
+            "x.jpg",
+        )
+
+    (root / SHARD).unlink()
+    index_path_for(root / SHARD).unlink()
+    samples = [Sample(i, 0, "x") for i in range(len(originals))]
+    # write_split names shards by count; write both, then keep only the rewritten one
+    tmp = root / "rewrite"
+    tmp.mkdir()
+    write_split(tmp, "train", samples + samples, 2, encode)
+    for name in (SHARD, SHARD + ".idx"):
+        (tmp / name).replace(root / name)
+
+
+def test_undecodable_jpeg(shards, capsys):
+    _rewrite_shard(shards, 5, jpeg=b"\xff\xd8\xff\xe0 this is not a jpeg")
+    offset = record_offset(shards, 5)
+    message = f"{SHARD} record 5 at byte offset {offset}: JPEG does not decode"
+    with pytest.raises(DataError, match=message):
+        load_all(shards)
+    assert f"record 5 at byte offset {offset}: JPEG does not decode" in verify(
+        shards, capsys
+    )
+
+
+def test_label_out_of_range(shards, capsys):
+    _rewrite_shard(shards, 6, label=17)  # classes are 1..16 with label_offset 1
+    offset = record_offset(shards, 6)
+    with pytest.raises(
+        DataError,
+        match=f"{SHARD} record 6 at byte offset {offset}: label 17 is outside 1..16",
+    ):
+        load_all(shards)
+    assert "label 17 is outside 1..16" in verify(shards, capsys)
+
+
+def test_missing_or_empty_shard_list(tmp_path, capsys):
+    with pytest.raises(DataError, match="data folder not found"):
+        load_all(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no shards of split 'train'"):
+        load_all(tmp_path / "empty")
+    assert "no TFRecord shards" in verify(tmp_path / "empty", capsys)
+
+
+def test_incomplete_shard_set(shards):
+    (shards / "train-00000-of-00002").unlink()
+    with pytest.raises(DataError, match="do not form one complete set"):
+        load_all(shards)

@@ -1,0 +1,197 @@
+"""The native loader against the shared sharding plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import data_cfg
+
+from largebatch.batching import BatchPlan
+from largebatch.data import native
+from largebatch.data.sharding import rank_train_indices
+
+CPU = torch.device("cpu")
+SEED = 7
+
+
+def plan(world: int = 2, micro: int = 4, global_batch: int = 16) -> BatchPlan:
+    return BatchPlan.create(
+        global_batch_size=global_batch,
+        micro_batch_size=micro,
+        world_size=world,
+        num_samples=48,
+    )
+
+
+def epoch_labels(root, p: BatchPlan, rank: int, epoch: int, **cfg) -> list[list[int]]:
+    loader = native.build_train_loader(
+        data_cfg(root, 48, **cfg), p, rank=rank, seed=SEED, device=CPU
+    )
+    loader.set_epoch(epoch)
+    return [labels.tolist() for _, labels in loader]
+
+
+def test_contract_shapes_and_ranges(unique_shards):
+    loader = native.build_train_loader(
+        data_cfg(unique_shards, 48), plan(), rank=0, seed=SEED, device=CPU
+    )
+    assert len(loader) == plan().micro_batches_per_epoch == 6
+    assert loader.num_samples == 48 and loader.num_classes == 48
+    batches = list(loader)
+    assert len(batches) == 6
+    images, labels = batches[0]
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
+    assert (
+        labels.dtype == torch.int64
+        and int(labels.min()) >= 0
+        and int(labels.max()) < 48
+    )
+    assert (
+        -2.2 < float(images.min()) and float(images.max()) < 2.7
+    )  # normalised 0..1 pixels
+
+
+def test_same_samples_per_step_as_the_sharding_plan(unique_shards):
+    p = plan()
+    for rank in range(2):
+        got = epoch_labels(unique_shards, p, rank, epoch=3)
+        expected = (
+            rank_train_indices(p, rank, SEED, 3).reshape(-1, 4).tolist()
+        )  # label = record number
+        assert got == expected
+
+
+def test_disjoint_equal_shares_reshuffled_per_epoch(unique_shards):
+    p = plan()
+    shares = {}
+    for epoch in (0, 1):
+        per_rank = [
+            [x for batch in epoch_labels(unique_shards, p, rank, epoch) for x in batch]
+            for rank in range(2)
+        ]
+        assert len(per_rank[0]) == len(per_rank[1]) == 24
+        assert not set(per_rank[0]) & set(per_rank[1])
+        shares[epoch] = per_rank
+    assert shares[0][0] != shares[1][0]
+
+
+def test_independent_of_worker_count(unique_shards):
+    p = plan()
+    loaders = [
+        native.build_train_loader(
+            data_cfg(unique_shards, 48, num_workers=w), p, rank=1, seed=SEED, device=CPU
+        )
+        for w in (0, 2)
+    ]
+    for loader in loaders:
+        loader.set_epoch(2)
+    for (a_img, a_lab), (b_img, b_lab) in zip(*loaders, strict=True):
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+
+
+def test_eval_covers_every_record_once(unique_shards):
+    seen = []
+    for rank in range(3):
+        loader = native.build_eval_loader(
+            data_cfg(unique_shards, 48),
+            batch_size=3,
+            rank=rank,
+            world_size=3,
+            device=CPU,
+        )
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        seen += [label for _, labels in batches for label in labels.tolist()]
+    assert sorted(seen) == list(range(20))
+
+
+def test_resume_continues_at_next_micro_batch_without_decoding_skipped(
+    unique_shards, monkeypatch
+):
+    p = plan()
+    cfg = data_cfg(unique_shards, 48)
+    full = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    full.set_epoch(1)
+    reference = list(full)
+
+    first = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    first.set_epoch(1)
+    iterator = iter(first)
+    for _ in range(2):
+        next(iterator)
+    state = first.state_dict()
+    assert state == {"epoch": 1, "micro_batch": 2}
+
+    decoded = []
+    original = native._MicroBatchDataset._load
+
+    def counting(self, index):
+        decoded.append(index)
+        return original(self, index)
+
+    monkeypatch.setattr(native._MicroBatchDataset, "_load", counting)
+    resumed = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    rest = list(resumed)
+    assert len(rest) == 4 and len(decoded) == 16
+    for (a_img, a_lab), (b_img, b_lab) in zip(rest, reference[2:], strict=True):
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+    resumed.set_epoch(2)
+    assert len(list(resumed)) == 6  # the next epoch starts from the beginning
+
+
+def test_augmentation_is_random_across_epochs_and_flips(unique_shards):
+    cfg = data_cfg(unique_shards, 48, hflip=1.0, scale=(1.0, 1.0), ratio=(1.0, 1.0))
+    p = BatchPlan.create(
+        global_batch_size=48, micro_batch_size=48, world_size=1, num_samples=48
+    )
+    a = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    b = native.build_train_loader(
+        {**cfg, "hflip": 0.0}, p, rank=0, seed=SEED, device=CPU
+    )
+    (img_a, lab_a), (img_b, lab_b) = next(iter(a)), next(iter(b))
+    assert torch.equal(lab_a, lab_b)
+    assert img_a.shape == img_b.shape
+    assert torch.equal(img_a[..., 1:-1], img_b.flip(-1)[..., 1:-1]) or not torch.equal(
+        img_a, img_b
+    )
+
+
+def test_plan_for_wrong_sample_count_is_a_user_error(unique_shards):
+    wrong = BatchPlan.create(
+        global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=64
+    )
+    with pytest.raises(native.UserError, match="48"):
+        native.build_train_loader(
+            data_cfg(unique_shards, 48), wrong, rank=0, seed=0, device=CPU
+        )
+
+
+def test_count_samples(unique_shards):
+    cfg = data_cfg(unique_shards, 48)
+    assert (
+        native.count_samples(cfg, "train") == 48
+        and native.count_samples(cfg, "validation") == 20
+    )
+
+
+def test_grayscale_fashion_mnist(fmnist_shards):
+    cfg = data_cfg(
+        fmnist_shards,
+        10,
+        channels=1,
+        mean=(0.286,),
+        std=(0.353,),
+        label_offset=0,
+        image_size=28,
+    )
+    p = BatchPlan.create(
+        global_batch_size=32, micro_batch_size=16, world_size=1, num_samples=64
+    )
+    images, labels = next(
+        iter(native.build_train_loader(cfg, p, rank=0, seed=0, device=CPU))
+    )
+    assert images.shape == (16, 1, 28, 28) and labels.max() < 10
+    assert np.isfinite(images.numpy()).all()
