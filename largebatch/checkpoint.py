@@ -214,7 +214,7 @@ def load_checkpoint(path: pathlib.Path, state: Any, hooks: list[Any], train_load
     # The position within the epoch follows from the counters: checkpoints are taken at
     # optimizer-step boundaries, and the samples of each step do not depend on the world
     # size (``largebatch.data.sharding``), so this also holds after a change of world size.
-    train_loader.load_state_dict({"epoch": state.epoch, "batches_yielded": state.step_in_epoch * state.plan.accumulation})
+    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * state.plan.accumulation})
     per_rank = payload["per_rank"]
     if payload["world_size"] == state.world_size:
         set_rng_state(per_rank[state.rank]["rng"], state.backend)

@@ -39,8 +39,9 @@ def loader_module(data_cfg: dict[str, Any]) -> ModuleType:
 
 
 def count_samples(data_cfg: dict[str, Any], split: str) -> int:
-    """Samples in ``split`` (``'train'`` or ``'eval'``)."""
-    return loader_module(data_cfg).count_samples(data_cfg, split)
+    """Samples in the training (``split='train'``) or evaluation (``'eval'``) split, whose
+    shard names are ``data.train_split`` and ``data.eval_split``."""
+    return loader_module(data_cfg).count_samples(data_cfg, data_cfg[f"{split}_split"])
 
 
 def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device):

@@ -90,11 +90,11 @@ class SyntheticLoader:
         self._position = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches_yielded": self._position}
+        return {"epoch": self.epoch, "micro_batch": self._position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.set_epoch(int(state["epoch"]))
-        self._position = int(state["batches_yielded"])
+        self._position = int(state["micro_batch"])
 
 
 def _images(data_cfg: dict[str, Any], split: str) -> SyntheticImages:
@@ -110,7 +110,8 @@ def _images(data_cfg: dict[str, Any], split: str) -> SyntheticImages:
 
 
 def count_samples(data_cfg: dict[str, Any], split: str) -> int:
-    return data_cfg["train_samples" if split == "train" else "eval_samples"]
+    """``data.train_samples`` for the training split's name, else ``data.eval_samples``."""
+    return data_cfg["train_samples" if split == data_cfg["train_split"] else "eval_samples"]
 
 
 def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:

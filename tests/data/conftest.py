@@ -16,12 +16,6 @@ from largebatch.data.convert import Sample, make_example, write_split
 FASHION_MNIST = Path(convert.FASHION_MNIST_DIR)
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "dali: needs NVIDIA DALI (pip install -e .[dali])"
-    )
-
-
 def noise_jpeg(
     rng: np.random.Generator, height: int, width: int, channels: int = 3
 ) -> bytes:

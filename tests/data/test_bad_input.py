@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import data_cfg, write_unique_label_shards
+from tests.data.conftest import data_cfg, write_unique_label_shards
 
 from largebatch.batching import BatchPlan
 from largebatch.data import cli, native

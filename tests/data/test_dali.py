@@ -6,7 +6,7 @@ import builtins
 
 import pytest
 import torch
-from conftest import data_cfg
+from tests.data.conftest import data_cfg
 
 from largebatch.batching import BatchPlan
 from largebatch.data import native

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import data_cfg
+from tests.data.conftest import data_cfg
 
 from largebatch.batching import BatchPlan
 from largebatch.data import native

@@ -43,10 +43,10 @@ class ListLoader:
         self.position = 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batches_yielded": self.position}
+        return {"epoch": self.epoch, "micro_batch": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = state["epoch"], state["batches_yielded"]
+        self.epoch, self.position = state["epoch"], state["micro_batch"]
 
 
 def make_engine(
