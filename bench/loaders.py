@@ -34,9 +34,7 @@ def make_images(folder: Path, count: int, classes: int = 8, seed: int = 0) -> No
     rng = np.random.default_rng(seed)
     for i in range(count):
         width, height = int(rng.integers(440, 560)), int(rng.integers(330, 420))
-        small = rng.integers(
-            0, 256, size=(height // 24 + 2, width // 24 + 2, 3), dtype=np.uint8
-        )
+        small = rng.integers(0, 256, size=(height // 24 + 2, width // 24 + 2, 3), dtype=np.uint8)
         image = Image.fromarray(small).resize((width, height), Image.BICUBIC)
         draw = ImageDraw.Draw(image)
         for _ in range(6):
@@ -46,14 +44,10 @@ def make_images(folder: Path, count: int, classes: int = 8, seed: int = 0) -> No
                 (x - r, y - r, x + r, y + r),
                 fill=tuple(int(c) for c in rng.integers(0, 256, 3)),
             )
-        pixels = np.asarray(image).astype(np.int16) + rng.integers(
-            -12, 13, size=(height, width, 3)
-        )
+        pixels = np.asarray(image).astype(np.int16) + rng.integers(-12, 13, size=(height, width, 3))
         out = folder / "train" / f"c{i % classes}"
         out.mkdir(parents=True, exist_ok=True)
-        jpeg = simplejpeg.encode_jpeg(
-            np.ascontiguousarray(pixels.clip(0, 255).astype(np.uint8)), quality=90
-        )
+        jpeg = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels.clip(0, 255).astype(np.uint8)), quality=90)
         (out / f"img{i:05d}.JPEG").write_bytes(jpeg)
 
 
@@ -133,18 +127,14 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=384)
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="alternating timing rounds (best counts)"
-    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best counts)")
     parser.add_argument("--out", help="also write the markdown table here")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     work = Path(tempfile.mkdtemp(prefix="bench-loaders-"))
     make_images(work / "folder", args.images)
-    convert.convert_image_folder(
-        work / "folder", work / "shards", train_shards=8, progress=False
-    )
+    convert.convert_image_folder(work / "folder", work / "shards", train_shards=8, progress=False)
     count = native.count_samples({"root": str(work / "shards")}, "train")
     plan = BatchPlan.create(
         global_batch_size=args.batch,
@@ -155,35 +145,23 @@ def main() -> None:
     cfg = data_cfg(work / "shards", args.workers)
     cpu = torch.device("cpu")
 
-    loaders = {
-        "native (TFRecord)": native.build_train_loader(
-            cfg, plan, rank=0, seed=0, device=cpu
-        )
-    }
+    loaders = {"native (TFRecord)": native.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)}
     try:
         from largebatch.data import dali
 
-        loaders["DALI CPU (TFRecord)"] = dali.build_train_loader(
-            cfg, plan, rank=0, seed=0, device=cpu
-        )
+        loaders["DALI CPU (TFRecord)"] = dali.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)
     except Exception as err:  # noqa: BLE001 - report, keep the other rows
         print(f"DALI skipped: {err}", file=sys.stderr)
-    loaders["ImageFolder + PIL"] = imagefolder_loader(
-        work / "folder", args.workers, args.batch
-    )
+    loaders["ImageFolder + PIL"] = imagefolder_loader(work / "folder", args.workers, args.batch)
     # Rounds alternate between loaders so a busy neighbour slows all of them alike; best round counts.
-    results = {"decode-only ceiling (1 core x workers)": 0.0} | dict.fromkeys(
-        loaders, 0.0
-    )
+    results = {"decode-only ceiling (1 core x workers)": 0.0} | dict.fromkeys(loaders, 0.0)
     for round_number in range(args.rounds):
         results["decode-only ceiling (1 core x workers)"] = max(
             results["decode-only ceiling (1 core x workers)"],
             decode_ceiling(work / "shards", args.workers),
         )
         for name, loader in loaders.items():
-            results[name] = max(
-                results[name], time_epochs(loader, epochs=2 if round_number == 0 else 1)
-            )
+            results[name] = max(results[name], time_epochs(loader, epochs=2 if round_number == 0 else 1))
     base = results["ImageFolder + PIL"]
     dali_rate = results.get("DALI CPU (TFRecord)")
     lines = [

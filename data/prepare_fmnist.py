@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from largebatch.data import convert
-from largebatch.errors import UserError
+from largebatch.data import convert  # noqa: E402 - after the sys.path line
+from largebatch.errors import UserError  # noqa: E402
 
 PACKAGE = "dataset-fashion-mnist"
 INSTALL = f"apt-get update && apt-get install -y {PACKAGE}"
@@ -59,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for split, info in meta["splits"].items():
-        print(
-            f"{args.out}: {split}: {info['records']} records in {info['shards']} shards"
-        )
+        print(f"{args.out}: {split}: {info['records']} records in {info['shards']} shards")
     return 0
 
 

@@ -25,7 +25,16 @@ def tiny_config(**overrides) -> dict:
         "model": {"name": "vit_tiny_patch16_224", "patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_ratio": 2.0},
         "optimizer": {"type": "adamw", "lr": 1e-3},
         "lr_schedule": {"type": "cosine", "warmup_steps": 1},
-        "data": {"loader": "synthetic", "image_size": 16, "channels": 3, "num_classes": 4, "train_samples": 128, "eval_samples": 32, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]},
+        "data": {
+            "loader": "synthetic",
+            "image_size": 16,
+            "channels": 3,
+            "num_classes": 4,
+            "train_samples": 128,
+            "eval_samples": 32,
+            "mean": [0.0, 0.0, 0.0],
+            "std": [1.0, 1.0, 1.0],
+        },
         "log": {"interval": 1, "console": False},
         "checkpoint": {"interval_epochs": 0, "at_end": False},
     }

@@ -20,8 +20,15 @@ def test_torchrun_two_ranks_end_with_identical_weights(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [
         str(REPO / ".venv/bin/torchrun") if (REPO / ".venv/bin/torchrun").exists() else shutil.which("torchrun"),
-        "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
-        "--config", str(REPO / "configs/demo/vit-tiny-synthetic.py"), "--run-dir", str(run_dir), "--set", SAVE_RANKS,
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "train.py"),
+        "--config",
+        str(REPO / "configs/demo/vit-tiny-synthetic.py"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        SAVE_RANKS,
     ]
     import subprocess
 

@@ -63,7 +63,14 @@ def make_engine(
     run_dir: pathlib.Path = pathlib.Path("/tmp/largebatch-test"),
     **overrides,
 ) -> Engine:
-    overrides = {"global_batch_size": global_batch_size, "micro_batch_size": micro_batch_size, "lr_schedule.warmup_steps": 0, "eval.at_end": False, "eval.interval_epochs": 0, **overrides}
+    overrides = {
+        "global_batch_size": global_batch_size,
+        "micro_batch_size": micro_batch_size,
+        "lr_schedule.warmup_steps": 0,
+        "eval.at_end": False,
+        "eval.interval_epochs": 0,
+        **overrides,
+    }
     cfg = validate(tiny_config(**overrides))
     plan = make_plan(cfg, world_size, num_samples)
     derived = derive(cfg, world_size, num_samples)

@@ -23,7 +23,10 @@ def make_model() -> torch.nn.Module:
 
 def make_micro_batches(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(99)
-    return [(torch.randn(MICRO, FEATURES, generator=gen, dtype=torch.float64), torch.randint(CLASSES, (MICRO,), generator=gen)) for _ in range(count)]
+    return [
+        (torch.randn(MICRO, FEATURES, generator=gen, dtype=torch.float64), torch.randint(CLASSES, (MICRO,), generator=gen))
+        for _ in range(count)
+    ]
 
 
 def full_batch_gradient(batches) -> dict[str, torch.Tensor]:
@@ -51,7 +54,15 @@ def test_accumulated_gradient_equals_full_batch_gradient(accumulation):
     batches = make_micro_batches(4)
     capture = GradCapture()
     # One optimizer step over the first A micro-batches.
-    engine = make_engine(make_model(), batches[:accumulation], global_batch_size=MICRO * accumulation, micro_batch_size=MICRO, num_samples=MICRO * accumulation, hooks=[capture], **{"data.num_classes": CLASSES})
+    engine = make_engine(
+        make_model(),
+        batches[:accumulation],
+        global_batch_size=MICRO * accumulation,
+        micro_batch_size=MICRO,
+        num_samples=MICRO * accumulation,
+        hooks=[capture],
+        **{"data.num_classes": CLASSES},
+    )
     engine.run()
     expected = full_batch_gradient(batches[:accumulation])
     assert capture.grads.keys() == expected.keys()
@@ -69,7 +80,16 @@ def test_partial_window_gradient_is_the_mean_over_its_samples():
             super().before_optimizer_step(state)
             grads.append(self.grads)
 
-    engine = make_engine(make_model(), batches, global_batch_size=MICRO * 3, micro_batch_size=MICRO, num_samples=MICRO * 5, hooks=[Capture()], partial_window="step", **{"data.num_classes": CLASSES})
+    engine = make_engine(
+        make_model(),
+        batches,
+        global_batch_size=MICRO * 3,
+        micro_batch_size=MICRO,
+        num_samples=MICRO * 5,
+        hooks=[Capture()],
+        partial_window="step",
+        **{"data.num_classes": CLASSES},
+    )
     engine.run()
     assert len(grads) == 2
     for captured, window in zip(grads, (batches[:3], batches[3:])):
@@ -90,7 +110,17 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         batches = make_micro_batches(4)
         mine = batches[2 * rank : 2 * rank + 2]  # sharding: rank r reads the r-th slice of the window
         capture = GradCapture()
-        engine = make_engine(make_model(), mine, global_batch_size=4 * MICRO, micro_batch_size=MICRO, num_samples=4 * MICRO, world_size=world, rank=rank, hooks=[capture], **{"data.num_classes": CLASSES})
+        engine = make_engine(
+            make_model(),
+            mine,
+            global_batch_size=4 * MICRO,
+            micro_batch_size=MICRO,
+            num_samples=4 * MICRO,
+            world_size=world,
+            rank=rank,
+            hooks=[capture],
+            **{"data.num_classes": CLASSES},
+        )
         reductions = []
 
         def counting_allreduce(process_group, bucket):

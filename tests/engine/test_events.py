@@ -51,8 +51,15 @@ def run_counted(accumulation, full_steps, trailing, policy, epochs=1):
     model = torch.nn.Linear(6, CLASSES)
     counter = EventCounter()
     engine = make_engine(
-        model, batches, global_batch_size=global_batch, micro_batch_size=MICRO, num_samples=num_samples,
-        hooks=[counter], partial_window=policy, epochs=epochs, **{"data.num_classes": CLASSES}
+        model,
+        batches,
+        global_batch_size=global_batch,
+        micro_batch_size=MICRO,
+        num_samples=num_samples,
+        hooks=[counter],
+        partial_window=policy,
+        epochs=epochs,
+        **{"data.num_classes": CLASSES},
     )
     engine.run()
     return counter, steps_per_epoch, micro_batches
@@ -67,11 +74,21 @@ def test_event_counts_with_a_trailing_partial_window(accumulation, policy):
     steps = steps_per_epoch * epochs
     micro = micro_per_epoch * epochs
     expected = {
-        "before_run": 1, "before_train": 1, "after_train": 1, "after_run": 1,
-        "before_epoch": epochs, "after_epoch": epochs,
-        "before_step": steps, "before_optimizer_step": steps, "after_optimizer_step": steps, "after_step": steps,
-        "optimizer.step": steps, "optimizer.zero_grad": steps,
-        "before_micro_step": micro, "after_forward": micro, "after_backward": micro,
+        "before_run": 1,
+        "before_train": 1,
+        "after_train": 1,
+        "after_run": 1,
+        "before_epoch": epochs,
+        "after_epoch": epochs,
+        "before_step": steps,
+        "before_optimizer_step": steps,
+        "after_optimizer_step": steps,
+        "after_step": steps,
+        "optimizer.step": steps,
+        "optimizer.zero_grad": steps,
+        "before_micro_step": micro,
+        "after_forward": micro,
+        "after_backward": micro,
     }
     assert dict(counter.counts) == expected
     if policy == "step" and trailing:
@@ -84,12 +101,22 @@ def test_event_counts_with_a_trailing_partial_window(accumulation, policy):
 def test_event_order_within_a_step():
     counter, _, _ = run_counted(2, 1, 0, "drop")
     assert counter.order == [
-        "before_run", "before_train", "before_epoch",
+        "before_run",
+        "before_train",
+        "before_epoch",
         "before_step",
-        "before_micro_step", "after_forward", "after_backward",
-        "before_micro_step", "after_forward", "after_backward",
-        "before_optimizer_step", "after_optimizer_step", "after_step",
-        "after_epoch", "after_train", "after_run",
+        "before_micro_step",
+        "after_forward",
+        "after_backward",
+        "before_micro_step",
+        "after_forward",
+        "after_backward",
+        "before_optimizer_step",
+        "after_optimizer_step",
+        "after_step",
+        "after_epoch",
+        "after_train",
+        "after_run",
     ]
 
 
@@ -108,11 +135,25 @@ def test_counters_as_hooks_see_them():
 
     torch.manual_seed(0)
     batches = [(torch.randn(MICRO, 6), torch.randint(CLASSES, (MICRO,))) for _ in range(4)]
-    engine = make_engine(torch.nn.Linear(6, CLASSES), batches, global_batch_size=8, micro_batch_size=MICRO, num_samples=16, hooks=[Watch()], **{"data.num_classes": CLASSES})
+    engine = make_engine(
+        torch.nn.Linear(6, CLASSES),
+        batches,
+        global_batch_size=8,
+        micro_batch_size=MICRO,
+        num_samples=16,
+        hooks=[Watch()],
+        **{"data.num_classes": CLASSES},
+    )
     engine.run()
     assert seen == [
-        ("before_step", 0, 0, 0), ("after_backward", 0, 1, 0), ("after_backward", 0, 2, 1), ("after_step", 1, 2, 8),
-        ("before_step", 1, 2, 1), ("after_backward", 1, 3, 0), ("after_backward", 1, 4, 1), ("after_step", 2, 4, 16),
+        ("before_step", 0, 0, 0),
+        ("after_backward", 0, 1, 0),
+        ("after_backward", 0, 2, 1),
+        ("after_step", 1, 2, 8),
+        ("before_step", 1, 2, 1),
+        ("after_backward", 1, 3, 0),
+        ("after_backward", 1, 4, 1),
+        ("after_step", 2, 4, 16),
     ]
 
 
@@ -122,6 +163,14 @@ def test_counters_are_read_only_for_hooks():
             state.step = 99
 
     batches = [(torch.randn(MICRO, 6), torch.randint(CLASSES, (MICRO,)))]
-    engine = make_engine(torch.nn.Linear(6, CLASSES), batches, global_batch_size=4, micro_batch_size=MICRO, num_samples=4, hooks=[Writer()], **{"data.num_classes": CLASSES})
+    engine = make_engine(
+        torch.nn.Linear(6, CLASSES),
+        batches,
+        global_batch_size=4,
+        micro_batch_size=MICRO,
+        num_samples=4,
+        hooks=[Writer()],
+        **{"data.num_classes": CLASSES},
+    )
     with pytest.raises(Exception, match="hook Writer failed in after_step"):
         engine.run()
