@@ -1,0 +1,165 @@
+"""Optimizer step time of our LAMB against its peers on ViT-B/16's parameters.
+
+Not a test: prints a markdown table of ms/step (median), the ratio to the fastest peer,
+and for each peer the largest absolute difference between its update and ours under
+matched options, all in one run on the same tensors.
+
+    PYTHONPATH=.:.bench-site python bench/lamb_step.py --steps 5
+
+Peers (see bench/requirements.txt): timm's ``timm.optim.Lamb`` (foreach and per-tensor),
+``torch_optimizer.Lamb`` 0.3.0 and Colossal-AI 0.5.0's ``colossalai.nn.optimizer.lamb``
+(loaded from its file: the package ``__init__`` pulls in GPU-only requirements).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import timm
+import torch
+
+from largebatch.optim.lamb import Lamb
+
+LR, WEIGHT_DECAY = 1e-3, 0.05
+
+
+def vit_b_shapes() -> list[torch.Size]:
+    """Parameter shapes of timm's vit_base_patch16_224, without allocating it."""
+    with torch.device("meta"):
+        model = timm.create_model("vit_base_patch16_224", pretrained=False)
+    return [p.shape for p in model.parameters()]
+
+
+def colossal_lamb() -> type | None:
+    """Colossal-AI's Lamb class loaded from its module file, or None if not installed."""
+    spec = importlib.util.find_spec("colossalai")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = f"{spec.submodule_search_locations[0]}/nn/optimizer/lamb.py"
+    module_spec = importlib.util.spec_from_file_location("colossal_lamb", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.Lamb
+
+
+def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
+    """(label, peer factory, matched factory of ours or None for ours)."""
+    out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
+        ("ours foreach", lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY), None),
+        ("ours per-tensor", lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False), None),
+    ]
+    ours_paper = lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY)  # noqa: E731
+    ours_no_bc = lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False)  # noqa: E731
+    from timm.optim import Lamb as TimmLamb
+
+    for foreach in (True, False):
+        out.append(
+            (
+                f"timm {timm.__version__} Lamb foreach={foreach}",
+                lambda ps, f=foreach: TimmLamb(
+                    ps, lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=None,
+                    always_adapt=True, bias_correction=True, foreach=f,
+                ),
+                ours_paper,
+            )
+        )
+    try:
+        import torch_optimizer
+
+        out.append(
+            (
+                "torch_optimizer 0.3.0 Lamb",
+                lambda ps: torch_optimizer.Lamb(
+                    ps, lr=LR, weight_decay=WEIGHT_DECAY, clamp_value=float("inf"), debias=False
+                ),
+                ours_no_bc,
+            )
+        )
+    except ImportError:
+        print("torch_optimizer not installed: skipped")
+    colossal = colossal_lamb()
+    if colossal is None:
+        print("colossalai not installed: skipped")
+    else:
+        out.append(
+            (
+                "colossalai 0.5.0 Lamb",
+                lambda ps: colossal(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False),
+                ours_no_bc,
+            )
+        )
+    return out
+
+
+def time_steps(factory: Callable[[list], Any], params: list, steps: int) -> float:
+    """Median ms of ``steps`` optimizer steps after one warm-up step that creates state."""
+    optimizer = factory(params)
+    optimizer.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.step()
+        times.append((time.perf_counter() - start) * 1e3)
+    del optimizer
+    gc.collect()
+    return statistics.median(times)
+
+
+def update_after(factory: Callable[[list], Any], start: list, grads: list[list]) -> list:
+    """Parameters minus ``start`` after one step per gradient set, on fresh copies."""
+    params = [p.detach().clone().requires_grad_(True) for p in start]
+    optimizer = factory(params)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g
+        optimizer.step()
+    del optimizer
+    return [(p.detach() - s) for p, s in zip(params, start)]
+
+
+def max_difference(a: list, b: list) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per optimizer")
+    parser.add_argument("--compare-steps", type=int, default=2, help="steps for the update diff")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    shapes = vit_b_shapes()
+    params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    print(
+        f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    rows = []
+    for label, factory, ours in candidates():
+        ms = time_steps(factory, params, args.steps)
+        diff = None
+        if ours is not None:
+            grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(args.compare_steps)]
+            start = [p.detach() for p in params]
+            diff = max_difference(update_after(factory, start, grads), update_after(ours, start, grads))
+            del grads
+            gc.collect()
+        rows.append((label, ms, diff))
+        print(f"  {label}: {ms:.1f} ms" + ("" if diff is None else f", max |diff| {diff:.2e}"), flush=True)
+    fastest_peer = min(ms for label, ms, diff in rows if diff is not None)
+    print("\n| optimizer | ms/step | vs fastest peer | max abs update diff vs ours |")
+    print("|---|---:|---:|---:|")
+    for label, ms, diff in rows:
+        shown = "(ours)" if diff is None else f"{diff:.1e}"
+        print(f"| {label} | {ms:.1f} | {ms / fastest_peer:.2f}x | {shown} |")
+
+
+if __name__ == "__main__":
+    main()
