@@ -51,7 +51,14 @@ def make_grads(step, dtype=torch.float64):
     return [torch.randn(shape, generator=gen, dtype=dtype) * scale for shape, _, scale in TENSORS]
 
 
-MODES = dict(foreach=dict(foreach=True), chunked=dict(foreach=True, chunk_elements=16), per_tensor=dict(foreach=False))
+# foreach: default CPU chunking; chunked: tensors split into pieces; unchunked: the path
+# other devices take (one chunk, tensor step sizes); per_tensor: the reference path.
+MODES = dict(
+    foreach=dict(foreach=True),
+    chunked=dict(foreach=True, chunk_elements=16),
+    unchunked=dict(foreach=True, chunk_elements=0),
+    per_tensor=dict(foreach=False),
+)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
