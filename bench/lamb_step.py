@@ -48,14 +48,22 @@ def colossal_lamb() -> type | None:
     return module.Lamb
 
 
-def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
+def candidates() -> list[
+    tuple[str, Callable[[list], Any], Callable[[list], Any] | None]
+]:
     """(label, peer factory, matched factory of ours or None for ours)."""
     out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
         ("ours foreach", lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY), None),
-        ("ours per-tensor", lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False), None),
+        (
+            "ours per-tensor",
+            lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False),
+            None,
+        ),
     ]
-    ours_paper = lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY)  # noqa: E731
-    ours_no_bc = lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False)  # noqa: E731
+    ours_paper = lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY)
+    ours_no_bc = lambda ps: Lamb(
+        ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False
+    )
     from timm.optim import Lamb as TimmLamb
 
     for foreach in (True, False):
@@ -63,8 +71,13 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
             (
                 f"timm {timm.__version__} Lamb foreach={foreach}",
                 lambda ps, f=foreach: TimmLamb(
-                    ps, lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=None,
-                    always_adapt=True, bias_correction=True, foreach=f,
+                    ps,
+                    lr=LR,
+                    weight_decay=WEIGHT_DECAY,
+                    max_grad_norm=None,
+                    always_adapt=True,
+                    bias_correction=True,
+                    foreach=f,
                 ),
                 ours_paper,
             )
@@ -76,7 +89,11 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
             (
                 "torch_optimizer 0.3.0 Lamb",
                 lambda ps: torch_optimizer.Lamb(
-                    ps, lr=LR, weight_decay=WEIGHT_DECAY, clamp_value=float("inf"), debias=False
+                    ps,
+                    lr=LR,
+                    weight_decay=WEIGHT_DECAY,
+                    clamp_value=float("inf"),
+                    debias=False,
                 ),
                 ours_no_bc,
             )
@@ -90,7 +107,9 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
         out.append(
             (
                 "colossalai 0.5.0 Lamb",
-                lambda ps: colossal(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False),
+                lambda ps: colossal(
+                    ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False
+                ),
                 ours_no_bc,
             )
         )
@@ -111,7 +130,9 @@ def time_steps(factory: Callable[[list], Any], params: list, steps: int) -> floa
     return statistics.median(times)
 
 
-def update_after(factory: Callable[[list], Any], start: list, grads: list[list]) -> list:
+def update_after(
+    factory: Callable[[list], Any], start: list, grads: list[list]
+) -> list:
     """Parameters minus ``start`` after one step per gradient set, on fresh copies."""
     params = [p.detach().clone().requires_grad_(True) for p in start]
     optimizer = factory(params)
@@ -129,8 +150,12 @@ def max_difference(a: list, b: list) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per optimizer")
-    parser.add_argument("--compare-steps", type=int, default=2, help="steps for the update diff")
+    parser.add_argument(
+        "--steps", type=int, default=5, help="timed steps per optimizer"
+    )
+    parser.add_argument(
+        "--compare-steps", type=int, default=2, help="steps for the update diff"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     shapes = vit_b_shapes()
@@ -146,13 +171,22 @@ def main() -> None:
         ms = time_steps(factory, params, args.steps)
         diff = None
         if ours is not None:
-            grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(args.compare_steps)]
+            grads = [
+                [torch.randn_like(p) * 1e-3 for p in params]
+                for _ in range(args.compare_steps)
+            ]
             start = [p.detach() for p in params]
-            diff = max_difference(update_after(factory, start, grads), update_after(ours, start, grads))
+            diff = max_difference(
+                update_after(factory, start, grads), update_after(ours, start, grads)
+            )
             del grads
             gc.collect()
         rows.append((label, ms, diff))
-        print(f"  {label}: {ms:.1f} ms" + ("" if diff is None else f", max |diff| {diff:.2e}"), flush=True)
+        print(
+            f"  {label}: {ms:.1f} ms"
+            + ("" if diff is None else f", max |diff| {diff:.2e}"),
+            flush=True,
+        )
     fastest_peer = min(ms for label, ms, diff in rows if diff is not None)
     print("\n| optimizer | ms/step | vs fastest peer | max abs update diff vs ours |")
     print("|---|---:|---:|---:|")

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -136,24 +136,26 @@ class Lamb(torch.optim.Optimizer):
                 "use None to leave clipping to the engine"
             )
         if chunk_elements is not None and chunk_elements < 0:
-            raise UserError(f"chunk_elements must be >= 0 or None, got {chunk_elements!r}")
+            raise UserError(
+                f"chunk_elements must be >= 0 or None, got {chunk_elements!r}"
+            )
         self.adam = adam
         self.max_grad_norm = max_grad_norm
         self.foreach = foreach
         self.chunk_elements = chunk_elements
         self.last_stats: dict[str, dict[str, Any]] = {}
         self._stats_requested = False
-        defaults = dict(
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            bias_correction=bias_correction,
-            decoupled_weight_decay=decoupled_weight_decay,
-            adapt=adapt,
-            max_trust_ratio=max_trust_ratio,
-            min_trust_ratio=min_trust_ratio,
-        )
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "bias_correction": bias_correction,
+            "decoupled_weight_decay": decoupled_weight_decay,
+            "adapt": adapt,
+            "max_trust_ratio": max_trust_ratio,
+            "min_trust_ratio": min_trust_ratio,
+        }
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -173,16 +175,22 @@ class Lamb(torch.optim.Optimizer):
         if not group["eps"] >= 0:
             raise UserError(f"{where}: eps must be >= 0, got {group['eps']!r}")
         if not group["weight_decay"] >= 0:
-            raise UserError(f"{where}: weight_decay must be >= 0, got {group['weight_decay']!r}")
+            raise UserError(
+                f"{where}: weight_decay must be >= 0, got {group['weight_decay']!r}"
+            )
         betas = group["betas"]
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise UserError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
+            raise UserError(
+                f"{where}: betas must be two numbers in [0, 1), got {betas!r}"
+            )
         low, high = group["min_trust_ratio"], group["max_trust_ratio"]
         for key, value in (("min_trust_ratio", low), ("max_trust_ratio", high)):
             if value is not None and not value > 0:
                 raise UserError(f"{where}: {key} must be > 0 or None, got {value!r}")
         if low is not None and high is not None and low > high:
-            raise UserError(f"{where}: min_trust_ratio {low} is above max_trust_ratio {high}")
+            raise UserError(
+                f"{where}: min_trust_ratio {low} is above max_trust_ratio {high}"
+            )
 
     def request_stats(self) -> None:
         """Record trust ratios and norms during the next ``step()`` into ``last_stats``."""
@@ -207,7 +215,9 @@ class Lamb(torch.optim.Optimizer):
                 loss = closure()
         record = self._stats_requested
         self._stats_requested = False
-        groups = [self._collect(index, group) for index, group in enumerate(self.param_groups)]
+        groups = [
+            self._collect(index, group) for index, group in enumerate(self.param_groups)
+        ]
         clip = self._clip_coefficient([g for _, _, grads, _ in groups for g in grads])
         stats: dict[str, dict[str, Any]] = {}
         for index, (group, params, grads, names) in enumerate(groups):
@@ -245,8 +255,12 @@ class Lamb(torch.optim.Optimizer):
             state = self.state[p]
             if not state:
                 state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg"] = torch.zeros_like(
+                    p, memory_format=torch.preserve_format
+                )
+                state["exp_avg_sq"] = torch.zeros_like(
+                    p, memory_format=torch.preserve_format
+                )
             params.append(p)
             grads.append(p.grad)
             names.append(name)
@@ -265,13 +279,19 @@ class Lamb(torch.optim.Optimizer):
         """Trust ratios ``||x|| / ||u||`` (clamped), 1 where either norm is zero."""
         ratio = w_norm / u_norm
         if group["min_trust_ratio"] is not None or group["max_trust_ratio"] is not None:
-            ratio = ratio.clamp(min=group["min_trust_ratio"], max=group["max_trust_ratio"])
+            ratio = ratio.clamp(
+                min=group["min_trust_ratio"], max=group["max_trust_ratio"]
+            )
         return torch.where((w_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio))
 
-    def _scratch(self, device: torch.device, dtype: torch.dtype, size: int, slot: int = 0) -> Tensor:
+    def _scratch(
+        self, device: torch.device, dtype: torch.dtype, size: int, slot: int = 0
+    ) -> Tensor:
         """A reusable flat buffer of ``size`` elements (not part of the state)."""
         key = (device, dtype, slot)
-        buffers: dict[tuple[Any, ...], Tensor] = self.__dict__.setdefault("_buffers", {})
+        buffers: dict[tuple[Any, ...], Tensor] = self.__dict__.setdefault(
+            "_buffers", {}
+        )
         if key not in buffers or buffers[key].numel() < size:
             buffers[key] = torch.empty(size, device=device, dtype=dtype)
         return buffers[key]
@@ -313,8 +333,15 @@ class Lamb(torch.optim.Optimizer):
             elif wd != 0:
                 update.add_(p, alpha=wd)
             if adapt or record:
-                w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)
-                ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
+                w_norm, u_norm = (
+                    torch.linalg.vector_norm(p),
+                    torch.linalg.vector_norm(update),
+                )
+                ratio = (
+                    self._ratio(group, w_norm, u_norm)
+                    if adapt
+                    else torch.ones_like(w_norm)
+                )
                 ratios.append(ratio)
                 w_norms.append(w_norm)
                 u_norms.append(u_norm)
@@ -341,7 +368,13 @@ class Lamb(torch.optim.Optimizer):
         parts = []
         for (device, _, step), idx in buckets.items():
             result = self._bucket_foreach(
-                group, [params[i] for i in idx], [grads[i] for i in idx], step, device, clip, record
+                group,
+                [params[i] for i in idx],
+                [grads[i] for i in idx],
+                step,
+                device,
+                clip,
+                record,
             )
             parts.append((idx, result))
         if not record:
@@ -351,7 +384,8 @@ class Lamb(torch.optim.Optimizer):
         order = torch.tensor([i for idx, _ in parts for i in idx]).argsort()
         device = params[0].device
         return tuple(
-            torch.cat([r[k].to(device) for _, r in parts])[order.to(device)] for k in range(3)
+            torch.cat([r[k].to(device) for _, r in parts])[order.to(device)]
+            for k in range(3)
         )  # type: ignore[return-value]
 
     def _bucket_foreach(
@@ -375,7 +409,9 @@ class Lamb(torch.optim.Optimizer):
             scale, eps = bc2_sqrt / bc1, group["eps"] * bc2_sqrt
         else:
             scale, eps = 1.0, group["eps"]
-        coupled_wd = 0.0 if decoupled else wd / scale  # u = scale * (u' + coupled_wd * x)
+        coupled_wd = (
+            0.0 if decoupled else wd / scale
+        )  # u = scale * (u' + coupled_wd * x)
         # Decoupled decay scales the weights by a scalar, so the decayed weight norm is
         # decay * ||x|| and the decay itself is done in the final pass over the weights.
         decay = 1 - lr * wd if decoupled else 1.0
@@ -385,33 +421,46 @@ class Lamb(torch.optim.Optimizer):
         states = [self.state[p] for p in params]
         exp_avgs = [s["exp_avg"] for s in states]
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
-        chunks, owner = _plan_chunks(params, grads, exp_avgs, exp_avg_sqs, limit)
+        windows = _plan_windows(params, grads, exp_avgs, exp_avg_sqs, limit)
         need_norms = adapt or record
 
         dtype = params[0].dtype
-        # On the CPU a fresh parameter-sized temporary costs more in page faults than the
-        # math: the update goes into a buffer kept between steps (one parameter copy).
-        buffer = self._scratch(device, dtype, sum(p.numel() for p in params)) if limit else None
-        clip_buffer = self._scratch(device, dtype, limit, slot=1) if limit and clip is not None else None
+        # On the CPU a fresh temporary per chunk costs more in page faults than the math:
+        # the update goes into a buffer kept between steps, sized to the largest window.
+        buffer = None
+        if limit:
+            buffer = self._scratch(device, dtype, max(w.numel for w in windows))
+        clip_buffer = (
+            self._scratch(device, dtype, limit, slot=1)
+            if limit and clip is not None
+            else None
+        )
         offset = 0
 
-        def direction(ps: list[Tensor], ms: list[Tensor], vs: list[Tensor]) -> list[Tensor]:
+        def direction(
+            ps: list[Tensor], ms: list[Tensor], vs: list[Tensor]
+        ) -> list[Tensor]:
             nonlocal offset
             if buffer is None:
                 us = torch._foreach_sqrt(vs)
+                torch._foreach_add_(us, eps)
+                us = torch._foreach_div(ms, us)
             else:
+                # foreach ops have no out= form; writing straight into the buffer saves
+                # the copy in and the reciprocal a foreach version needs.
                 us = _views(buffer, vs, offset)
                 offset += sum(u.numel() for u in us)
-                torch._foreach_copy_(us, vs)
-                torch._foreach_sqrt_(us)
-            torch._foreach_add_(us, eps)
-            torch._foreach_reciprocal_(us)
-            torch._foreach_mul_(us, ms)
+                for u, m, v in zip(us, ms, vs):
+                    torch.sqrt(v, out=u)
+                    u.add_(eps)
+                    torch.div(m, u, out=u)
             if coupled_wd != 0:
                 torch._foreach_add_(us, ps, alpha=coupled_wd)
             return us
 
-        def apply(ps: list[Tensor], us: list[Tensor], sizes: list[Tensor] | list[float] | None) -> None:
+        def apply(
+            ps: list[Tensor], us: list[Tensor], sizes: list[Tensor] | list[float] | None
+        ) -> None:
             if decay != 1.0:
                 torch._foreach_mul_(ps, decay)
             if sizes is None:
@@ -422,89 +471,125 @@ class Lamb(torch.optim.Optimizer):
             else:
                 torch._foreach_addcmul_(ps, us, sizes)
 
-        w_parts: list[Tensor] = []
-        u_parts: list[Tensor] = []
-        updates: list[list[Tensor]] = []
-        for ps, gs, ms, vs in chunks:
-            if clip is not None:
-                if clip_buffer is None:
-                    gs = torch._foreach_mul(gs, clip)
+        # A foreach multiply by a Python number takes a temporary per tensor on the CPU;
+        # by a 0-dim tensor it is in place.
+        beta2_scalar: float | Tensor = (
+            torch.tensor(beta2, dtype=dtype) if buffer is not None else beta2
+        )
+        results: list[tuple[Tensor, Tensor, Tensor]] = []
+        for window in windows:
+            offset = 0
+            w_parts: list[Tensor] = []
+            u_parts: list[Tensor] = []
+            updates: list[list[Tensor]] = []
+            for ps, gs, ms, vs in window.chunks:
+                if clip is not None:
+                    if clip_buffer is None:
+                        gs = torch._foreach_mul(gs, clip)
+                    else:
+                        clipped = _views(clip_buffer, gs)
+                        torch._foreach_copy_(clipped, gs)
+                        torch._foreach_mul_(clipped, clip)
+                        gs = clipped
+                torch._foreach_lerp_(ms, gs, 1 - beta1)
+                torch._foreach_mul_(vs, beta2_scalar)
+                torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
+                us = direction(ps, ms, vs)
+                if need_norms:
+                    w_parts.extend(torch._foreach_norm(ps))
+                    u_parts.extend(torch._foreach_norm(us))
+                    updates.append(us)
                 else:
-                    clipped = _views(clip_buffer, gs)
-                    torch._foreach_copy_(clipped, gs)
-                    torch._foreach_mul_(clipped, clip)
-                    gs = clipped
-            torch._foreach_lerp_(ms, gs, 1 - beta1)
-            torch._foreach_mul_(vs, beta2)
-            torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
-            us = direction(ps, ms, vs)
-            if need_norms:
-                w_parts.extend(torch._foreach_norm(ps))
-                u_parts.extend(torch._foreach_norm(us))
-                updates.append(us)
-            else:
-                apply(ps, us, None)  # no ratio to wait for: one pass
-        if not need_norms:
-            return None
-        w_norm = _per_tensor_norm(w_parts, owner, len(params)) * abs(decay)
-        u_norm = _per_tensor_norm(u_parts, owner, len(params)) * scale
-        ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
-        if adapt:
-            step_size = ratio * (-lr * scale)
-            if owner.numel() != len(params):
-                step_size = step_size[owner]
-            # On the CPU the step sizes are host memory already (tolist() is a read, not
-            # a device sync) and Python floats make the final update one fused op per
-            # piece; multiplying by 0-dim tensors costs a temporary per piece there.
-            on_host = device.type == "cpu" and buffer is not None
-            sizes = step_size.tolist() if on_host else list(step_size.unbind(0))
-        start = 0
-        for (ps, *_), us in zip(chunks, updates):
-            apply(ps, us, sizes[start : start + len(ps)] if adapt else None)
-            start += len(ps)
+                    apply(ps, us, None)  # no ratio to wait for: one pass
+            if not need_norms:
+                continue
+            w_norm = _per_tensor_norm(w_parts, window.owner, window.count) * abs(decay)
+            u_norm = _per_tensor_norm(u_parts, window.owner, window.count) * scale
+            ratio = (
+                self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
+            )
+            results.append((ratio, w_norm, u_norm))
+            sizes: list[float] | list[Tensor] | None = None
+            if adapt:
+                step_size = ratio * (-lr * scale)
+                if window.owner.numel() != window.count:
+                    step_size = step_size[window.owner]
+                # On the CPU the step sizes are host memory already (tolist() is a read,
+                # not a device sync) and Python floats make the final update one fused op
+                # per piece; multiplying by 0-dim tensors costs a temporary per piece.
+                on_host = device.type == "cpu" and buffer is not None
+                sizes = step_size.tolist() if on_host else list(step_size.unbind(0))
+            # Backwards: the pieces touched last are the ones still in cache.
+            end = len(sizes) if sizes is not None else 0
+            for (ps, *_), us in reversed(list(zip(window.chunks, updates))):
+                apply(ps, us, sizes[end - len(ps) : end] if sizes is not None else None)
+                end -= len(ps)
         if not record:
             return None
-        return ratio, w_norm, u_norm
+        if len(results) == 1:
+            return results[0]
+        return tuple(torch.cat([r[k] for r in results]) for k in range(3))  # type: ignore[return-value]
 
 
-def _plan_chunks(
+class _Window(NamedTuple):
+    """Whole tensors whose update is applied as soon as their norms are known."""
+
+    chunks: list[
+        tuple[list[Tensor], ...]
+    ]  # (params, grads, exp_avgs, exp_avg_sqs) pieces
+    owner: Tensor  # for each piece, the index of its tensor within the window
+    count: int  # tensors in the window
+    numel: int
+
+
+def _plan_windows(
     params: list[Tensor],
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     limit: int,
-) -> tuple[list[tuple[list[Tensor], ...]], Tensor]:
-    """Split the tensors into chunks of at most ``limit`` elements.
+) -> list[_Window]:
+    """Split the tensors into windows of chunks of at most ``limit`` elements.
 
-    Tensors larger than ``limit`` are cut into flat pieces (when all four are
-    contiguous); small ones are packed together. Returns the chunks as
-    ``(params, grads, exp_avgs, exp_avg_sqs)`` lists of pieces and, for every piece in
-    order, the index of the tensor it belongs to.
+    A tensor larger than ``limit`` is cut into flat pieces of ``limit`` elements (when
+    all four tensors are contiguous), one chunk each, and forms a window on its own;
+    smaller tensors are packed into chunks of whole tensors, one window each. With
+    ``limit`` 0 everything is one chunk in one window.
     """
+    device = params[0].device
     if limit == 0:
-        owner = torch.arange(len(params), device=params[0].device)
-        return [(params, grads, exp_avgs, exp_avg_sqs)], owner
-    chunks: list[tuple[list[Tensor], ...]] = []
-    owner_list: list[int] = []
+        owner = torch.arange(len(params), device=device)
+        numel = sum(p.numel() for p in params)
+        return [
+            _Window([(params, grads, exp_avgs, exp_avg_sqs)], owner, len(params), numel)
+        ]
+    windows: list[_Window] = []
     current: tuple[list[Tensor], ...] = ([], [], [], [])
     size = 0
-    for i, tensors in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+
+    def flush() -> None:
+        nonlocal current, size
+        if current[0]:
+            owner = torch.arange(len(current[0]), device=device)
+            windows.append(_Window([current], owner, len(current[0]), size))
+        current, size = ([], [], [], []), 0
+
+    for tensors in zip(params, grads, exp_avgs, exp_avg_sqs):
         numel = tensors[0].numel()
         if numel > limit and all(t.is_contiguous() for t in tensors):
-            pieces = [t.view(-1).split(limit) for t in tensors]
-        else:
-            pieces = [(t,) for t in tensors]
-        for piece in zip(*pieces):
-            if size and size + piece[0].numel() > limit:
-                chunks.append(current)
-                current, size = ([], [], [], []), 0
-            for lst, t in zip(current, piece):
-                lst.append(t)
-            owner_list.append(i)
-            size += piece[0].numel()
-    if size:
-        chunks.append(current)
-    return chunks, torch.tensor(owner_list, device=params[0].device)
+            flush()
+            pieces = list(zip(*(t.view(-1).split(limit) for t in tensors)))
+            chunks = [tuple([t] for t in piece) for piece in pieces]
+            owner = torch.zeros(len(pieces), dtype=torch.long, device=device)
+            windows.append(_Window(chunks, owner, 1, numel))
+            continue
+        if size and size + numel > limit:
+            flush()
+        for lst, t in zip(current, tensors):
+            lst.append(t)
+        size += numel
+    flush()
+    return windows
 
 
 def _views(buffer: Tensor, like: list[Tensor], offset: int = 0) -> list[Tensor]:

@@ -14,7 +14,13 @@ from largebatch.optim.lamb import Lamb
 LR, BETAS, EPS = 0.01, (0.9, 0.99), 1e-6
 # (shape, weight scale, gradient scale): a zero weight tensor, a zero gradient, a tensor
 # small enough to hit the lower clamp, tensors larger than the test chunk size.
-TENSORS = [((5, 7), 1.0, 1.0), ((13,), 1.0, 1.0), ((3, 4, 5), 0.0, 1.0), ((6,), 1.0, 0.0), ((40, 3), 1e-4, 1.0)]
+TENSORS = [
+    ((5, 7), 1.0, 1.0),
+    ((13,), 1.0, 1.0),
+    ((3, 4, 5), 0.0, 1.0),
+    ((6,), 1.0, 0.0),
+    ((40, 3), 1e-4, 1.0),
+]
 
 
 def reference_step(p, g, m, v, t, *, wd, bias_correction, decoupled, adapt, clamp):
@@ -48,23 +54,30 @@ def make_params(seed=0, dtype=torch.float64):
 
 def make_grads(step, dtype=torch.float64):
     gen = torch.Generator().manual_seed(1000 + step)
-    return [torch.randn(shape, generator=gen, dtype=dtype) * scale for shape, _, scale in TENSORS]
+    return [
+        torch.randn(shape, generator=gen, dtype=dtype) * scale
+        for shape, _, scale in TENSORS
+    ]
 
 
 # foreach: default CPU chunking; chunked: tensors split into pieces; unchunked: the path
 # other devices take (one chunk, tensor step sizes); per_tensor: the reference path.
-MODES = dict(
-    foreach=dict(foreach=True),
-    chunked=dict(foreach=True, chunk_elements=16),
-    unchunked=dict(foreach=True, chunk_elements=0),
-    per_tensor=dict(foreach=False),
-)
+MODES = {
+    "foreach": {"foreach": True},
+    "chunked": {"foreach": True, "chunk_elements": 16},
+    "unchunked": {"foreach": True, "chunk_elements": 0},
+    "per_tensor": {"foreach": False},
+}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize(
     "bias_correction,decoupled,clamp,adapt_second",
-    list(itertools.product([True, False], [False, True], [None, (0.01, 0.5)], [True, False])),
+    list(
+        itertools.product(
+            [True, False], [False, True], [None, (0.01, 0.5)], [True, False]
+        )
+    ),
 )
 def test_matches_paper_update(mode, bias_correction, decoupled, clamp, adapt_second):
     wd = 0.1
@@ -73,7 +86,12 @@ def test_matches_paper_update(mode, bias_correction, decoupled, clamp, adapt_sec
     # and may switch adaptation off.
     groups = [
         {"params": params[:3], "name": "first"},
-        {"params": params[3:], "name": "second", "weight_decay": 0.0, "adapt": adapt_second},
+        {
+            "params": params[3:],
+            "name": "second",
+            "weight_decay": 0.0,
+            "adapt": adapt_second,
+        },
     ]
     optimizer = Lamb(
         groups,
@@ -114,7 +132,7 @@ def test_matches_paper_update(mode, bias_correction, decoupled, clamp, adapt_sec
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_adam_mode_and_no_adaptation_equal_torch_adam(mode):
-    for options in (dict(adapt=False), dict(adam=True)):
+    for options in ({"adapt": False}, {"adam": True}):
         params, adam_params = make_params(), make_params()
         ours = Lamb(params, lr=LR, betas=BETAS, eps=EPS, **options, **MODES[mode])
         adam = torch.optim.Adam(adam_params, lr=LR, betas=BETAS, eps=EPS)
@@ -154,14 +172,20 @@ def test_state_dict_round_trip_is_exact(mode):
     run(10, Lamb([{"params": straight, "name": "all"}], **options), straight)
 
     first = make_params(dtype=torch.float32)
-    optimizer = Lamb([{"params": first, "name": "all", "param_names": list("abcde")}], **options)
+    optimizer = Lamb(
+        [{"params": first, "name": "all", "param_names": list("abcde")}], **options
+    )
     run(5, optimizer, first)
     buffer = io.BytesIO()
-    torch.save({"params": [p.detach() for p in first], "optim": optimizer.state_dict()}, buffer)
+    torch.save(
+        {"params": [p.detach() for p in first], "optim": optimizer.state_dict()}, buffer
+    )
     buffer.seek(0)
     saved = torch.load(buffer)
     resumed = [p.clone().requires_grad_(True) for p in saved["params"]]
-    fresh = Lamb([{"params": resumed, "name": "all", "param_names": list("abcde")}], **options)
+    fresh = Lamb(
+        [{"params": resumed, "name": "all", "param_names": list("abcde")}], **options
+    )
     fresh.load_state_dict(saved["optim"])
     assert fresh.param_groups[0]["param_names"] == list("abcde")
     run(5, fresh, resumed, start=6)
@@ -174,7 +198,9 @@ def test_stats_are_free_when_not_requested_and_match_direct_computation(mode):
     options = dict(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.1, **MODES[mode])
     names = [f"p{i}" for i in range(len(TENSORS))]
     quiet_params, loud_params = make_params(), make_params()
-    quiet = Lamb([{"params": quiet_params, "name": "g", "param_names": names}], **options)
+    quiet = Lamb(
+        [{"params": quiet_params, "name": "g", "param_names": names}], **options
+    )
     loud = Lamb([{"params": loud_params, "name": "g", "param_names": names}], **options)
     ref = [p.detach().clone() for p in loud_params]
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in ref]
@@ -188,14 +214,27 @@ def test_stats_are_free_when_not_requested_and_match_direct_computation(mode):
         expected = []
         for i, g in enumerate(grads):
             ref[i], m, v, ratio, w_norm, u_norm = reference_step(
-                ref[i], g, *moments[i], t, wd=0.1, bias_correction=True, decoupled=False, adapt=True, clamp=None
+                ref[i],
+                g,
+                *moments[i],
+                t,
+                wd=0.1,
+                bias_correction=True,
+                decoupled=False,
+                adapt=True,
+                clamp=None,
             )
             moments[i] = (m, v)
             expected.append((ratio, w_norm, u_norm))
         stats = loud.last_stats["g"]
         assert stats["param_names"] == names
         for k, key in enumerate(("trust_ratio", "weight_norm", "update_norm")):
-            torch.testing.assert_close(stats[key], torch.stack([e[k] for e in expected]), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(
+                stats[key],
+                torch.stack([e[k] for e in expected]),
+                rtol=1e-12,
+                atol=1e-12,
+            )
     assert quiet.last_stats == {}
     for p, q in zip(quiet_params, loud_params):
         assert torch.equal(p, q)
@@ -206,7 +245,9 @@ def test_stats_are_free_when_not_requested_and_match_direct_computation(mode):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_internal_clipping_equals_clipping_first(mode):
     inside_params, outside_params = make_params(), make_params()
-    inside = Lamb(inside_params, lr=LR, weight_decay=0.1, max_grad_norm=1.0, **MODES[mode])
+    inside = Lamb(
+        inside_params, lr=LR, weight_decay=0.1, max_grad_norm=1.0, **MODES[mode]
+    )
     outside = Lamb(outside_params, lr=LR, weight_decay=0.1, **MODES[mode])
     for t in range(1, 6):
         grads = make_grads(t)
@@ -224,12 +265,12 @@ def test_internal_clipping_equals_clipping_first(mode):
 @pytest.mark.parametrize(
     "options,match",
     [
-        (dict(lr=-1.0), "lr"),
-        (dict(betas=(0.9, 1.0)), "betas"),
-        (dict(weight_decay=-0.1), "weight_decay"),
-        (dict(max_trust_ratio=0.0), "max_trust_ratio"),
-        (dict(min_trust_ratio=2.0, max_trust_ratio=1.0), "min_trust_ratio"),
-        (dict(max_grad_norm=0.0), "max_grad_norm"),
+        ({"lr": -1.0}, "lr"),
+        ({"betas": (0.9, 1.0)}, "betas"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"max_trust_ratio": 0.0}, "max_trust_ratio"),
+        ({"min_trust_ratio": 2.0, "max_trust_ratio": 1.0}, "min_trust_ratio"),
+        ({"max_grad_norm": 0.0}, "max_grad_norm"),
     ],
 )
 def test_bad_options_are_user_errors(options, match):

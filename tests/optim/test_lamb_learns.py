@@ -36,8 +36,16 @@ def test_lamb_learns_digits_at_batch_1024():
     order = torch.randperm(len(labels))
     test_idx, train_idx = order[:360], order[360:]
     model = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=2, in_chans=1,
-        num_classes=10, depth=2, embed_dim=32, num_heads=2, global_pool="avg",
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=8,
+        patch_size=2,
+        in_chans=1,
+        num_classes=10,
+        depth=2,
+        embed_dim=32,
+        num_heads=2,
+        global_pool="avg",
     )
     optimizer = Lamb(build_param_groups(model, weight_decay=0.05), lr=PEAK_LR)
     model.train()
@@ -49,11 +57,18 @@ def test_lamb_learns_digits_at_batch_1024():
         batch = train_idx[torch.randint(len(train_idx), (GLOBAL_BATCH,))]
         optimizer.zero_grad(set_to_none=True)
         for micro in batch.split(MICRO_BATCH):
-            loss = torch.nn.functional.cross_entropy(model(images[micro]), labels[micro])
+            loss = torch.nn.functional.cross_entropy(
+                model(images[micro]), labels[micro]
+            )
             (loss / ACCUMULATION).backward()
         optimizer.step()
     model.eval()
     with torch.no_grad():
-        accuracy = (model(images[test_idx]).argmax(1) == labels[test_idx]).float().mean().item()
+        accuracy = (
+            (model(images[test_idx]).argmax(1) == labels[test_idx])
+            .float()
+            .mean()
+            .item()
+        )
     print(f"held-out accuracy {accuracy:.3f}")
     assert accuracy >= MIN_ACCURACY
