@@ -32,13 +32,14 @@ ratio. Where the switches come from:
 Implementation: the foreach path runs ``torch._foreach_*`` ops over all tensors of a
 group, folds bias correction into scalars, computes norms with ``torch._foreach_norm``
 and the ratios in one vectorised op, and on accelerators never reads a value back to the
-host. On the CPU it walks the tensors in cache-sized chunks (big tensors split into flat
-pieces, their norms summed back per tensor) so a chunk stays in cache through the first
-pass, and writes the update into a buffer kept between steps (one extra parameter copy,
-instead of a fresh parameter-sized allocation and its page faults every step); the step
-sizes are then read as Python floats, a memory read on the CPU rather than a sync. The
-per-tensor path (``foreach=False``) writes the algorithm out literally; it is the
-reference the foreach path is tested against.
+host. On the CPU (where foreach ops are loops of ordinary kernels) it walks the tensors
+in cache-sized chunks: a tensor above ``chunk_elements`` is cut into flat pieces whose
+norms are summed back, and each window of whole tensors is updated as soon as its norms
+are known, backwards, while its pieces are still in cache. The update is written into a
+reusable buffer the size of the largest window (a fresh temporary per chunk costs more in
+page faults than the arithmetic), and the step sizes are read as Python floats, a memory
+read on the CPU rather than a device sync. The per-tensor path (``foreach=False``) writes
+the algorithm out literally; it is the reference the foreach path is tested against.
 """
 
 from __future__ import annotations
