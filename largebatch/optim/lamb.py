@@ -184,6 +184,12 @@ class Lamb(torch.optim.Optimizer):
             raise UserError(
                 f"{where}: betas must be two numbers in [0, 1), got {betas!r}"
             )
+        names = group.get("param_names")
+        if names is not None and len(names) != len(group["params"]):
+            raise UserError(
+                f"{where}: param_names has {len(names)} names for {len(group['params'])} "
+                "parameters; give one name per parameter, in order"
+            )
         low, high = group["min_trust_ratio"], group["max_trust_ratio"]
         for key, value in (("min_trust_ratio", low), ("max_trust_ratio", high)):
             if value is not None and not value > 0:
@@ -192,6 +198,19 @@ class Lamb(torch.optim.Optimizer):
             raise UserError(
                 f"{where}: min_trust_ratio {low} is above max_trust_ratio {high}"
             )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch.optim.Optimizer pickles only defaults, state and groups; keep the
+        # optimizer-wide switches too (copy.deepcopy, pickling).
+        state = super().__getstate__()
+        for key in ("adam", "max_grad_norm", "foreach", "chunk_elements"):
+            state[key] = getattr(self, key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("last_stats", {})
+        self.__dict__.setdefault("_stats_requested", False)
 
     def request_stats(self) -> None:
         """Record trust ratios and norms during the next ``step()`` into ``last_stats``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import itertools
 
@@ -193,6 +194,23 @@ def test_state_dict_round_trip_is_exact(mode):
         assert torch.equal(a, b)
 
 
+def test_deepcopy_keeps_optimizer_wide_switches():
+    params = make_params()
+    optimizer = Lamb(
+        params, lr=LR, adam=True, max_grad_norm=1.0, foreach=False, chunk_elements=16
+    )
+    clone = copy.deepcopy(optimizer)
+    assert (clone.adam, clone.max_grad_norm, clone.foreach, clone.chunk_elements) == (
+        True,
+        1.0,
+        False,
+        16,
+    )
+    for p, g in zip(clone.param_groups[0]["params"], make_grads(1)):
+        p.grad = g
+    clone.step()
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_stats_are_free_when_not_requested_and_match_direct_computation(mode):
     options = dict(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.1, **MODES[mode])
@@ -271,8 +289,16 @@ def test_internal_clipping_equals_clipping_first(mode):
         ({"max_trust_ratio": 0.0}, "max_trust_ratio"),
         ({"min_trust_ratio": 2.0, "max_trust_ratio": 1.0}, "min_trust_ratio"),
         ({"max_grad_norm": 0.0}, "max_grad_norm"),
+        ({"param_names": ["only one"]}, "param_names"),
     ],
 )
 def test_bad_options_are_user_errors(options, match):
+    options = dict(options)
+    names = options.pop("param_names", None)
+    params = (
+        make_params()
+        if names is None
+        else [{"params": make_params(), "param_names": names}]
+    )
     with pytest.raises(UserError, match=match):
-        Lamb(make_params(), **options)
+        Lamb(params, **options)
