@@ -422,22 +422,42 @@ class Lamb(torch.optim.Optimizer):
         lr, wd = group["lr"], group["weight_decay"]
         decoupled = group["decoupled_weight_decay"]
         adapt = group["adapt"] and not self.adam
-        # m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps * sqrt(bc2)): the bias
-        # corrections become scalars instead of two passes over every tensor.
-        if group["bias_correction"]:
+        limit = self.chunk_elements
+        if limit is None:
+            limit = CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
+        states = [self.state[p] for p in params]
+        exp_avgs = [s["exp_avg"] for s in states]
+        exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+        # On the CPU, torch's fused Adam kernel (what Adam(fused=True) runs) computes the
+        # moments and r = m_hat / (sqrt(v_hat) + eps) in one pass; given lr = -1 it adds r
+        # to its "parameter", here the update buffer. Bias correction off = step at inf.
+        fused = (
+            limit > 0
+            and device.type == "cpu"
+            and params[0].dtype in (torch.float32, torch.float64)
+            and hasattr(torch, "_fused_adam_")
+            and all(
+                t.is_contiguous()
+                for tensors in (params, grads, exp_avgs, exp_avg_sqs)
+                for t in tensors
+            )
+        )
+        if fused:
+            scale, eps = 1.0, group["eps"]
+            step_tensor = torch.tensor(
+                float(step) if group["bias_correction"] else math.inf
+            )
+        elif group["bias_correction"]:
+            # m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps * sqrt(bc2)):
+            # the bias corrections become scalars instead of passes over every tensor.
             bc1, bc2_sqrt = 1 - beta1**step, math.sqrt(1 - beta2**step)
             scale, eps = bc2_sqrt / bc1, group["eps"] * bc2_sqrt
         else:
             scale, eps = 1.0, group["eps"]
-        coupled_wd = (
-            0.0 if decoupled else wd / scale
-        )  # u = scale * (u' + coupled_wd * x)
+        coupled_wd = 0.0 if decoupled else wd / scale  # u = scale * (u' + coupled_wd x)
         # Decoupled decay scales the weights by a scalar, so the decayed weight norm is
         # decay * ||x|| and the decay itself is done in the final pass over the weights.
         decay = 1 - lr * wd if decoupled else 1.0
-        limit = self.chunk_elements
-        if limit is None:
-            limit = CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
         states = [self.state[p] for p in params]
         exp_avgs = [s["exp_avg"] for s in states]
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
@@ -511,10 +531,24 @@ class Lamb(torch.optim.Optimizer):
                         torch._foreach_copy_(clipped, gs)
                         torch._foreach_mul_(clipped, clip)
                         gs = clipped
-                torch._foreach_lerp_(ms, gs, 1 - beta1)
-                torch._foreach_mul_(vs, beta2_scalar)
-                torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
-                us = direction(ps, ms, vs)
+                if fused:
+                    us = _views(buffer, ps, offset)
+                    offset += sum(u.numel() for u in us)
+                    if coupled_wd != 0:
+                        for u, p in zip(us, ps):
+                            torch.mul(p, coupled_wd, out=u)
+                    else:
+                        torch._foreach_zero_(us)
+                    torch._fused_adam_(
+                        us, gs, ms, vs, [], [step_tensor] * len(us),
+                        lr=-1.0, beta1=beta1, beta2=beta2, weight_decay=0.0,
+                        eps=eps, amsgrad=False, maximize=False,
+                    )  # fmt: skip
+                else:
+                    torch._foreach_lerp_(ms, gs, 1 - beta1)
+                    torch._foreach_mul_(vs, beta2_scalar)
+                    torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
+                    us = direction(ps, ms, vs)
                 if need_norms:
                     w_parts.extend(torch._foreach_norm(ps))
                     u_parts.extend(torch._foreach_norm(us))
