@@ -1,11 +1,11 @@
 """Optimizer step time of our LAMB against its peers on ViT-B/16's parameters.
 
-Not a test: prints a markdown table of ms/step (min and median over round-robin steps),
+Not a test: prints a markdown table of ms/step (min and median over blocks of steps),
 the ratio to the fastest peer,
 and for each peer the largest absolute difference between its update and ours under
 matched options, all in one run on the same tensors.
 
-    PYTHONPATH=.:.bench-site python bench/lamb_step.py --steps 10
+    PYTHONPATH=.:.bench-site python bench/lamb_step.py --steps 5 --rounds 2
 
 Peers (see bench/requirements.txt): timm's ``timm.optim.Lamb`` (foreach and per-tensor),
 ``torch_optimizer.Lamb`` 0.3.0 and Colossal-AI 0.5.0's ``colossalai.nn.optimizer.lamb``
@@ -117,22 +117,25 @@ def candidates() -> list[
     return out
 
 
-def time_round_robin(
-    factories: list[Callable[[list], Any]], params: list, steps: int
+def time_in_blocks(
+    factories: list[Callable[[list], Any]], params: list, steps: int, rounds: int
 ) -> list[list[float]]:
-    """ms of each optimizer's steps, taking turns so that load from elsewhere hits all alike.
+    """ms of each optimizer's steps, in blocks of ``steps``, the blocks taking turns.
 
-    Every optimizer first takes one untimed step that creates its state.
+    Each block starts with one untimed step: it creates the state the first time and
+    lets the allocator settle on the optimizer's temporaries after the previous one's
+    (alternating single steps penalises the peers that allocate per tensor). Taking
+    turns for ``rounds`` rounds spreads load from elsewhere over all of them.
     """
     optimizers = [factory(params) for factory in factories]
-    for optimizer in optimizers:
-        optimizer.step()
     times: list[list[float]] = [[] for _ in optimizers]
-    for _ in range(steps):
+    for _ in range(rounds):
         for optimizer, out in zip(optimizers, times):
-            start = time.perf_counter()
             optimizer.step()
-            out.append((time.perf_counter() - start) * 1e3)
+            for _ in range(steps):
+                start = time.perf_counter()
+                optimizer.step()
+                out.append((time.perf_counter() - start) * 1e3)
     del optimizers
     gc.collect()
     return times
@@ -158,7 +161,8 @@ def max_difference(a: list, b: list) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps each")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
+    parser.add_argument("--rounds", type=int, default=2, help="blocks per optimizer")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument(
         "--compare-steps", type=int, default=2, help="steps for the update diff"
@@ -176,7 +180,8 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     found = candidates()
-    times = time_round_robin([factory for _, factory, _ in found], params, args.steps)
+    factories = [factory for _, factory, _ in found]
+    times = time_in_blocks(factories, params, args.steps, args.rounds)
     rows = []
     for (label, factory, ours), ms in zip(found, times):
         diff = None
@@ -194,7 +199,10 @@ def main() -> None:
         rows.append((label, min(ms), statistics.median(ms), diff))
     fastest_min = min(low for _, low, _, diff in rows if diff is not None)
     fastest_median = min(median for _, _, median, diff in rows if diff is not None)
-    print(f"\n{args.steps} steps each, round robin; ratios are to the fastest peer")
+    print(
+        f"\n{args.rounds} rounds of {args.steps} timed steps per optimizer, "
+        "blocks taking turns; ratios are to the fastest peer"
+    )
     print(
         "\n| optimizer | ms/step min | ms/step median | min vs fastest peer | median vs fastest peer "
         "| max abs update diff vs ours |"

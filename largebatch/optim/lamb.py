@@ -295,6 +295,10 @@ class Lamb(torch.optim.Optimizer):
         total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
         return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
 
+    @staticmethod
+    def _ratio_bounds(group: dict[str, Any]) -> tuple[float | None, float | None]:
+        return group["min_trust_ratio"], group["max_trust_ratio"]
+
     def _ratio(self, group: dict[str, Any], w_norm: Tensor, u_norm: Tensor) -> Tensor:
         """Trust ratios ``||x|| / ||u||`` (clamped), 1 where either norm is zero."""
         ratio = w_norm / u_norm
@@ -516,7 +520,8 @@ class Lamb(torch.optim.Optimizer):
         beta2_scalar: float | Tensor = (
             torch.tensor(beta2, dtype=dtype) if buffer is not None else beta2
         )
-        results: list[tuple[Tensor, Tensor, Tensor]] = []
+        results: list[tuple[Tensor, ...]] = []
+        on_host = device.type == "cpu" and buffer is not None
         for window in windows:
             offset = 0
             w_parts: list[Tensor] = []
@@ -557,22 +562,49 @@ class Lamb(torch.optim.Optimizer):
                     apply(ps, us, None)  # no ratio to wait for: one pass
             if not need_norms:
                 continue
-            w_norm = _per_tensor_norm(w_parts, window.owner, window.count) * abs(decay)
-            u_norm = _per_tensor_norm(u_parts, window.owner, window.count) * scale
-            ratio = (
-                self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
-            )
-            results.append((ratio, w_norm, u_norm))
             sizes: list[float] | list[Tensor] | None = None
-            if adapt:
-                step_size = ratio * (-lr * scale)
-                if window.owner.numel() != window.count:
-                    step_size = step_size[window.owner]
-                # On the CPU the step sizes are host memory already (tolist() is a read,
-                # not a device sync) and Python floats make the final update one fused op
-                # per piece; multiplying by 0-dim tensors costs a temporary per piece.
-                on_host = device.type == "cpu" and buffer is not None
-                sizes = step_size.tolist() if on_host else list(step_size.unbind(0))
+            if on_host:
+                # On the CPU the norms are host memory already (tolist() is a read, not a
+                # device sync): the few scalars per tensor are cheaper in Python than as
+                # a dozen tiny tensor ops, and float step sizes make the final update one
+                # op per piece (multiplying by 0-dim tensors takes a temporary there).
+                ratios, w_norms, u_norms = _host_ratios(
+                    self._ratio_bounds(group) if adapt else None,
+                    torch.stack(w_parts).tolist(),
+                    torch.stack(u_parts).tolist(),
+                    window.owner,
+                    window.count,
+                    abs(decay),
+                    scale,
+                )
+                if record:
+                    results.append(
+                        tuple(
+                            torch.tensor(x, dtype=dtype)
+                            for x in (ratios, w_norms, u_norms)
+                        )
+                    )
+                if adapt:
+                    sizes = [ratios[i] * (-lr * scale) for i in window.owner]
+            else:
+                # Built only when a tensor was split (not on the unchunked path, where
+                # it would be a host-to-device copy every step).
+                owner = None
+                if len(window.owner) != window.count:
+                    owner = torch.tensor(window.owner, device=device)
+                w_norm = _per_tensor_norm(w_parts, owner, window.count) * abs(decay)
+                u_norm = _per_tensor_norm(u_parts, owner, window.count) * scale
+                ratio = (
+                    self._ratio(group, w_norm, u_norm)
+                    if adapt
+                    else torch.ones_like(w_norm)
+                )
+                results.append((ratio, w_norm, u_norm))
+                if adapt:
+                    step_size = ratio * (-lr * scale)
+                    if owner is not None:
+                        step_size = step_size[owner]
+                    sizes = list(step_size.unbind(0))
             # Backwards: the pieces touched last are the ones still in cache.
             end = len(sizes) if sizes is not None else 0
             for (ps, *_), us in reversed(list(zip(window.chunks, updates))):
@@ -591,7 +623,7 @@ class _Window(NamedTuple):
     chunks: list[
         tuple[list[Tensor], ...]
     ]  # (params, grads, exp_avgs, exp_avg_sqs) pieces
-    owner: Tensor  # for each piece, the index of its tensor within the window
+    owner: list[int]  # for each piece, the index of its tensor within the window
     count: int  # tensors in the window
     numel: int
 
@@ -610,9 +642,8 @@ def _plan_windows(
     smaller tensors are packed into chunks of whole tensors, one window each. With
     ``limit`` 0 everything is one chunk in one window.
     """
-    device = params[0].device
     if limit == 0:
-        owner = torch.arange(len(params), device=device)
+        owner = list(range(len(params)))
         numel = sum(p.numel() for p in params)
         return [
             _Window([(params, grads, exp_avgs, exp_avg_sqs)], owner, len(params), numel)
@@ -624,7 +655,7 @@ def _plan_windows(
     def flush() -> None:
         nonlocal current, size
         if current[0]:
-            owner = torch.arange(len(current[0]), device=device)
+            owner = list(range(len(current[0])))
             windows.append(_Window([current], owner, len(current[0]), size))
         current, size = ([], [], [], []), 0
 
@@ -634,7 +665,7 @@ def _plan_windows(
             flush()
             pieces = list(zip(*(t.view(-1).split(limit) for t in tensors)))
             chunks = [tuple([t] for t in piece) for piece in pieces]
-            owner = torch.zeros(len(pieces), dtype=torch.long, device=device)
+            owner = [0] * len(pieces)
             windows.append(_Window(chunks, owner, 1, numel))
             continue
         if size and size + numel > limit:
@@ -655,10 +686,44 @@ def _views(buffer: Tensor, like: list[Tensor], offset: int = 0) -> list[Tensor]:
     return out
 
 
-def _per_tensor_norm(parts: list[Tensor], owner: Tensor, count: int) -> Tensor:
+def _host_ratios(
+    bounds: tuple[float | None, float | None] | None,
+    w_parts: list[float],
+    u_parts: list[float],
+    owner: list[int],
+    count: int,
+    w_factor: float,
+    u_factor: float,
+) -> tuple[list[float], list[float], list[float]]:
+    """``Lamb._ratio`` in Python floats, from the norms of pieces; bounds None: ratio 1."""
+    if len(w_parts) == count:
+        w_norms, u_norms = list(w_parts), list(u_parts)
+    else:
+        w_sq, u_sq = [0.0] * count, [0.0] * count
+        for i, w, u in zip(owner, w_parts, u_parts):
+            w_sq[i] += w * w
+            u_sq[i] += u * u
+        w_norms, u_norms = [math.sqrt(x) for x in w_sq], [math.sqrt(x) for x in u_sq]
+    w_norms = [w * w_factor for w in w_norms]
+    u_norms = [u * u_factor for u in u_norms]
+    ratios = [1.0] * count
+    if bounds is not None:
+        low, high = bounds
+        for i, (w, u) in enumerate(zip(w_norms, u_norms)):
+            if w > 0 and u > 0:
+                ratio = w / u
+                if low is not None:
+                    ratio = max(ratio, low)
+                if high is not None:
+                    ratio = min(ratio, high)
+                ratios[i] = ratio
+    return ratios, w_norms, u_norms
+
+
+def _per_tensor_norm(parts: list[Tensor], owner: Tensor | None, count: int) -> Tensor:
     """Combine the L2 norms of pieces into the norm of each whole tensor."""
     norms = torch.stack(parts)
-    if norms.numel() == count:
+    if owner is None:
         return norms
     total = torch.zeros(count, dtype=norms.dtype, device=norms.device)
     return total.index_add_(0, owner, norms * norms).sqrt()
