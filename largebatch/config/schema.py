@@ -14,6 +14,7 @@ import difflib
 from typing import Any
 
 from largebatch.errors import ConfigError
+from largebatch.optim.param_groups import DEFAULT_PATTERNS
 
 REQUIRED = object()
 
@@ -54,7 +55,7 @@ class Section:
     open: bool = False
 
 
-DEFAULT_NO_WEIGHT_DECAY = ["*.bias", "*norm*.weight", "pos_embed", "cls_token", "dist_token", "reg_token"]
+DEFAULT_NO_WEIGHT_DECAY = list(DEFAULT_PATTERNS)
 
 SCHEMA = Section(
     {
