@@ -20,14 +20,13 @@ from largebatch import data as data_mod
 from largebatch.backends import create_backend
 from largebatch.config import derive, dump_yaml, load_and_validate, make_plan
 from largebatch.data.mixup import MixupCutmix
-from largebatch.dist import DistInfo, barrier, broadcast_object, destroy_process_group, discover, init_process_group
+from largebatch.dist import barrier, broadcast_object, destroy_process_group, discover
 from largebatch.engine.engine import Engine
 from largebatch.engine.state import TrainState
 from largebatch.errors import UserError
 from largebatch.hooks import build_hooks
 from largebatch.hooks.checkpoint import CheckpointHook
 from largebatch.models import build_model, check_model_config
-from largebatch.optim import build_optimizer
 from largebatch.optim.schedules import build_schedule
 
 
@@ -66,28 +65,14 @@ def resolve_config(path: str, overrides: list[str]) -> dict[str, Any]:
     return cfg
 
 
-def wrap_ddp(model: torch.nn.Module, cfg: dict[str, Any], info: DistInfo, device: torch.device) -> torch.nn.Module:
-    if not info.distributed:
-        return model
-    options = cfg["dist"]
-    return torch.nn.parallel.DistributedDataParallel(
-        model,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=options["bucket_cap_mb"],
-        gradient_as_bucket_view=options["gradient_as_bucket_view"],
-        find_unused_parameters=options["find_unused_parameters"],
-        static_graph=options["static_graph"],
-    )
-
-
 def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
     cfg = resolve_config(args.config, args.overrides)
     hooks = build_hooks(cfg, pathlib.Path(args.config))
     info = discover()
-    backend = create_backend(cfg["device"], cfg["precision"], info.local_rank)
+    backend = create_backend(cfg["device"], cfg["precision"], info.local_rank, cfg)
     dist_backend = backend.dist_backend if cfg["dist"]["backend"] == "auto" else cfg["dist"]["backend"]
-    init_process_group(info, dist_backend, cfg["dist"]["timeout_minutes"])
+    backend.init_process_group(info, dist_backend, cfg["dist"]["timeout_minutes"])
 
     num_samples = data_mod.count_samples(cfg["data"], "train")
     derived = derive(cfg, info.world_size, num_samples)
@@ -102,10 +87,9 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     model = backend.prepare_model(build_model(cfg))
     seed_everything(cfg["seed"] + info.rank)  # then each rank its own randomness
     backend.seed(cfg["seed"] + info.rank)
-    train_model = wrap_ddp(model, cfg, info, backend.device)
-    if cfg["compile"]:
-        train_model = torch.compile(train_model)
-    optimizer = build_optimizer(cfg, model)
+    train_model = backend.wrap_ddp(model, cfg["dist"]) if info.distributed else model
+    train_model = backend.compile(train_model, cfg["compile"])
+    optimizer = backend.build_optimizer(cfg, model)
     mix = cfg["mixup"]
     mixup = MixupCutmix(
         cfg["data"]["num_classes"],

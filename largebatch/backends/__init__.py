@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+from typing import Any
 
 import torch
 
@@ -12,33 +12,42 @@ from largebatch.errors import UserError
 __all__ = ["Backend", "create_backend", "resolve_device_name"]
 
 
-def _hpu_available() -> bool:
-    if importlib.util.find_spec("habana_frameworks") is None:
-        return False
+def _hpu_available(hpu_mode: str) -> bool:
     from largebatch.backends import hpu
 
-    return hpu.is_available()
+    return hpu.is_available(hpu_mode)
 
 
-def resolve_device_name(name: str) -> str:
+def resolve_device_name(name: str, hpu_mode: str = "lazy") -> str:
     """``auto`` becomes ``hpu`` when Habana's PyTorch bridge finds a Gaudi, else ``cuda``
-    when torch sees a GPU, else ``cpu``; other names pass through."""
+    when torch sees a GPU, else ``cpu``; other names pass through.
+
+    Probing for a Gaudi imports Habana's bridge, which reads ``PT_HPU_LAZY_MODE`` once, so
+    the probe sets it for ``hpu_mode`` first (see ``largebatch.backends.hpu``).
+    """
     if name != "auto":
         return name
-    if _hpu_available():
+    if _hpu_available(hpu_mode):
         return "hpu"
     if torch.cuda.is_available():
         return "cuda"
     return "cpu"
 
 
-def create_backend(name: str, precision: str = "auto", local_rank: int = 0) -> Backend:
+def create_backend(name: str, precision: str = "auto", local_rank: int = 0, options: dict[str, Any] | None = None) -> Backend:
     """Build the backend for ``device`` = ``name``.
+
+    Args:
+        name: ``auto``, ``cpu``, ``cuda`` or ``hpu``.
+        precision: ``auto``, ``fp32``, ``bf16`` or ``fp16``.
+        local_rank: this process's index on its node.
+        options: the config, or any dict holding the backends' sections (``cuda``, ``hpu``).
 
     Raises:
         UserError: the device is not present, or the precision does not suit it.
     """
-    name = resolve_device_name(name)
+    options = options or {}
+    name = resolve_device_name(name, (options.get("hpu") or {}).get("mode", "lazy"))
     if name == "cpu":
         from largebatch.backends.cpu import CpuBackend
 
@@ -46,9 +55,9 @@ def create_backend(name: str, precision: str = "auto", local_rank: int = 0) -> B
     if name == "cuda":
         from largebatch.backends.cuda import CudaBackend
 
-        return CudaBackend(precision, local_rank)
+        return CudaBackend(precision, local_rank, options.get("cuda"))
     if name == "hpu":
         from largebatch.backends import hpu
 
-        return hpu.HpuBackend(precision, local_rank)
+        return hpu.HpuBackend(precision, local_rank, options.get("hpu"))
     raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or hpu", key="device")

@@ -1,10 +1,11 @@
-"""What a backend owns: device, precision, grad scaler, process-group backend,
-per-step synchronisation and memory statistics.
+"""What a backend owns: device, precision, grad scaler, process-group backend, DDP
+options, compilation, per-step synchronisation, gradient clipping and memory statistics.
 
 The engine talks to the device only through this interface, so the same loop runs on a
 CPU, a CUDA GPU or a Habana HPU (lazy mode needs ``mark_step()`` after backward and
 after the optimizer step: ``after_backward`` and ``after_optimizer_step`` are where a
-backend puts such calls).
+backend puts such calls). ``largebatch.launch`` asks the backend for the process group,
+the DDP wrapper, the compiled model and the optimizer, so a device's quirks stay here.
 """
 
 from __future__ import annotations
@@ -20,12 +21,24 @@ from largebatch.errors import UserError
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def section_defaults(name: str) -> dict[str, Any]:
+    """The schema's defaults of config section ``name`` (``{}`` when there is none)."""
+    from largebatch.config.schema import SCHEMA, Field
+
+    section = SCHEMA.fields.get(name)
+    if section is None or isinstance(section, Field):
+        return {}
+    return {key: spec.default for key, spec in section.fields.items() if isinstance(spec, Field)}
+
+
 class Backend:
     """Base class; subclasses set ``name``, ``dist_backend`` and the supported precisions.
 
     Args:
         precision: ``'auto'``, ``'fp32'``, ``'bf16'`` or ``'fp16'``.
         local_rank: this process's index on its node (picks the device).
+        options: the config section named like the backend (``cuda``, ``hpu``); missing
+            keys take the schema's defaults.
     """
 
     name = "base"
@@ -33,8 +46,9 @@ class Backend:
     supported_precisions: tuple[str, ...] = ("fp32",)
     auto_precision = "fp32"
 
-    def __init__(self, precision: str = "auto", local_rank: int = 0) -> None:
+    def __init__(self, precision: str = "auto", local_rank: int = 0, options: dict[str, Any] | None = None) -> None:
         self.local_rank = local_rank
+        self.options = {**section_defaults(self.name), **(options or {})}
         self.precision = self.auto_precision if precision == "auto" else precision
         if self.precision not in self.supported_precisions:
             raise UserError(
@@ -63,9 +77,43 @@ class Backend:
         """A GradScaler when the precision needs one (fp16), else None."""
         return None
 
+    def init_process_group(self, info: Any, dist_backend: str, timeout_minutes: float) -> None:
+        """Join the job's process group (no-op for one process); ``info`` is a ``DistInfo``."""
+        from largebatch.dist import init_process_group
+
+        init_process_group(info, dist_backend, timeout_minutes)
+
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to the device (and apply backend-specific settings)."""
         return model.to(self.device)
+
+    def ddp_options(self, dist_cfg: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for ``DistributedDataParallel`` from the ``dist`` config section."""
+        return {
+            "device_ids": None,
+            "bucket_cap_mb": dist_cfg["bucket_cap_mb"],
+            "gradient_as_bucket_view": dist_cfg["gradient_as_bucket_view"],
+            "find_unused_parameters": dist_cfg["find_unused_parameters"],
+            "static_graph": dist_cfg["static_graph"],
+        }
+
+    def wrap_ddp(self, model: torch.nn.Module, dist_cfg: dict[str, Any]) -> torch.nn.Module:
+        """``model`` in DistributedDataParallel with this backend's options."""
+        return torch.nn.parallel.DistributedDataParallel(model, **self.ddp_options(dist_cfg))
+
+    def compile(self, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+        """``torch.compile(model)`` when ``enabled`` (the config's ``compile``), else ``model``."""
+        return torch.compile(model) if enabled else model
+
+    def build_optimizer(self, cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+        """The config's optimizer; a backend may substitute a fused implementation."""
+        from largebatch.optim import build_optimizer
+
+        return build_optimizer(cfg, model)
+
+    def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Clip the global L2 norm of the gradients to ``max_norm``; returns the norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
 
     def after_backward(self) -> None:
         """Called after every micro-step's backward."""

@@ -184,6 +184,27 @@ SCHEMA = Section(
                 "static_graph": Field(bool, False, "DDP static_graph"),
             }
         ),
+        "cuda": Section(
+            {
+                "tf32": Field(bool, True, "TF32 tensor-core matmuls and convolutions for fp32 math"),
+                "fused_attention": Field(bool, True, "timm attention through F.scaled_dot_product_attention (overrides TIMM_FUSED_ATTN)"),
+                "compile_mode": Field(str, None, "torch.compile mode when compile is on (e.g. 'max-autotune')", nullable=True),
+            },
+            "settings of the cuda backend",
+        ),
+        "hpu": Section(
+            {
+                "mode": Field(
+                    str,
+                    "lazy",
+                    "lazy (PT_HPU_LAZY_MODE=1, mark_step after backward and step), eager, or compile (torch.compile hpu_backend)",
+                    choices=("lazy", "eager", "compile"),
+                ),
+                "fused_optimizer": Field(bool, True, "optimizer.type lamb runs as Habana's FusedLamb when the bridge has it"),
+                "fused_clip_norm": Field(bool, True, "clip_grad_norm uses Habana's FusedClipNorm when the bridge has it"),
+            },
+            "settings of the hpu backend",
+        ),
         "hooks": Field(list, [], "hooks: built-in names, or dict(type=name or 'file.py:Class', **kwargs)"),
     }
 )

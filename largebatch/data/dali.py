@@ -25,7 +25,8 @@ DALI's own random streams, seeded from ``(seed, epoch, rank)``: reproducible for
 world size, not per sample as in the native loader.
 
 **Devices**: with a CUDA device the JPEGs are decoded with ``device='mixed'`` (nvJPEG) and
-resized on the GPU; otherwise the whole pipeline runs on the CPU (``device_id=None``).
+resized on the GPU; otherwise the whole pipeline runs on the CPU (``device_id=None``) and
+the batches are copied to the run's device (an HPU too; ``mediapipe`` decodes there).
 
 **Checks**: every index is checked against its shard's layout when the loader is built.
 DALI's reader does not check record CRCs; run ``largebatch data verify`` once after
@@ -143,13 +144,10 @@ class DaliLoader:
                 key="data.mean",
             )
         self._folder = tempfile.mkdtemp(prefix="largebatch-dali-")
+        # GPU decoding whenever the run's device (the backend's) is a CUDA GPU; on any
+        # other device (CPU, or an HPU running a config written for GPUs) the pipeline
+        # runs on the CPU and batches are copied to the device.
         self._use_gpu = self.device.type == "cuda"
-        if self.device.type not in ("cpu", "cuda"):
-            raise UserError(
-                f"data.loader 'dali' delivers to CPU or CUDA devices, not {self.device.type!r}; "
-                f"use data.loader 'native' (or 'mediapipe' on HPU)",
-                key="data.loader",
-            )
 
     def __len__(self) -> int:
         """Micro-batches this rank yields per epoch (a resumed epoch yields the rest of them)."""

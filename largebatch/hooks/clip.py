@@ -4,12 +4,12 @@ Registered by the engine's launcher when ``clip_grad_norm`` is set (0 or None: o
 runs in ``before_optimizer_step``, where gradients are complete (all-reduced by DDP and
 unscaled by the grad scaler), so the norm is the norm of the true global-batch gradient.
 Hooks with a lower priority number see the gradient before clipping; higher, after.
-The pre-clip norm is kept in ``state.grad_norm`` as a tensor (no host sync).
+The pre-clip norm is kept in ``state.grad_norm`` as a tensor (no host sync). The clipping
+itself is the backend's ``clip_grad_norm`` (torch's foreach clip, or Habana's
+``FusedClipNorm`` on an HPU with ``hpu.fused_clip_norm``).
 """
 
 from __future__ import annotations
-
-import torch
 
 from largebatch.engine.hook import Hook, Priority
 
@@ -29,4 +29,4 @@ class ClipGradNormHook(Hook):
 
     def before_optimizer_step(self, state) -> None:
         params = [p for p in state.model.parameters() if p.grad is not None]
-        state.grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm, foreach=True)
+        state.grad_norm = state.backend.clip_grad_norm(params, self.max_norm)

@@ -1,0 +1,369 @@
+"""Habana's media pipeline: JPEGs from the TFRecord shards, decoded and augmented on the Gaudi.
+
+``habana_frameworks.mediapipe`` (package ``habana-media-loader``) is imported only here,
+only when this loader is asked for, and only on an HPU device.
+
+**Reading.** The media pipeline has readers for image folders, numpy files, COCO and
+video, but none for TFRecord. It does have an external reader op
+(``fn.MediaExtReaderOp`` with a ``media_ext_reader_op_impl`` subclass) whose batches may
+be in-memory buffers (``readerOutType.BUFFER_LIST``) that go straight to the HPU JPEG
+decoder. So this loader reads the rank's records itself, per micro-batch, from
+``rank_train_indices`` (the native loader's exact sequence: same samples per micro-batch
+and per optimizer step), takes ``image/encoded`` and ``image/class/label`` out of each
+Example on the CPU (cheap: parsing, no decoding) and hands the encoded JPEGs to the
+pipeline. No image folder copy of the data set is needed.
+
+**On the Gaudi**: ``fn.ImageDecoder`` decodes and applies the random-resized crop
+(``randomCropType.RANDOMIZED_AREA_AND_ASPECT_RATIO_CROP`` with ``data.scale`` and
+``data.ratio``) and resizes to ``data.image_size``; ``fn.RandomFlip`` flips horizontally
+where ``fn.CoinFlip`` (probability ``data.hflip``) says so; ``fn.CropMirrorNorm``
+normalises with ``data.mean`` / ``data.std`` into float32 NCHW. Evaluation resizes to
+``image_size / eval_crop_ratio`` square (the decoder's resize is not aspect-preserving,
+unlike the native loader's shorter-side resize) and centre-crops ``image_size``.
+Random streams are the pipeline's, seeded from ``(seed, epoch, rank)``.
+
+**Output**: the loader contract of ``largebatch.data`` (float32 normalised images and
+int64 labels on the HPU, ``len``, ``set_epoch``, ``state_dict``). The pipeline's batch
+size is fixed, so a short last evaluation batch is padded with its last record and the
+padding cut off the output.
+
+**Fallback**: when the pipeline cannot start (the device is not an HPU, the media
+package or its native modules are missing, grayscale data) the native loader is used
+instead and one warning line says why.
+
+Status: written against the Python sources of ``habana-media-loader`` 1.24 and Habana's
+documentation; it has never run on a Gaudi. Only the fallback is tested.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import zlib
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from largebatch.batching import BatchPlan
+from largebatch.data import native
+from largebatch.data.example import ExampleDecodeError, decode_example
+from largebatch.data.native import _cfg, _check_channels
+from largebatch.data.sharding import rank_eval_indices, rank_train_indices
+from largebatch.data.tfrecord import ShardSet, count_samples
+from largebatch.errors import DataError, UserError
+
+__all__ = ["MediaPipeLoader", "build_eval_loader", "build_train_loader", "count_samples", "unavailable_reason"]
+
+_KEYS = ("image/encoded", "image/class/label")
+_warned = False
+_pipe_numbers = itertools.count()
+
+
+def _import_mediapipe() -> SimpleNamespace:
+    """Habana's media pipeline API (raises ImportError or OSError when it cannot load)."""
+    from habana_frameworks.mediapipe import fn
+    from habana_frameworks.mediapipe.media_types import dtype, ftype, imgtype, randomCropType, readerOutType
+    from habana_frameworks.mediapipe.mediapipe import MediaPipe
+    from habana_frameworks.mediapipe.operators.reader_nodes.reader_nodes import (
+        media_ext_reader_op_impl,
+        media_ext_reader_op_tensor_info,
+    )
+    from habana_frameworks.mediapipe.plugins.iterator_pytorch import HPUGenericPytorchIterator
+
+    return SimpleNamespace(
+        fn=fn,
+        dtype=dtype,
+        ftype=ftype,
+        imgtype=imgtype,
+        randomCropType=randomCropType,
+        readerOutType=readerOutType,
+        MediaPipe=MediaPipe,
+        reader_impl=media_ext_reader_op_impl,
+        tensor_info=media_ext_reader_op_tensor_info,
+        Iterator=HPUGenericPytorchIterator,
+    )
+
+
+def unavailable_reason(data_cfg: dict, device: torch.device) -> str | None:
+    """Why the media pipeline cannot run here, or None when it can."""
+    device = torch.device(device)
+    if device.type != "hpu":
+        return f"the device is {device.type}, and the media pipeline decodes on a Gaudi (HPU)"
+    if int(data_cfg.get("channels", 3)) != 3:
+        return "data.channels is 1, and the HPU JPEG decoder writes RGB"
+    try:
+        _import_mediapipe()
+    except (ImportError, OSError) as exc:
+        return f"habana_frameworks.mediapipe does not load ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _warn_fallback(reason: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"largebatch: warning: data.loader 'mediapipe' uses the native loader instead: {reason}", file=sys.stderr, flush=True)
+
+
+class _RecordSource:
+    """Encoded JPEGs and 0-based labels of one micro-batch, read from the shards."""
+
+    def __init__(self, shards: ShardSet, batches: list[np.ndarray], batch_size: int, num_classes: int, label_offset: int) -> None:
+        self.shards, self.batches, self.batch_size = shards, batches, batch_size
+        self.num_classes, self.label_offset = num_classes, label_offset
+
+    def read(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+        indices = self.batches[number].tolist()
+        indices += [indices[-1]] * (self.batch_size - len(indices))  # fixed pipeline batch size
+        jpegs = np.empty(self.batch_size, dtype=object)
+        labels = np.empty(self.batch_size, dtype=np.int32)
+        for j, index in enumerate(indices):
+            try:
+                features = decode_example(self.shards.read(index), _KEYS)
+                jpeg, raw_label = features["image/encoded"][0], features["image/class/label"][0]
+            except (ExampleDecodeError, KeyError, IndexError) as err:
+                raise DataError(f"{self.shards.where(index)}: not an ImageNet-schema Example ({err})") from err
+            label = raw_label - self.label_offset
+            if not 0 <= label < self.num_classes:
+                raise DataError(
+                    f"{self.shards.where(index)}: label {raw_label} is outside {self.label_offset}.."
+                    f"{self.label_offset + self.num_classes - 1} (data.num_classes {self.num_classes}, "
+                    f"data.label_offset {self.label_offset})"
+                )
+            buffer = np.frombuffer(jpeg, dtype=np.uint8)
+            # The decoder reads whole 64-byte blocks; trailing zeros after the JPEG's end are ignored.
+            jpegs[j] = np.pad(buffer, (0, -len(buffer) % 64))
+            labels[j] = label
+        return jpegs, labels
+
+
+def _reader_class(mp: SimpleNamespace) -> type:
+    """The external reader op implementation (its base class exists only with the package)."""
+
+    class TFRecordReader(mp.reader_impl):
+        def __init__(self, params: dict, fw_params: Any) -> None:
+            self.source: _RecordSource = params["priv_params"]["source"]
+            self.batch_size = fw_params.batch_size
+            self.number = 0
+
+        def __iter__(self):
+            self.number = 0
+            return self
+
+        def __len__(self) -> int:
+            return len(self.source.batches)
+
+        def __next__(self):
+            if self.number >= len(self.source.batches):
+                raise StopIteration
+            out = self.source.read(self.number)
+            self.number += 1
+            return out
+
+        def gen_output_info(self) -> list:
+            shape = np.array([self.batch_size], dtype=np.uint32)
+            return [mp.tensor_info(mp.dtype.NDT, shape, ""), mp.tensor_info(mp.dtype.INT32, shape, "")]
+
+        def get_largest_file(self) -> str:
+            return ""
+
+        def get_media_output_type(self):
+            return mp.readerOutType.BUFFER_LIST
+
+    return TFRecordReader
+
+
+def _make_pipe(mp: SimpleNamespace, source: _RecordSource, cfg: dict, *, train: bool, seed: int) -> Any:
+    fn, dt = mp.fn, mp.dtype
+    size = int(cfg["image_size"])
+    mean = np.array([float(m) * 255 for m in cfg["mean"]], dtype=np.float32)
+    inv_std = np.array([1.0 / (float(s) * 255) for s in cfg["std"]], dtype=np.float32)
+    reader_class = _reader_class(mp)
+
+    class ImagePipe(mp.MediaPipe):
+        def __init__(self) -> None:
+            super().__init__(
+                device="hpu",
+                prefetch_depth=max(1, int(cfg.get("prefetch", 2))),
+                batch_size=source.batch_size,
+                num_threads=max(1, int(cfg.get("num_workers", 1))),
+                pipe_name=f"largebatch-{'train' if train else 'eval'}-{next(_pipe_numbers)}",
+            )
+            self.reader = fn.MediaExtReaderOp(impl=reader_class, num_outputs=2, priv_params={"source": source}, seed=seed)
+            if train:
+                scale, ratio = cfg.get("scale", (0.08, 1.0)), cfg.get("ratio", (3 / 4, 4 / 3))
+                self.decode = fn.ImageDecoder(
+                    device="hpu",
+                    output_format=mp.imgtype.RGB_P,
+                    resize=[size, size],
+                    resampling_mode=mp.ftype.BI_LINEAR,
+                    random_crop_type=mp.randomCropType.RANDOMIZED_AREA_AND_ASPECT_RATIO_CROP,
+                    scale_min=float(scale[0]),
+                    scale_max=float(scale[1]),
+                    ratio_min=float(ratio[0]),
+                    ratio_max=float(ratio[1]),
+                    seed=seed,
+                )
+                self.flip_probability = fn.Constant(constant=float(cfg.get("hflip", 0.5)), dtype=dt.FLOAT32, device="cpu")
+                self.coin_flip = fn.CoinFlip(seed=seed + 1, device="cpu")
+                self.flip = fn.RandomFlip(horizontal=1, device="hpu")
+                self.cmn = fn.CropMirrorNorm(crop_w=size, crop_h=size, crop_d=0, dtype=dt.FLOAT32, device="hpu")
+            else:
+                resized = int(math.floor(size / float(cfg.get("eval_crop_ratio", 0.875)) + 0.5))
+                self.decode = fn.ImageDecoder(
+                    device="hpu", output_format=mp.imgtype.RGB_P, resize=[resized, resized], resampling_mode=mp.ftype.BI_LINEAR
+                )
+                self.cmn = fn.CropMirrorNorm(
+                    crop_w=size, crop_h=size, crop_d=0, crop_pos_x=0.5, crop_pos_y=0.5, dtype=dt.FLOAT32, device="hpu"
+                )
+            self.mean = fn.MediaConst(data=mean, shape=[1, 1, mean.size], dtype=dt.FLOAT32, device="cpu")
+            self.inv_std = fn.MediaConst(data=inv_std, shape=[1, 1, inv_std.size], dtype=dt.FLOAT32, device="cpu")
+
+        def definegraph(self):
+            jpegs, labels = self.reader()
+            images = self.decode(jpegs)
+            if train:
+                images = self.flip(images, self.coin_flip(self.flip_probability()))
+            images = self.cmn(images, self.mean(), self.inv_std())
+            return images, labels
+
+    return ImagePipe()
+
+
+class MediaPipeLoader:
+    """A media pipeline per epoch, following the loader contract (see module docstring).
+
+    Attributes:
+        num_samples: records in the split (all ranks together).
+        num_classes: classes (labels are 0-based on output).
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        num_batches: int,
+        batches_for_epoch,
+        *,
+        batch_size: int,
+        train: bool,
+        data_cfg: dict,
+        seed: int,
+        rank: int,
+        device: torch.device,
+    ) -> None:
+        self._mp = _import_mediapipe()
+        self.shards = shards
+        self.num_samples = len(shards)
+        self.num_classes = int(_cfg(data_cfg, "num_classes"))
+        self.device = torch.device(device)
+        self.epoch = 0
+        self._start = 0
+        self._position = 0
+        self._num_batches = num_batches
+        self._batches_for_epoch = batches_for_epoch
+        self._batch_size = batch_size
+        self._train = train
+        self._cfg = data_cfg
+        self._seed = seed
+        self._rank = rank
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._start = 0
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "micro_batch": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self._start = self._position = min(int(state["micro_batch"]), len(self))
+
+    def __iter__(self):
+        batches = self._batches_for_epoch(self.epoch)[self._start :]
+        self._position = self._start
+        if not batches:
+            self._start = 0
+            return
+        source = _RecordSource(self.shards, batches, self._batch_size, self.num_classes, int(self._cfg.get("label_offset", 0)))
+        seed = zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF
+        pipe = _make_pipe(self._mp, source, self._cfg, train=self._train, seed=seed)
+        iterator = iter(self._mp.Iterator(mediapipe=pipe))
+        try:
+            for number, batch in enumerate(batches):
+                images, labels = next(iterator)
+                count = len(batch)
+                self._position = self._start + number + 1
+                yield images[:count], labels[:count].to(self.device).long()
+        finally:
+            self._start = 0
+            del iterator, pipe
+
+
+class _TrainBatches:
+    def __init__(self, plan: BatchPlan, rank: int, seed: int) -> None:
+        self.plan, self.rank, self.seed = plan, rank, seed
+
+    def __call__(self, epoch: int) -> list[np.ndarray]:
+        return list(rank_train_indices(self.plan, self.rank, self.seed, epoch).reshape(-1, self.plan.micro_batch_size))
+
+
+def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
+    """The media-pipeline training loader of ``rank`` (the native one where it cannot run).
+
+    Raises:
+        UserError: a plan made for a different sample count.
+        DataError: missing or inconsistent shards or index files.
+    """
+    reason = unavailable_reason(data_cfg, device)
+    if reason is not None:
+        _warn_fallback(reason)
+        return native.build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
+    _check_channels(data_cfg)
+    shards = ShardSet(_cfg(data_cfg, "root"), data_cfg.get("train_split", "train"), bool(data_cfg.get("verify_crc", True)))
+    if len(shards) != plan.num_samples:
+        raise UserError(
+            f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
+            f"{len(shards)} in split {shards.split!r}; build the plan from count_samples()",
+            key="data.root",
+        )
+    return MediaPipeLoader(
+        shards,
+        plan.micro_batches_per_epoch,
+        _TrainBatches(plan, rank, seed),
+        batch_size=plan.micro_batch_size,
+        train=True,
+        data_cfg=data_cfg,
+        seed=seed,
+        rank=rank,
+        device=device,
+    )
+
+
+def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device):
+    """The media-pipeline evaluation loader: every record once across ranks, in record order."""
+    reason = unavailable_reason(data_cfg, device)
+    if reason is not None:
+        _warn_fallback(reason)
+        return native.build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
+    _check_channels(data_cfg)
+    shards = ShardSet(_cfg(data_cfg, "root"), data_cfg.get("eval_split", "validation"), bool(data_cfg.get("verify_crc", True)))
+    indices = rank_eval_indices(len(shards), rank, world_size)
+    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+    return MediaPipeLoader(
+        shards,
+        len(batches),
+        lambda epoch: batches,
+        batch_size=batch_size,
+        train=False,
+        data_cfg=data_cfg,
+        seed=0,
+        rank=rank,
+        device=device,
+    )
