@@ -183,6 +183,15 @@ SCHEMA = Section(
                 "static_graph": Field(bool, False, "DDP static_graph"),
             }
         ),
+        "slurm": Section(
+            {
+                "requeue": Field(
+                    bool,
+                    False,
+                    "after a preemption checkpoint (SIGUSR1/SIGTERM), rank 0 runs `scontrol requeue $SLURM_JOB_ID`",
+                ),
+            }
+        ),
         "hooks": Field(list, [], "hooks: built-in names, or dict(type=name or 'file.py:Class', **kwargs)"),
     }
 )
