@@ -91,7 +91,8 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
 def test_killed_rank_under_torchrun_restarts_from_the_last_checkpoint(tmp_path, two_rank_reference):
     """``kill -9`` of rank 1 after step 3; checkpoints every 2 steps; no --run-dir: the
     restarted workers must find the same run directory and resume from step 2."""
-    config = str(write_config(tmp_path, resume_config(**{"checkpoint.interval_steps": 2})))
+    # A short collective timeout: a restarted worker that cannot connect fails in a minute, not 30.
+    config = str(write_config(tmp_path, resume_config(**{"checkpoint.interval_steps": 2, "dist.timeout_minutes": 1.0})))
     kill = {"type": f"{SIGNAL_HOOKS}:KillRank", "step": 3, "rank": 1}
     cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", str(REPO / "train.py"), "--config", config]
     cmd += ["--resume", "auto", "--set", hooks_override(RANK_WEIGHTS, kill)]
