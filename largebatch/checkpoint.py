@@ -9,6 +9,18 @@ name, and the folder is fsync'ed: a crash mid-write leaves the previous checkpoi
 intact and never a half-written file under a checkpoint's name. ``latest`` (a text file
 naming the newest checkpoint) is replaced the same way, after the checkpoint.
 
+Durability, in order: the checkpoint's bytes are fsync'ed before the rename (so the name
+never points at data still in the page cache), the rename is made durable by fsync'ing
+the folder, and the folder's own creation by fsync'ing the run directory. Temporary files
+left by a crash (``.step-*.pt.tmp``) are never read and are removed by the next save.
+
+A checkpoint never holds non-finite weights: every rank checks its model before saving
+and the save is refused with an error naming the tensors (the previous checkpoints stay).
+
+``--resume auto`` takes the newest checkpoint that loads, by step number. ``latest`` is
+a hint for people and tools; when it names a missing or unreadable file, or an older one
+than the newest on disk, a one-line warning says which file is used instead.
+
 Model weights at the end of a run go to ``model.safetensors`` (timm's ``load_state_dict``
 accepts them).
 """
@@ -44,6 +56,7 @@ RESUME_FREE_KEYS = (
     "data.prefetch",
     "dist.timeout_minutes",
     "data.root",
+    "slurm.",
 )
 
 
@@ -67,6 +80,7 @@ def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
 
 
 def atomic_torch_save(obj: Any, path: pathlib.Path) -> None:
+    """``torch.save`` to ``path`` so readers see the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as handle:
         torch.save(obj, handle)
@@ -133,17 +147,60 @@ def list_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
     return [p for _, p in sorted(found)]
 
 
+def non_finite_tensors(module: torch.nn.Module) -> list[str]:
+    """Names of the module's floating-point parameters and buffers holding NaN or inf,
+    each with its count of non-finite values."""
+    out = []
+    for name, tensor in module.state_dict().items():
+        if torch.is_floating_point(tensor) or torch.is_complex(tensor):
+            bad = int((~torch.isfinite(tensor.detach())).sum())
+            if bad:
+                out.append(f"{name} ({bad} of {tensor.numel()})")
+    return out
+
+
+def check_finite(state: Any) -> None:
+    """Refuse to checkpoint weights holding NaN or inf.
+
+    Raises:
+        UserError: naming the first non-finite tensors and the checkpoint left intact.
+    """
+    bad = non_finite_tensors(state.model)
+    if bad:
+        kept = list_checkpoints(state.run_dir)
+        previous = f"the newest checkpoint, {kept[-1]}, is intact" if kept else "there is no earlier checkpoint"
+        raise UserError(
+            f"refusing to save the checkpoint of step {state.step}: the model weights hold NaN or inf in "
+            f"{len(bad)} tensor(s): {', '.join(bad[:5])}; {previous}. The run diverged: lower the learning rate, "
+            "set clip_grad_norm, or resume from an earlier checkpoint",
+            path=str(state.run_dir),
+        )
+
+
+def _remove_stale_temporaries(folder: pathlib.Path) -> None:
+    for stale in folder.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
 def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) -> pathlib.Path | None:
     """Save a checkpoint of the run (collective: every rank must call it).
 
     Returns:
         The checkpoint's path on rank 0, None on other ranks.
+
+    Raises:
+        UserError: the weights hold NaN or inf (on every rank: the check runs everywhere,
+            before the collective, so no rank is left waiting).
     """
+    check_finite(state)
     per_rank = _gather({"rng": rng_state(state.backend), "mixup": state.mixup.state_dict()})
     if not state.is_main:
         return None
     folder = state.run_dir / CHECKPOINT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        fsync_dir(folder.parent)
+    _remove_stale_temporaries(folder)
     path = folder / f"step-{state.step:08d}.pt"
     payload = {
         "format": 1,
@@ -165,35 +222,96 @@ def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) 
     return path
 
 
-def find_resume_path(resume: str, run_dir: pathlib.Path) -> pathlib.Path | None:
-    """The checkpoint ``--resume`` names: ``auto`` is the newest complete one in
-    ``run_dir`` (None when there is none yet: a fresh start), else a file path."""
-    if resume == "auto":
-        folder = run_dir / CHECKPOINT_DIR
-        latest = folder / LATEST
-        if latest.is_file():
-            candidate = folder / latest.read_text().strip()
-            if candidate.is_file():
-                return candidate
-        found = list_checkpoints(run_dir)
-        return found[-1] if found else None
-    path = pathlib.Path(resume)
-    if not path.is_file():
-        raise UserError("checkpoint file not found; give a step-*.pt file or --resume auto", path=str(path))
-    return path
-
-
-def load_checkpoint(path: pathlib.Path, state: Any, hooks: list[Any], train_loader: Any, *, ignore_config: bool = False) -> None:
-    """Restore a run from ``path`` into ``state``, the hooks and the loader.
+def read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
+    """The payload of one checkpoint file.
 
     Raises:
-        UserError: the file is unreadable, or its config differs from this run's in keys
-            that change the maths (listed) and ``ignore_config`` is false.
+        UserError: the file is unreadable or not a largebatch checkpoint.
     """
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
         raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {exc}); resume from an earlier one", path=str(path)) from exc
+    if not isinstance(payload, dict) or payload.get("format") != 1 or "model" not in payload:
+        raise UserError("not a largebatch checkpoint (no format-1 payload); resume from a step-*.pt file", path=str(path))
+    return payload
+
+
+def _latest_pointer(run_dir: pathlib.Path) -> str | None:
+    try:
+        return (run_dir / CHECKPOINT_DIR / LATEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def read_resume_checkpoint(resume: str, run_dir: pathlib.Path, *, warn: bool = True) -> tuple[pathlib.Path, dict[str, Any]] | None:
+    """The checkpoint ``--resume`` names, read.
+
+    ``auto``: the newest checkpoint in ``run_dir`` that loads (None when there is none:
+    a fresh start). Unreadable ones are skipped with a one-line warning each, as is a
+    ``latest`` pointer naming a missing or unreadable file. Anything else is a file path.
+    Only rank 0 should ``warn``.
+
+    Returns:
+        ``(path, payload)``, or None.
+
+    Raises:
+        UserError: a named file is missing or unreadable, or no checkpoint of several loads.
+    """
+    if resume != "auto":
+        path = pathlib.Path(resume)
+        if not path.is_file():
+            raise UserError("checkpoint file not found; give a step-*.pt file or --resume auto", path=str(path))
+        return path, read_checkpoint(path)
+    latest = _latest_pointer(run_dir)
+    candidates = list_checkpoints(run_dir)
+    for path in reversed(candidates):
+        try:
+            payload = read_checkpoint(path)
+        except UserError as exc:
+            if warn:
+                print(f"warning: skipping unreadable checkpoint: {exc}", flush=True)
+            continue
+        if warn and latest is not None and latest != path.name:
+            print(
+                f"warning: {CHECKPOINT_DIR}/{LATEST} names {latest}, but the newest loadable checkpoint is {path.name}: using it",
+                flush=True,
+            )
+        return path, payload
+    if candidates:
+        raise UserError(
+            f"none of the {len(candidates)} checkpoint(s) loads (see the warnings above); resume from a copy, or start a new run directory",
+            path=str(run_dir / CHECKPOINT_DIR),
+        )
+    if warn and latest is not None:
+        print(f"warning: {CHECKPOINT_DIR}/{LATEST} names {latest}, but {run_dir} holds no checkpoint: starting afresh", flush=True)
+    return None
+
+
+def find_resume_path(resume: str, run_dir: pathlib.Path) -> pathlib.Path | None:
+    """The path ``read_resume_checkpoint`` picks (None: a fresh start)."""
+    found = read_resume_checkpoint(resume, run_dir, warn=False)
+    return found[0] if found else None
+
+
+def load_checkpoint(
+    path: pathlib.Path,
+    state: Any,
+    hooks: list[Any],
+    train_loader: Any,
+    *,
+    ignore_config: bool = False,
+    payload: dict[str, Any] | None = None,
+) -> None:
+    """Restore a run from ``path`` (or its already read ``payload``) into ``state``, the
+    hooks and the loader.
+
+    Raises:
+        UserError: the file is unreadable, or its config differs from this run's in keys
+            that change the maths (listed) and ``ignore_config`` is false.
+    """
+    if payload is None:
+        payload = read_checkpoint(path)
     if not ignore_config:
         diffs = config_differences(payload["config"], state.config)
         if diffs:

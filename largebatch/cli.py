@@ -1,7 +1,8 @@
 """The ``largebatch`` command line: ``train``, ``config show``, ``data ...``.
 
 A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
-status 2; ``--debug`` shows the traceback instead.
+status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1 or
+SIGTERM checkpoints and exits with status 75 (``largebatch.preemption.EXIT_REQUEUE``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from largebatch import preemption
 from largebatch.errors import UserError
 
 
@@ -35,10 +37,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """Train; status 0 when done, ``EXIT_REQUEUE`` (75) when stopped by a preemption signal."""
+    preemption.install_signal_handlers()  # before torch is imported: a signal before it would kill us
     from largebatch.launch import TrainArgs, train
 
-    train(TrainArgs(args.config, args.overrides, args.run_dir, args.resume, args.resume_ignore_config))
-    return 0
+    state = train(TrainArgs(args.config, args.overrides, args.run_dir, args.resume, args.resume_ignore_config))
+    return preemption.EXIT_REQUEUE if state.interrupted else 0
 
 
 def train_sample_count(cfg: dict) -> tuple[int, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import pathlib
 import random
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 
 from largebatch import checkpoint as ckpt
 from largebatch import data as data_mod
+from largebatch import preemption
 from largebatch.backends import create_backend
 from largebatch.config import derive, dump_yaml, load_and_validate, make_plan
 from largebatch.data.mixup import MixupCutmix
@@ -47,9 +49,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def default_run_dir(config_path: str, resume: str | None) -> pathlib.Path:
-    """``runs/<config name>-<timestamp>``; with ``--resume auto``, the newest existing one."""
+def default_run_dir(config_path: str, resume: str | None, env: dict[str, str] | None = None) -> pathlib.Path:
+    """The run directory when ``--run-dir`` is not given.
+
+    A name that survives restarts, so ``--resume auto`` finds the run again:
+    ``runs/<config name>-job<SLURM_JOB_ID>`` inside a Slurm job (a requeued job keeps its
+    id), ``runs/<config name>-<rdzv id>`` under torchrun with ``--rdzv-id`` or
+    ``--standalone`` (the same for all restarts of one torchrun). Otherwise
+    ``runs/<config name>-<timestamp>``, or with ``--resume auto`` the newest existing one.
+    """
+    env = dict(os.environ if env is None else env)
     stem = pathlib.Path(config_path).stem
+    if env.get("SLURM_JOB_ID"):
+        return pathlib.Path("runs") / f"{stem}-job{env['SLURM_JOB_ID']}"
+    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return pathlib.Path("runs") / f"{stem}-{run_id}"
     if resume == "auto":
         existing = sorted(p for p in pathlib.Path("runs").glob(f"{stem}-*") if ckpt.list_checkpoints(p))
         if existing:
@@ -129,9 +144,10 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         if isinstance(hook, CheckpointHook):
             hook.attach(hooks, train_loader)
     if args.resume:
-        path = ckpt.find_resume_path(args.resume, run_dir)
-        if path is not None:
-            ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config)
+        found = ckpt.read_resume_checkpoint(args.resume, run_dir, warn=info.is_main)
+        if found is not None:
+            path, payload = found
+            ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload)
             if info.is_main:
                 print(f"resumed from {path} at step {state.step}, epoch {state.epoch}", flush=True)
         elif args.resume != "auto":
@@ -140,7 +156,12 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
 
 
 def train(args: TrainArgs) -> TrainState:
-    """Train as ``args`` say; rank 0 writes ``model.safetensors`` at the end."""
+    """Train as ``args`` say; rank 0 writes ``model.safetensors`` at the end.
+
+    A run stopped by a preemption signal (``state.interrupted``) writes a checkpoint
+    instead, and with ``slurm.requeue`` rank 0 requeues the Slurm job once every rank is
+    done; the caller exits with ``largebatch.preemption.EXIT_REQUEUE``.
+    """
     try:
         engine, _ = build_run(args)
         state = engine.state
@@ -153,9 +174,17 @@ def train(args: TrainArgs) -> TrainState:
                 flush=True,
             )
         engine.run()
-        if state.is_main:
+        if state.is_main and not state.interrupted:
             ckpt.save_weights(state.model, state.run_dir / "model.safetensors")
         barrier()
+        if state.interrupted and state.is_main:
+            print(
+                f"largebatch: {state.stop_reason} at step {state.step}; checkpoint written, exiting with status "
+                f"{preemption.EXIT_REQUEUE} (requeue)",
+                flush=True,
+            )
+            if state.config["slurm"]["requeue"]:
+                preemption.requeue_slurm_job()
         return state
     finally:
         destroy_process_group()

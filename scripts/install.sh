@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install everything largebatch, its demo and its tests need, on a fresh Debian machine:
-# system packages (as root: the Fashion-MNIST dataset package), a virtual environment in
-# .venv with the pinned versions of constraints.txt, and the Fashion-MNIST TFRecord shards.
+# system packages (as root: the Fashion-MNIST dataset package; Slurm, munge and Open MPI for
+# the launch tests), a virtual environment in .venv with the pinned versions of
+# constraints.txt, and the Fashion-MNIST TFRecord shards.
 # Safe to re-run: finished steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(dataset-fashion-mnist)
+# dataset-fashion-mnist: the demo data; slurm*, munge, openmpi-bin: the Slurm and MPI launch tests.
+APT_PACKAGES=(dataset-fashion-mnist slurmctld slurmd slurm-client munge openmpi-bin)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

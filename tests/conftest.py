@@ -77,3 +77,55 @@ def _no_launcher_env(monkeypatch):
     for key in list(os.environ):
         if key in ("RANK", "WORLD_SIZE", "LOCAL_RANK") or key.startswith(("SLURM_", "OMPI_")):
             monkeypatch.delenv(key)
+
+
+# Multi-process runs (preemption, Slurm, MPI, node loss) share these.
+
+TORCHRUN = str(pathlib.Path(sys.executable).with_name("torchrun"))
+SIGNAL_HOOKS = str(REPO / "tests/support/signals.py")
+RANK_WEIGHTS = str(REPO / "tests/support/rank_weights.py") + ":SaveRankWeights"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def resume_config(**overrides) -> dict:
+    """Two epochs of 4 steps with mixup and dropout: resuming must restore every generator."""
+    return tiny_config(**{"epochs": 2, "mixup.mixup_alpha": 0.4, "model.drop_rate": 0.1, **overrides})
+
+
+def hooks_override(*hooks: dict | str) -> str:
+    """A ``--set hooks=[...]`` argument (hooks are free to change on resume)."""
+    import json
+
+    return "hooks=" + json.dumps(list(hooks))
+
+
+def assert_same_weights(a: pathlib.Path, b: pathlib.Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    first, second = load_file(a), load_file(b)
+    assert first.keys() == second.keys()
+    for key in first:
+        assert torch.equal(first[key], second[key]), f"{a} and {b} differ in {key}"
+
+
+@pytest.fixture(scope="session")
+def two_rank_reference(tmp_path_factory) -> pathlib.Path:
+    """An uninterrupted ``torchrun --standalone --nproc_per_node=2`` run of ``resume_config()``;
+    the run directory (``model.safetensors``, ``rank0/1.safetensors``)."""
+    root = tmp_path_factory.mktemp("two-rank-reference")
+    config = write_config(root, resume_config())
+    run_dir = root / "run"
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", str(REPO / "train.py"), "--config", str(config), "--run-dir", str(run_dir)]
+    cmd += ["--set", hooks_override(RANK_WEIGHTS)]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_same_weights(run_dir / "rank0.safetensors", run_dir / "rank1.safetensors")
+    return run_dir

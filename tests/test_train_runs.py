@@ -1,7 +1,7 @@
 """Whole runs through the command line: torchrun with 2 ranks, exact resume, the outputs."""
 
 import json
-import shutil
+import sys
 
 import pytest
 import timm
@@ -19,7 +19,7 @@ SAVE_RANKS = "hooks=[{type: tests/support/rank_weights.py:SaveRankWeights}]"
 def test_torchrun_two_ranks_end_with_identical_weights(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [
-        str(REPO / ".venv/bin/torchrun") if (REPO / ".venv/bin/torchrun").exists() else shutil.which("torchrun"),
+        sys.executable, "-m", "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
         str(REPO / "train.py"),

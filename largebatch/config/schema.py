@@ -205,6 +205,15 @@ SCHEMA = Section(
             },
             "settings of the hpu backend",
         ),
+        "slurm": Section(
+            {
+                "requeue": Field(
+                    bool,
+                    False,
+                    "after a preemption checkpoint (SIGUSR1/SIGTERM), rank 0 runs `scontrol requeue $SLURM_JOB_ID`",
+                ),
+            }
+        ),
         "hooks": Field(list, [], "hooks: built-in names, or dict(type=name or 'file.py:Class', **kwargs)"),
     }
 )

@@ -64,9 +64,9 @@ class Engine:
                 counters.step_in_epoch = 0
                 self.fire(Event.AFTER_EPOCH)
                 interval = state.config["eval"]["interval_epochs"]
-                if interval > 0 and counters.epoch % interval == 0:
+                if interval > 0 and counters.epoch % interval == 0 and not state.interrupted:
                     self.evaluate()
-            if state.config["eval"]["at_end"] and self._last_eval_step != state.step:
+            if state.config["eval"]["at_end"] and self._last_eval_step != state.step and not state.interrupted:
                 self.evaluate()
             self.fire(Event.AFTER_TRAIN)
             self.fire(Event.AFTER_RUN)

@@ -113,6 +113,7 @@ class TrainState:
         self.data_wait_seconds = 0.0
         self.skip_step = False
         self.stop_reason: str | None = None
+        self.stop_resumable = False
 
     # Counters, read-only for hooks.
     step = property(lambda self: self._counters.step)
@@ -157,11 +158,24 @@ class TrainState:
         """At ``after_step``: whether this step is logged (every ``log.interval`` and the last)."""
         return self.step % self.config["log"]["interval"] == 0 or self.is_last_step
 
-    def request_stop(self, reason: str) -> None:
-        """End the run after the current optimizer step."""
+    def request_stop(self, reason: str, *, resumable: bool = False) -> None:
+        """End the run after the current optimizer step.
+
+        Args:
+            reason: shown in the log.
+            resumable: the run is interrupted, to be resumed later (preemption): the
+                checkpoint hook saves this step, and the end-of-run evaluation and final
+                weights are skipped.
+        """
         if self.stop_reason is None:
             self.stop_reason = reason
+        self.stop_resumable = self.stop_resumable or resumable
 
     @property
     def should_stop(self) -> bool:
         return self.stop_reason is not None
+
+    @property
+    def interrupted(self) -> bool:
+        """A resumable stop was requested (see ``request_stop``)."""
+        return self.stop_resumable

@@ -33,8 +33,9 @@ BUILTIN_HOOKS = {
     "logger": "largebatch.hooks.logger:MetricsLogger",
     "checkpoint": "largebatch.hooks.checkpoint:CheckpointHook",
     "clip_grad_norm": "largebatch.hooks.clip:ClipGradNormHook",
+    "preemption": "largebatch.hooks.preemption:PreemptionHook",
 }
-DEFAULT_HOOKS = ("loss", "throughput", "logger", "checkpoint")
+DEFAULT_HOOKS = ("loss", "throughput", "logger", "checkpoint", "preemption")
 
 
 def _builtin_class(name: str) -> type[Hook]:

@@ -1,4 +1,5 @@
-"""Save checkpoints every N steps, every N epochs and at the end of training.
+"""Save checkpoints every N steps, every N epochs, at the end of training, and at the
+step where a run is interrupted to be resumed (preemption, ``state.interrupted``).
 
 See ``largebatch.checkpoint`` for what a checkpoint holds and how it is written.
 Saving is collective (per-rank random states are gathered), so every rank runs it.
@@ -49,7 +50,7 @@ class CheckpointHook(Hook):
         self.last_saved_step = state.step
 
     def after_step(self, state) -> None:
-        if self.interval_steps and state.step % self.interval_steps == 0:
+        if state.interrupted or (self.interval_steps and state.step % self.interval_steps == 0):
             self._save(state)
 
     def after_epoch(self, state) -> None:

@@ -1,0 +1,41 @@
+"""Run ``train.py`` with checkpoint writes paused halfway, for crash-during-save tests.
+
+``torch.save`` is wrapped so that, when the checkpoint of step ``PAUSE_AT_STEP`` (from the
+environment) is written, it writes the first half of the bytes to the temporary file,
+fsyncs them, writes ``save-paused`` next to the checkpoints and sleeps, so the test can
+``kill -9`` the process in the middle of a real checkpoint write.
+"""
+
+import io
+import os
+import pathlib
+import sys
+import time
+
+import torch
+
+PAUSE_AT = f"step-{int(os.environ['PAUSE_AT_STEP']):08d}.pt"
+_save = torch.save
+
+
+def pausing_save(obj, f, *args, **kwargs):
+    name = getattr(f, "name", "")
+    if not isinstance(name, str) or not name.endswith(f".{PAUSE_AT}.tmp"):
+        return _save(obj, f, *args, **kwargs)
+    buffer = io.BytesIO()
+    _save(obj, buffer, *args, **kwargs)
+    data = buffer.getvalue()
+    f.write(data[: len(data) // 2])
+    f.flush()
+    os.fsync(f.fileno())
+    (pathlib.Path(name).parent / "save-paused").write_text(str(os.getpid()))
+    time.sleep(600)
+    raise AssertionError("the test should have killed this process")
+
+
+torch.save = pausing_save
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from largebatch.cli import train_main  # noqa: E402
+
+sys.exit(train_main())

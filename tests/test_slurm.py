@@ -1,0 +1,93 @@
+"""Launching under a REAL Slurm cluster (one node, started here): ``srun -n2`` ranks agree
+with torchrun, and an ``sbatch`` job preempted with ``scancel --signal=USR1`` checkpoints,
+requeues itself, resumes and ends with the weights of an uninterrupted run."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import (
+    PYTHON,
+    RANK_WEIGHTS,
+    REPO,
+    SIGNAL_HOOKS,
+    assert_same_weights,
+    clean_env,
+    hooks_override,
+    resume_config,
+    write_config,
+)
+from tests.support.slurm_cluster import BINARIES, PACKAGES, SlurmCluster, ensure_installed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    reason = ensure_installed(PACKAGES, BINARIES)
+    if reason:
+        pytest.skip(f"no Slurm: {reason}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_srun_two_tasks_match_torchrun(slurm, tmp_path, two_rank_reference):
+    config = str(write_config(tmp_path, resume_config()))
+    run_dir = tmp_path / "run"
+    cmd = ["srun", "-n2", "-N1", "--kill-on-bad-exit=1", PYTHON, str(REPO / "train.py"), "--config", config, "--run-dir", str(run_dir)]
+    cmd += ["--set", hooks_override(RANK_WEIGHTS)]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=slurm.env(clean_env()))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "world size 2" in result.stdout
+    assert_same_weights(run_dir / "rank0.safetensors", run_dir / "rank1.safetensors")
+    assert_same_weights(two_rank_reference / "model.safetensors", run_dir / "model.safetensors")
+
+
+def _wait(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly(slurm, tmp_path, two_rank_reference):
+    config = str(write_config(tmp_path, resume_config()))
+    run_dir = tmp_path / "run"
+    log = tmp_path / "job.log"
+    slow = {"type": f"{SIGNAL_HOOKS}:SlowSteps", "seconds": 1.0}  # time to signal it mid-run
+    env = slurm.env(clean_env(PYTHON=PYTHON, RUN_DIR=str(run_dir)))
+    submit = ["sbatch", "--parsable", f"--output={log}", str(REPO / "slurm/cpu-test.sbatch"), config]
+    submit += ["--set", hooks_override(RANK_WEIGHTS, slow)]
+    submitted = subprocess.run(submit, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+
+    metrics = run_dir / "metrics.jsonl"
+    _wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 180, f"job {job} to train two steps")
+    signalled = slurm.run("scancel", "--signal=USR1", job)
+    assert signalled.returncode == 0, signalled.stderr
+    # Rank 0 checkpoints and runs `scontrol requeue`; Slurm holds a requeued job ~120 s
+    # before it may start again, so release it as an operator would.
+    _wait(lambda: slurm.job_field(job, "Restarts") == "1", 120, f"job {job} to be requeued")
+    _wait(lambda: slurm.job_field(job, "JobState") in ("PENDING", "RUNNING", "COMPLETED"), 60, "the requeued job to settle")
+    if slurm.job_field(job, "JobState") == "PENDING":
+        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    _wait(lambda: slurm.job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, f"job {job} to end")
+    text = log.read_text()
+    assert slurm.job_field(job, "JobState") == "COMPLETED", text[-4000:]
+    assert "restart 0" in text and "restart 1" in text
+    assert "preempted by SIGUSR1" in text and f"requeued Slurm job {job}" in text
+    checkpointed = [line for line in text.splitlines() if "checkpoint written" in line]
+    step = int(checkpointed[0].split(" at step ")[1].split(";")[0])
+    assert 2 <= step < 8 and f"at step {step}, epoch" in text  # resumed where it stopped
+    assert_same_weights(run_dir / "rank0.safetensors", run_dir / "rank1.safetensors")
+    assert_same_weights(two_rank_reference / "model.safetensors", run_dir / "model.safetensors")
+    assert os.path.exists(run_dir / "config.yaml")
