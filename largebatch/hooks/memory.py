@@ -5,7 +5,8 @@
   after each logging step), and ``memory/device_allocated_gib`` now. Absent on a CPU.
 * ``memory/host_peak_gib``: the process's peak resident set size. On Linux the peak is
   reset after each logging step (``/proc/self/clear_refs``) and read from ``VmHWM``, so
-  it is the interval's peak; elsewhere it is the lifetime peak of
+  it is the interval's peak (the reset also lowers what ``getrusage`` reports as
+  ``ru_maxrss`` for this process: the kernel keeps one high-water mark); elsewhere it is the lifetime peak of
   ``resource.getrusage(RUSAGE_SELF).ru_maxrss``.
 
 Values are the maximum over ranks (one small all-reduce, on logging steps only), as
