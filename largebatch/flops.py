@@ -15,6 +15,7 @@ not counted, as in those references.
 from __future__ import annotations
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 TRAIN_FORWARD_MULTIPLE = 3
@@ -43,12 +44,14 @@ def forward_flops_per_sample(model: torch.nn.Module, sample_shape: tuple[int, ..
     """FLOPs of one forward pass of one sample of shape ``sample_shape`` (no batch dim).
 
     The model runs in eval mode (no dropout, so no random numbers are drawn) under
-    ``torch.no_grad``, then returns to its previous mode.
+    ``torch.no_grad``, then returns to its previous mode. Attention runs on PyTorch's
+    math kernel for the count: ``FlopCounterMode`` has no formula for the CPU's fused
+    attention kernel and would miss its FLOPs (the GPU's fused kernels count the same).
     """
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             model(torch.zeros((1, *sample_shape), device=device))
     finally:
         model.train(was_training)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from largebatch.data.mixup import MixupCutmix
-from largebatch.engine.hook import Hook, Priority
+from largebatch.engine.hook import Hook
+from largebatch.errors import UserError
 from largebatch.hooks.clip import ClipGradNormHook
 from largebatch.hooks.grad_norm import GradNormHook
 from largebatch.hooks.loss_accuracy import LossAccuracyHook
@@ -14,7 +15,6 @@ from largebatch.hooks.lr import LearningRateHook
 from largebatch.hooks.memory import MemoryHook
 from largebatch.hooks.throughput import ThroughputHook
 from largebatch.hooks.trust_ratio import TrustRatioHook
-from largebatch.errors import UserError
 from tests.hooks.common import CLASSES, FEATURES, build
 
 
@@ -30,7 +30,9 @@ class SeeLogits(Hook):
 
     def after_forward(self, state):
         b = state.batch
-        self.steps[-1].append((state.outputs.detach().clone(), b.labels.clone(), None if b.labels_b is None else b.labels_b.clone(), float(b.lam)))
+        self.steps[-1].append(
+            (state.outputs.detach().clone(), b.labels.clone(), None if b.labels_b is None else b.labels_b.clone(), float(b.lam))
+        )
 
 
 def test_train_top1_and_top5_are_mixup_aware_against_topk_by_hand(tmp_path):
@@ -61,7 +63,7 @@ def test_eval_loss_top1_top5_against_a_direct_computation(tmp_path):
     eval_batches = batches(3, seed=9)
     engine.eval_loader = ListLoader(eval_batches, CLASSES)
     engine.run()
-    (_, result), = records.evals
+    ((_, result),) = records.evals
     model = engine.state.model
     with torch.no_grad():
         logits = torch.cat([model(x) for x, _ in eval_batches])
