@@ -92,7 +92,7 @@ class NanGuardHook(Hook):
                 print(f"nan_guard: skipping the update: {message}", flush=True)
             return
         if self.action == "skip":
-            message = f"{self._in_a_row} steps in a row skipped; last: {message}"
+            message = f"stopping after {self._in_a_row} skipped step(s) in a row; this one: {message}"
         raise NonFiniteError(
             f"{message}. The run is diverging: lower the learning rate, set clip_grad_norm or a warmup, "
             "or resume from an earlier checkpoint"
