@@ -10,7 +10,6 @@ without it is an error before training starts. View with
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 from largebatch.engine.hook import Hook, Priority
@@ -28,12 +27,14 @@ class TensorBoardSink(Hook):
 
     def __init__(self, subdir: str = "tensorboard", priority: int | str | None = None) -> None:
         super().__init__(priority)
-        if importlib.util.find_spec("tensorboard") is None:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
             raise UserError(
                 "the tensorboard hook needs the tensorboard package, which is not installed; "
                 "pip install 'largebatch[tensorboard]' (or tensorboard), or drop the hook",
                 key="hooks",
-            )
+            ) from None
         self.subdir = subdir
         self.writer = None
 
