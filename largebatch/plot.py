@@ -16,14 +16,36 @@ import pathlib
 
 from largebatch.errors import UserError
 
-# (file stem, title, y label, log scale, key selector)
+
+def _keys(*names: str):
+    return lambda key: key in names
+
+
+def _prefix(prefix: str):
+    return lambda key: key == prefix or key.startswith(prefix + "/")
+
+
+def _trust(key: str) -> bool:
+    return key.startswith("trust_ratio/") and key.rsplit("/", 1)[-1] in ("min", "median", "max")
+
+
+# (file stem, title, panels); a panel is (y label, log scale, key selector). Panels keep
+# quantities of different scales (images/s and utilisation) on their own axes.
 FIGURES = (
-    ("loss", "Loss", "loss", False, lambda k: k in ("loss", "eval/loss")),
-    ("accuracy", "Accuracy", "fraction", False, lambda k: k in ("train/top1", "train/top5", "eval/top1", "eval/top5")),
-    ("lr", "Learning rate", "lr", False, lambda k: k == "lr" or k.startswith("lr/")),
-    ("throughput", "Throughput", "value", False, lambda k: k in ("samples_per_sec", "samples_per_sec_per_device", "tflops_per_device", "mfu", "data_wait_fraction")),
-    ("grad_norm", "Gradient norm", "L2 norm", True, lambda k: k.startswith("grad_norm")),
-    ("trust_ratio", "LAMB trust ratio", "ratio", True, lambda k: k.startswith("trust_ratio/") and k.rsplit("/", 1)[-1] in ("min", "median", "max")),
+    ("loss", "Loss", [("loss", False, _keys("loss", "eval/loss"))]),
+    ("accuracy", "Accuracy", [("fraction", False, _keys("train/top1", "train/top5", "eval/top1", "eval/top5"))]),
+    ("lr", "Learning rate", [("lr", False, _prefix("lr"))]),
+    (
+        "throughput",
+        "Throughput",
+        [
+            ("samples/s", False, _keys("samples_per_sec", "samples_per_sec_per_device")),
+            ("TFLOP/s per device", False, _keys("tflops_per_device")),
+            ("fraction", False, _keys("mfu", "data_wait_fraction")),
+        ],
+    ),
+    ("grad_norm", "Gradient norm", [("L2 norm", True, lambda key: key.startswith("grad_norm"))]),
+    ("trust_ratio", "LAMB trust ratio", [("ratio", True, _trust)]),
 )
 
 
@@ -68,19 +90,23 @@ def plot_run(run_dir: str | pathlib.Path) -> list[pathlib.Path]:
     run_dir = pathlib.Path(run_dir)
     series = read_metrics(run_dir / "metrics.jsonl")
     written = []
-    for stem, title, ylabel, log, select in FIGURES:
-        keys = sorted(k for k in series if select(k))
-        if not keys:
+    for stem, title, panels in FIGURES:
+        used = [(label, log, sorted(k for k in series if select(k))) for label, log, select in panels]
+        used = [panel for panel in used if panel[2]]
+        if not used:
             continue
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for key in keys:
-            steps, values = zip(*series[key])
-            ax.plot(steps, values, label=key, marker="o" if len(steps) < 30 else None, markersize=3)
-        if log and all(v > 0 for k in keys for _, v in series[k]):
-            ax.set_yscale("log")
-        ax.set(title=f"{title}: {run_dir.name}", xlabel="optimizer step", ylabel=ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", ncol=2 if len(keys) > 6 else 1)
+        fig, axes = plt.subplots(len(used), 1, figsize=(8, 1.0 + 3.5 * len(used)), sharex=True, squeeze=False)
+        for ax, (label, log, keys) in zip(axes[:, 0], used):
+            for key in keys:
+                steps, values = zip(*series[key])
+                ax.plot(steps, values, label=key, marker="o" if len(steps) < 30 else None, markersize=3)
+            if log and all(v > 0 for k in keys for _, v in series[k]):
+                ax.set_yscale("log")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small", ncol=2 if len(keys) > 6 else 1)
+        axes[0, 0].set_title(f"{title}: {run_dir.name}")
+        axes[-1, 0].set_xlabel("optimizer step")
         fig.tight_layout()
         path = run_dir / f"{stem}.png"
         fig.savefig(path, dpi=100)
