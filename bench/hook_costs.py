@@ -91,14 +91,16 @@ def main() -> None:
         for name in VARIANTS:
             configs[name] = pathlib.Path(tmp) / f"{name}.yaml"
             configs[name].write_text(yaml.safe_dump(make_config(args, EXTRA if name == "all" else [])))
-        run_round(configs["all"], pathlib.Path(tmp) / "warmup", batches[: 2 * args.accumulation], ())
+        run_round(configs["all"], pathlib.Path(tmp) / "warmup", batches, ())  # one discarded round warms caches
         for i in range(args.rounds):
             names = list(VARIANTS) if i % 2 == 0 else list(VARIANTS)[::-1]  # drift hits all alike
             for name in names:
                 rates[name].append(run_round(configs[name], pathlib.Path(tmp) / f"{name}{i}", batches, VARIANTS[name]))
     base = statistics.median(rates["minimal"])
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
-    print(f"vit_tiny depth {args.depth}, 32px, micro {args.micro} x accumulation {args.accumulation}, LAMB, clip 1.0, {args.steps} steps x {args.rounds} rounds, log every {args.log_interval}")
+    print(
+        f"vit_tiny depth {args.depth}, 32px, micro {args.micro} x accumulation {args.accumulation}, LAMB, clip 1.0, {args.steps} steps x {args.rounds} rounds, log every {args.log_interval}"
+    )
     print("| hooks | images/s (median) | / minimal | rounds |")
     print("|---|---:|---:|---|")
     for name, values in rates.items():

@@ -18,6 +18,7 @@ parameter order, whose gradient is non-finite, and then:
   update this step (the counters, the schedule and the data still advance), and the
   skip is logged as ``nan_guard/skipped`` (cumulative). After ``max_skips`` skips in a
   row it stops as above.
+* ``action='off'``: no check at all (and no host sync).
 
 With a grad scaler (fp16), inf/NaN gradients under a finite loss are the scaler's
 business: it skips the update and lowers its scale, and the guard only counts them
@@ -36,7 +37,7 @@ import torch
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
 
-ACTIONS = ("stop", "skip")
+ACTIONS = ("stop", "skip", "off")
 
 
 class NonFiniteError(UserError):
@@ -47,7 +48,8 @@ class NanGuardHook(Hook):
     """Detect a non-finite loss or gradient before the optimizer step.
 
     Args:
-        action: ``'stop'`` (raise) or ``'skip'`` (no update this step).
+        action: ``'stop'`` (raise), ``'skip'`` (no update this step) or ``'off'`` (no
+            check and no sync: the guard is a default hook, this turns it off).
         max_skips: with ``'skip'``, stop after this many consecutive skipped steps.
     """
 
@@ -64,6 +66,8 @@ class NanGuardHook(Hook):
         self._in_a_row = 0
 
     def before_optimizer_step(self, state) -> None:
+        if self.action == "off":
+            return
         grads = state.compute_grad_norms()
         loss = state.step_loss if state.step_loss is not None else torch.zeros((), device=grads.norms.device)
         loss_ok = torch.isfinite(loss.detach().float()).reshape(1).to(grads.norms.device)

@@ -142,3 +142,33 @@ def test_with_a_grad_scaler_inf_gradients_are_left_to_the_scaler(tmp_path):
         assert torch.equal(snaps.before[POISON_STEP + 1][key], value)
     assert engine.state.scaler.get_scale() == 8.0  # and halved its scale once
     assert records.logged[-1]["nan_guard/overflows"] == 1
+
+
+@pytest.mark.slow
+def test_a_diverging_run_exits_2_naming_the_step_and_parameter(tmp_path):
+    from tests.conftest import run_cli, tiny_config, write_config
+
+    # lr 1e30: the first update blows the weights up, so step 1's logits overflow.
+    cfg = tiny_config(**{"optimizer.lr": 1e30, "lr_schedule.warmup_steps": 0, "checkpoint.interval_steps": 1})
+    run_dir = tmp_path / "run"
+    result = run_cli("train", "--config", str(write_config(tmp_path, cfg)), "--run-dir", str(run_dir))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    from largebatch.config import validate
+    from largebatch.models import build_model
+
+    first_param = next(build_model(validate(cfg)).named_parameters())[0]
+    assert "non-finite values at step 1 " in line and f"first non-finite gradient (in parameter order): {first_param} " in line
+    assert [p.name for p in ckpt.list_checkpoints(run_dir)] == ["step-00000001.pt"]
+
+
+def test_off_checks_nothing(tmp_path):
+    engine, _ = build(tmp_path, [NanGuardHook(action="off"), PoisonGrad("fc2.bias")], steps=4)
+    engine.run()  # the NaN goes through unchecked
+    assert engine.state.grad_norms is None  # and no norm was computed
+    assert torch.isnan(engine.state.model.fc2.bias).any()
+
+
+def test_a_bad_action_is_a_clear_error():
+    with pytest.raises(UserError, match="nan_guard action must be one of stop, skip, off, got 'halt'"):
+        NanGuardHook(action="halt")
