@@ -31,6 +31,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import engine_overhead  # noqa: E402
 from engine_overhead import FixedBatches  # noqa: E402
 
 from largebatch.engine.engine import Engine  # noqa: E402
@@ -41,28 +42,13 @@ VARIANTS = {"minimal": ("NanGuardHook", "GradNormHook"), "defaults": (), "all": 
 
 
 def make_config(args, extra_hooks: list[str]) -> dict:
-    return {
-        "seed": 0,
-        "device": "cpu",
-        "epochs": 1,
-        "global_batch_size": args.micro * args.accumulation,
-        "micro_batch_size": args.micro,
-        "clip_grad_norm": 1.0,
-        "model": {"name": "vit_tiny_patch16_224", "patch_size": 4, "depth": args.depth},
-        "optimizer": {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05},
-        "lr_schedule": {"type": "cosine", "warmup_steps": 1},
-        "data": {
-            "loader": "synthetic",
-            "image_size": 32,
-            "num_classes": 10,
-            "train_samples": args.steps * args.micro * args.accumulation,
-            "eval_samples": 0,
-        },
-        "eval": {"interval_epochs": 0, "at_end": False},
-        "log": {"interval": args.log_interval, "console": False},
-        "checkpoint": {"interval_epochs": 0, "at_end": False},
-        "hooks": extra_hooks,
-    }
+    """``engine_overhead``'s config (vit_tiny, 32 px, clipping) with LAMB and these hooks."""
+    base = argparse.Namespace(**vars(args), model="vit_tiny_patch16_224", image_size=32, patch=4)
+    cfg = engine_overhead.make_config(base, args.steps)
+    cfg["optimizer"] = {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05}
+    cfg["log"]["interval"] = args.log_interval
+    cfg["hooks"] = extra_hooks
+    return cfg
 
 
 def run_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, drop: tuple[str, ...]) -> float:
