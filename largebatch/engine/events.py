@@ -15,6 +15,7 @@
             before_optimizer_step               # grads complete: all-reduced, unscaled; clipping here
             after_optimizer_step                # parameters updated; lr for the next step set
             after_step                          # counters advanced: log, measure, checkpoint, stop
+            (evaluation events here too when a hook called state.request_eval())
         after_epoch
         before_eval                             # when evaluation is due
         after_eval_batch                        # per evaluation batch
