@@ -261,3 +261,14 @@ def test_bad_custom_hook_is_one_error_line_naming_its_index(tmp_path, capsys, cl
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_readme_example_is_hooks_loss_spike():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Write your first debugging hook") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert code.startswith("# hooks/loss_spike.py\n")
+    source = (REPO / "hooks/loss_spike.py").read_text()
+    assert source.endswith(code.removeprefix("# hooks/loss_spike.py\n"))
+    assert len(code.splitlines()) < 30
