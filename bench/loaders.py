@@ -227,7 +227,11 @@ def main() -> None:
         order = names[round_number % len(names) :] + names[: round_number % len(names)]
         results = {name: time_epoch(loaders[name], round_number) for name in order}
         results[CEILING] = decode_only.time()
-        print(f"round {round_number}{' (warm-up)' if round_number == 0 else ''}: " + ", ".join(f"{n} {r:.0f} img/s {c:.2f} CPU-ms/img" for n, (r, c) in results.items()), file=sys.stderr)
+        print(
+            f"round {round_number}{' (warm-up)' if round_number == 0 else ''}: "
+            + ", ".join(f"{n} {r:.0f} img/s {c:.2f} CPU-ms/img" for n, (r, c) in results.items()),
+            file=sys.stderr,
+        )
         if round_number == 0:
             continue
         for name, (rate, ms) in results.items():
