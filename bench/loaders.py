@@ -174,6 +174,87 @@ class DecodeOnly:
         return self.workers / per_image, per_image * 1e3
 
 
+def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
+    """CPU milliseconds per image of the native loader's steps and their alternatives, one core."""
+    import io
+    import math
+
+    import torch.nn.functional as F
+
+    from largebatch.data.decode import random_resized_crop_box
+
+    rng = np.random.default_rng(0)
+    boxes = [random_resized_crop_box(*simplejpeg.decode_jpeg_header(j)[:2], rng) for j in jpegs]
+    decoded = [simplejpeg.decode_jpeg(j) for j in jpegs]
+    pil = [Image.fromarray(d) for d in decoded]
+
+    def scaled(fraction):
+        def run(i):
+            height, width = simplejpeg.decode_jpeg_header(jpegs[i])[:2]
+            simplejpeg.decode_jpeg(jpegs[i], min_height=math.ceil(height * fraction), min_width=math.ceil(width * fraction))
+
+        return run
+
+    def pil_decode(i):
+        with Image.open(io.BytesIO(jpegs[i])) as image:
+            image.convert("RGB").load()
+
+    def pil_resize(i):
+        left, top, w, h = boxes[i]
+        np.asarray(pil[i].resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h)))
+
+    def torch_resize(layout):
+        def run(i):
+            left, top, w, h = boxes[i]
+            crop = torch.from_numpy(decoded[i])[top : top + h, left : left + w].permute(2, 0, 1)[None]
+            if layout == "float":
+                out = F.interpolate(crop.float(), size=(size, size), mode="bilinear", antialias=True)
+                out.round_().clamp_(0, 255).to(torch.uint8)
+                return
+            if layout == "NCHW":
+                crop = crop.contiguous()
+            F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True).contiguous()
+
+        return run
+
+    batch = torch.randint(0, 256, (32, size, size, 3), dtype=torch.uint8)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+    channels_last, nchw = batch.permute(0, 3, 1, 2), batch.permute(0, 3, 1, 2).contiguous()
+
+    def normalise(images):
+        def run(i):
+            if i % 32 == 0:
+                images.float().sub_(mean).div_(std)
+
+        return run
+
+    steps = [
+        ("full-size decode (simplejpeg)", scaled(1.0)),
+        ("full-size decode (Pillow)", pil_decode),
+        ("decode at DCT scale 7/8", scaled(0.875)),
+        ("decode at DCT scale 3/4", scaled(0.75)),
+        ("decode at DCT scale 1/2", scaled(0.5)),
+        ("decode at DCT scale 1/4", scaled(0.25)),
+        ("crop + resize, Pillow (antialiased bilinear)", pil_resize),
+        ("crop + resize, torch uint8 antialias, channels-last view (used)", torch_resize("view")),
+        ("crop + resize, torch uint8 antialias, NCHW copy first", torch_resize("NCHW")),
+        ("crop + resize, torch float32 antialias", torch_resize("float")),
+        ("normalise, contiguous NCHW uint8 batch (used)", normalise(nchw)),
+        ("normalise, channels-last uint8 batch", normalise(channels_last)),
+    ]
+    out = []
+    for name, run in steps:
+        best = math.inf
+        for _ in range(3):
+            start = time.process_time()
+            for i in range(len(jpegs)):
+                run(i)
+            best = min(best, time.process_time() - start)
+        out.append((name, best / len(jpegs) * 1e3))
+    return out
+
+
 def machine() -> str:
     model = platform.processor() or platform.machine()
     try:
@@ -280,6 +361,15 @@ def main() -> None:
     ]
     for name in rates:
         lines.append(f"- {name}: " + ", ".join(f"{r:.0f} | {c:.2f}" for r, c in zip(rates[name], cpu_ms[name])))
+    jpegs = decode_only.jpegs[:128]
+    lines += [
+        "",
+        f"Steps, CPU ms per image on one core (best of 3 passes over {len(jpegs)} of the JPEGs; random-resized-crop boxes):",
+        "",
+        "| step | CPU ms/image |",
+        "|---|---:|",
+    ]
+    lines += [f"| {name} | {ms:.3f} |" for name, ms in step_costs(jpegs)]
     text = "\n".join(lines)
     print(text)
     if args.out:
