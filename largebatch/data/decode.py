@@ -12,7 +12,7 @@ smallest DCT scale among 1, 1/2, 1/4 and 1/8 that still leaves the crop at least
 Only these power-of-two scales are used: libjpeg-turbo's other scales (3/4, 7/8, ...)
 decode *slower* than a full decode on this data (``bench/results/loaders.md``). The box
 is cut from the decoded array without a copy and resized to ``image_size`` with torch's
-antialiased bilinear filter on uint8 (Pillow's ``resize`` filter, about 3x faster than
+antialiased bilinear filter on uint8 (Pillow's ``resize`` filter, 2-3x faster than
 Pillow here); the flip is applied after the resize, on the smaller image.
 """
 
