@@ -124,7 +124,8 @@ def decode_crop_resize(
     # The decoded size is ceil(full / k); map the box through the actual ratio.
     sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
     left, top, crop_w, crop_h = box
-    x0, y0 = round(left * sx), round(top * sy)
+    x0 = min(round(left * sx), pixels.shape[1] - 1)
+    y0 = min(round(top * sy), pixels.shape[0] - 1)
     x1 = min(max(round((left + crop_w) * sx), x0 + 1), pixels.shape[1])
     y1 = min(max(round((top + crop_h) * sy), y0 + 1), pixels.shape[0])
     # An HWC view is channels-last NCHW for torch: its uint8 antialias kernel's fast layout.
