@@ -12,7 +12,7 @@ smallest DCT scale among 1, 1/2, 1/4 and 1/8 that still leaves the crop at least
 Only these power-of-two scales are used: libjpeg-turbo's other scales (3/4, 7/8, ...)
 decode *slower* than a full decode on this data (``bench/results/loaders.md``). The box
 is cut from the decoded array without a copy and resized to ``image_size`` with torch's
-antialiased bilinear filter on uint8 (Pillow's ``resize`` filter, about 3x faster than
+antialiased bilinear filter on uint8 (Pillow's ``resize`` filter, 2-3x faster than
 Pillow here); the flip is applied after the resize, on the smaller image.
 """
 
@@ -76,6 +76,20 @@ def dct_scale(box: Box, image_size: int) -> int:
     return 1
 
 
+def decode_at_scale(
+    jpeg: bytes, k: int, channels: int, header: tuple[int, int]
+) -> np.ndarray:
+    """Decode at 1/``k`` scale: ``uint8 (ceil(height / k), ceil(width / k), channels)``."""
+    height, width = header
+    # libjpeg-turbo picks the smallest of its M/8 scales that reaches these sizes: 1/k.
+    return simplejpeg.decode_jpeg(
+        jpeg,
+        colorspace="GRAY" if channels == 1 else "RGB",
+        min_height=math.ceil(height / k),
+        min_width=math.ceil(width / k),
+    )
+
+
 def decode_crop_resize(
     jpeg: bytes,
     box: Box,
@@ -104,17 +118,14 @@ def decode_crop_resize(
         height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
     else:
         height, width = header
-    k = dct_scale(box, image_size)
-    pixels = simplejpeg.decode_jpeg(
-        jpeg,
-        colorspace="GRAY" if channels == 1 else "RGB",
-        min_height=math.ceil(height / k),
-        min_width=math.ceil(width / k),
+    pixels = decode_at_scale(
+        jpeg, dct_scale(box, image_size), channels, (height, width)
     )
     # The decoded size is ceil(full / k); map the box through the actual ratio.
     sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
     left, top, crop_w, crop_h = box
-    x0, y0 = round(left * sx), round(top * sy)
+    x0 = min(round(left * sx), pixels.shape[1] - 1)
+    y0 = min(round(top * sy), pixels.shape[0] - 1)
     x1 = min(max(round((left + crop_w) * sx), x0 + 1), pixels.shape[1])
     y1 = min(max(round((top + crop_h) * sy), y0 + 1), pixels.shape[0])
     # An HWC view is channels-last NCHW for torch: its uint8 antialias kernel's fast layout.

@@ -23,6 +23,7 @@ from PIL import Image
 from largebatch.data.decode import (
     center_crop_box,
     dct_scale,
+    decode_at_scale,
     decode_crop_resize,
     random_resized_crop_box,
 )
@@ -99,6 +100,16 @@ def test_dct_scale_never_needs_upsampling():
     assert dct_scale((0, 0, 2000, 1792), 224) == 8
     assert dct_scale((0, 0, 5000, 5000), 224) == 8  # 1/8 is the smallest DCT scale
     assert dct_scale((0, 0, 100, 100), 224) == 1  # too small: full decode, upsample
+
+
+def test_decodes_at_exactly_one_kth_scale(photos):
+    for jpeg in photos:
+        height, width = header(jpeg)
+        for k in (1, 2, 4, 8):
+            for channels in (1, 3):
+                pixels = decode_at_scale(jpeg, k, channels, (height, width))
+                expected = (math.ceil(height / k), math.ceil(width / k), channels)
+                assert pixels.shape == expected
 
 
 def test_output_is_contiguous_uint8_chw(photos):
