@@ -6,9 +6,10 @@ In a config::
 
 After every micro-batch's backward pass the hook checks that the micro-batch's loss and
 the accumulated gradients are finite (one batched ``torch._foreach_norm`` and one host
-sync per micro-batch: a debugging cost, not for production runs). On the first
-non-finite value it re-runs that micro-batch with a forward hook on every module and a
-gradient hook on every module output and parameter, and names:
+sync per micro-batch: a debugging cost, not for production runs; with fp16 and a
+GradScaler only the loss, since overflowing scaled gradients are routine). On the first
+non-finite value it re-runs that micro-batch with a forward hook and a full backward
+hook on every module and a gradient hook on every parameter, and names:
 
 * the input batch, when the images themselves are not finite;
 * else the first module (in execution order, so the innermost) whose forward output is
@@ -76,7 +77,9 @@ class FirstNaNHook(Hook):
         self.report: dict = {}
 
     def after_backward(self, state) -> None:
-        grads = [p.grad for p in state.model.parameters() if p.grad is not None]
+        # Under fp16 a GradScaler's overflowing gradients are routine (it skips the step and
+        # lowers the scale), so then only the loss is checked.
+        grads = [] if state.scaler is not None else [p.grad for p in state.model.parameters() if p.grad is not None]
         check = state.loss.detach().float().reshape(1)
         if grads:
             check = torch.cat([check, torch.stack(torch._foreach_norm(grads)).float().sum().reshape(1)])
