@@ -114,6 +114,7 @@ def test_attention_entropy_matches_a_manual_attention(tmp_path):
     assert [r["step"] for r in records] == [2, 3]  # every 2nd step and the last
     assert recorder.qkv_hooks_per_step == {1: 0, 2: 1, 3: 1}  # attached on logged steps only
     assert len(state.model.blocks[0].attn.qkv._forward_hooks) == 0
+    assert all(block.attn.fused_attn for block in state.model.blocks)  # so the matrix had to be recomputed
 
     model = recorder.reference_model(state)
     inputs = {}
