@@ -14,8 +14,8 @@ never points at data still in the page cache), the rename is made durable by fsy
 the folder, and the folder's own creation by fsync'ing the run directory. Temporary files
 left by a crash (``.step-*.pt.tmp``) are never read and are removed by the next save.
 
-A checkpoint never holds non-finite weights: every rank checks its model before saving
-and the save is refused with an error naming the tensors (the previous checkpoints stay).
+A checkpoint never holds non-finite weights or optimizer state: every rank checks them
+before saving and the save is refused with an error naming the tensors (the previous checkpoints stay).
 
 ``--resume auto`` takes the newest checkpoint that loads, by step number. ``latest`` is
 a hint for people and tools; when it names a missing or unreadable file, or an older one
@@ -159,18 +159,34 @@ def non_finite_tensors(module: torch.nn.Module) -> list[str]:
     return out
 
 
+def non_finite_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[str]:
+    """The optimizer's per-parameter state tensors holding NaN or inf (``name.exp_avg``, ...)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for param, entry in optimizer.state.items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and torch.is_floating_point(value):
+                bad = int((~torch.isfinite(value.detach())).sum())
+                if bad:
+                    out.append(f"optimizer {names.get(id(param), '?')}.{key} ({bad} of {value.numel()})")
+    return out
+
+
 def check_finite(state: Any) -> None:
-    """Refuse to checkpoint weights holding NaN or inf.
+    """Refuse to checkpoint weights (or optimizer state) holding NaN or inf.
 
     Raises:
         UserError: naming the first non-finite tensors and the checkpoint left intact.
     """
     bad = non_finite_tensors(state.model)
+    optimizer = getattr(state, "optimizer", None)
+    if optimizer is not None:
+        bad += non_finite_optimizer_state(optimizer, state.model)
     if bad:
         kept = list_checkpoints(state.run_dir)
         previous = f"the newest checkpoint, {kept[-1]}, is intact" if kept else "there is no earlier checkpoint"
         raise UserError(
-            f"refusing to save the checkpoint of step {state.step}: the model weights hold NaN or inf in "
+            f"refusing to save the checkpoint of step {state.step}: the model weights or optimizer state hold NaN or inf in "
             f"{len(bad)} tensor(s): {', '.join(bad[:5])}; {previous}. The run diverged: lower the learning rate, "
             "set clip_grad_norm, or resume from an earlier checkpoint",
             path=str(state.run_dir),

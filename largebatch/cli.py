@@ -1,4 +1,4 @@
-"""The ``largebatch`` command line: ``train``, ``config show``, ``data ...``.
+"""The ``largebatch`` command line: ``train``, ``config show``, ``data ...``, ``plot``.
 
 A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
 status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1 or
@@ -74,6 +74,14 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from largebatch.plot import plot_run
+
+    for path in plot_run(args.run_dir):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="largebatch", description="Large-batch ViT pretraining.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -90,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--world-size", type=int, help="number of processes (default: from the launcher's environment, else 1)")
     show.add_argument("--debug", action="store_true")
     show.set_defaults(func=cmd_config_show)
+
+    plot = commands.add_parser("plot", help="write PNG curves (loss, accuracy, lr, throughput, grad norm, trust ratio) of a run")
+    plot.add_argument("run_dir", help="the run directory (holds metrics.jsonl); the PNGs are written there")
+    plot.add_argument("--debug", action="store_true")
+    plot.set_defaults(func=cmd_plot)
 
     try:
         from largebatch.data import cli as data_cli

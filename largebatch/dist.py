@@ -150,6 +150,17 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any (one tiny all-reduce; no
+    collective without a process group). For decisions that must agree, such as one
+    taken by a clock."""
+    if not torch_dist.is_initialized():
+        return bool(flag)
+    box = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    torch_dist.all_reduce(box, op=torch_dist.ReduceOp.MAX)
+    return bool(box.item())
+
+
 def barrier() -> None:
     if torch_dist.is_initialized():
         torch_dist.barrier()

@@ -31,6 +31,11 @@ def section_defaults(name: str) -> dict[str, Any]:
     return {key: spec.default for key, spec in section.fields.items() if isinstance(spec, Field)}
 
 
+def clip_coefficient(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The factor clipping multiplies gradients by: ``min(1, max_norm / (total_norm + 1e-6))``."""
+    return torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+
+
 class Backend:
     """Base class; subclasses set ``name``, ``dist_backend`` and the supported precisions.
 
@@ -111,9 +116,26 @@ class Backend:
 
         return build_optimizer(cfg, model)
 
-    def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-        """Clip the global L2 norm of the gradients to ``max_norm``; returns the norm before clipping."""
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
+    def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
+        """Clip the global L2 norm of the gradients to ``max_norm``; returns the norm before clipping.
+
+        The arithmetic of ``torch.nn.utils.clip_grad_norm_(..., foreach=True)``: scale by
+        ``min(1, max_norm / (norm + 1e-6))``, without a host sync.
+
+        Args:
+            parameters: parameters with gradients.
+            max_norm: the largest global norm allowed.
+            norms: the gradients' per-parameter norms when a caller already has them
+                (``TrainState.compute_grad_norms``), so they are not computed twice.
+        """
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.device)
+        if norms is None:
+            norms = torch.stack(torch._foreach_norm(grads))
+        total = torch.linalg.vector_norm(norms)
+        torch._foreach_mul_(grads, clip_coefficient(total, max_norm).to(grads[0].device))
+        return total
 
     def after_backward(self) -> None:
         """Called after every micro-step's backward."""

@@ -186,7 +186,7 @@ class HpuBackend(Backend):
                 return fused_lamb(fused, cfg, model)
         return super().build_optimizer(cfg, model)
 
-    def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
         if self.options["fused_clip_norm"]:
             if self._fused_clip is None or self._fused_clip_max != max_norm:
                 normalization = _optional("habana_frameworks.torch.hpex.normalization")
@@ -195,7 +195,7 @@ class HpuBackend(Backend):
                 self._fused_clip_max = max_norm
             if self._fused_clip:
                 return self._fused_clip.clip_norm(parameters)
-        return super().clip_grad_norm(parameters, max_norm)
+        return super().clip_grad_norm(parameters, max_norm, norms)
 
     def after_backward(self) -> None:
         if self.lazy:

@@ -165,6 +165,7 @@ SCHEMA = Section(
             {
                 "interval_steps": Field(int, None, "save every N steps", low=1, nullable=True),
                 "interval_epochs": Field(int, 1, "save every N epochs (0: off)", low=0),
+                "interval_minutes": Field(float, None, "save every T minutes of training", low=0, low_open=True, nullable=True),
                 "keep": Field(int, 3, "keep the last K checkpoints", low=1),
                 "at_end": Field(bool, True, "save after training"),
             }

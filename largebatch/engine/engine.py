@@ -39,12 +39,19 @@ class Engine:
         self._last_eval_step: int | None = None
 
     def fire(self, event: Event) -> None:
-        """Call every hook that implements ``event``, in priority order."""
+        """Call every hook that implements ``event``, in priority order (timing each one
+        when ``state.hook_times`` is set, see the ``hook_timer`` hook)."""
         for hook in self._by_event[event]:
+            times = self.state.hook_times
+            start = time.perf_counter() if times is not None else 0.0
             try:
                 getattr(hook, event.value)(self.state)
             except Exception as exc:
                 raise HookError(f"hook {hook.name} failed in {event.value}: {type(exc).__name__}: {exc}") from exc
+            if times is not None:
+                entry = times.setdefault((hook.name, event.value), [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - start
 
     def run(self) -> None:
         """Train for the configured epochs (or until a hook requests a stop), then evaluate."""
@@ -64,8 +71,9 @@ class Engine:
                 counters.step_in_epoch = 0
                 self.fire(Event.AFTER_EPOCH)
                 interval = state.config["eval"]["interval_epochs"]
-                if interval > 0 and counters.epoch % interval == 0 and not state.interrupted:
-                    self.evaluate()
+                if interval > 0 and counters.epoch % interval == 0:
+                    state.request_eval()
+                self._eval_if_requested()
             if state.config["eval"]["at_end"] and self._last_eval_step != state.step and not state.interrupted:
                 self.evaluate()
             self.fire(Event.AFTER_TRAIN)
@@ -77,6 +85,12 @@ class Engine:
                 except Exception as hook_exc:  # noqa: BLE001 - the original error matters more
                     exc.add_note(f"hook {hook.name} also failed in on_exception: {hook_exc!r}")
             raise
+
+    def _eval_if_requested(self) -> None:
+        state = self.state
+        if state.eval_requested and not state.interrupted and self._last_eval_step != state.step:
+            self.evaluate()
+        state.eval_requested = False
 
     def _done(self) -> bool:
         return self.state.should_stop or self.state.step >= self.state.total_steps
@@ -106,6 +120,8 @@ class Engine:
         state.metrics = {}
         state.skip_step = False
         state.grad_norm = None
+        state.grad_norms = None
+        state.log_record = None
         state.window_size = window
         state.step_loss = None
         self.fire(Event.BEFORE_STEP)
@@ -144,6 +160,7 @@ class Engine:
         counters.step_in_epoch += 1
         self.fire(Event.AFTER_STEP)
         state.lr = state.schedule.lr_at(state.step)
+        self._eval_if_requested()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -43,6 +43,29 @@ class Counters:
             setattr(self, key, int(value))
 
 
+@dataclasses.dataclass
+class GradNorms:
+    """Per-parameter gradient norms of one step, in model parameter order.
+
+    Attributes:
+        names: parameter names (those with a gradient).
+        params: the parameters themselves.
+        norms: 1-D tensor of the L2 norm of each gradient before clipping.
+        clip_coef: the factor clipping multiplied the gradients by (a 0-d tensor, at
+            most 1), or None when nothing clipped.
+    """
+
+    names: list[str]
+    params: list[torch.nn.Parameter]
+    norms: torch.Tensor
+    clip_coef: torch.Tensor | None = None
+
+    @property
+    def total(self) -> torch.Tensor:
+        """The global L2 norm before clipping."""
+        return torch.linalg.vector_norm(self.norms)
+
+
 class TrainState:
     """Everything a hook may read (and ``metrics`` / ``request_stop`` to write).
 
@@ -63,6 +86,13 @@ class TrainState:
         step_loss: the step's loss so far (mean over the window's micro-batches, detached).
         lr: the base learning rate of the current (or, after it, the last) step.
         grad_norm: the global gradient norm before clipping, when clipping computed it.
+        grad_norms: this step's per-parameter gradient norms (``GradNorms``), computed at
+            most once per step by ``compute_grad_norms`` and shared by clipping, the NaN
+            guard and the gradient-norm hook (None until a hook asks).
+        log_record: at a logging step's ``after_step``, the record the logger wrote
+            (all-reduced values), for the other sinks to show; None otherwise.
+        hook_times: ``{(hook name, event): [calls, seconds]}`` when the ``hook_timer``
+            hook is on (None: the engine does not time hooks).
         metrics: values hooks publish for the logger this step (cleared each step);
             tensors are averaged over ranks when logged.
         eval_metrics: results of the last evaluation.
@@ -112,6 +142,10 @@ class TrainState:
         self.eval_batch = None
         self.data_wait_seconds = 0.0
         self.skip_step = False
+        self.grad_norms: GradNorms | None = None
+        self.log_record: dict[str, Any] | None = None
+        self.hook_times: dict[tuple[str, str], list[float]] | None = None
+        self.eval_requested = False
         self.stop_reason: str | None = None
         self.stop_resumable = False
 
@@ -156,7 +190,35 @@ class TrainState:
     @property
     def is_log_step(self) -> bool:
         """At ``after_step``: whether this step is logged (every ``log.interval`` and the last)."""
-        return self.step % self.config["log"]["interval"] == 0 or self.is_last_step
+        return self.log_due(self.step)
+
+    def log_due(self, step: int) -> bool:
+        """Whether the step that ends with ``step`` completed steps is logged."""
+        return step % self.config["log"]["interval"] == 0 or step >= self.total_steps
+
+    @property
+    def will_log(self) -> bool:
+        """During a step's events before ``after_step``: whether this step will be logged
+        (so a hook can ask for statistics only on the steps that show them)."""
+        return self.log_due(self.step + 1)
+
+    def compute_grad_norms(self) -> GradNorms:
+        """The current gradients' per-parameter L2 norms, computed once per step.
+
+        One ``torch._foreach_norm`` over every gradient (no host sync); the first caller
+        in a step pays for it and the others reuse it. Call it only once gradients are
+        complete (``before_optimizer_step``); the norms are those before clipping.
+        """
+        if self.grad_norms is None:
+            named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+            grads = [p.grad for _, p in named]
+            norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(0, device=self.backend.device)
+            self.grad_norms = GradNorms([n for n, _ in named], [p for _, p in named], norms)
+        return self.grad_norms
+
+    def request_eval(self) -> None:
+        """Evaluate once the current ``after_step`` (or ``after_epoch``) has run."""
+        self.eval_requested = True
 
     def request_stop(self, reason: str, *, resumable: bool = False) -> None:
         """End the run after the current optimizer step.

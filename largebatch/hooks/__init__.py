@@ -29,13 +29,24 @@ from largebatch.errors import ConfigError
 
 BUILTIN_HOOKS = {
     "loss": "largebatch.hooks.loss_accuracy:LossAccuracyHook",
+    "lr": "largebatch.hooks.lr:LearningRateHook",
     "throughput": "largebatch.hooks.throughput:ThroughputHook",
+    "memory": "largebatch.hooks.memory:MemoryHook",
+    "grad_norm": "largebatch.hooks.grad_norm:GradNormHook",
+    "trust_ratio": "largebatch.hooks.trust_ratio:TrustRatioHook",
+    "nan_guard": "largebatch.hooks.nan_guard:NanGuardHook",
     "logger": "largebatch.hooks.logger:MetricsLogger",
+    "progress": "largebatch.hooks.progress:ProgressBar",
+    "csv": "largebatch.hooks.csv_sink:CsvSink",
+    "tensorboard": "largebatch.hooks.tensorboard:TensorBoardSink",
     "checkpoint": "largebatch.hooks.checkpoint:CheckpointHook",
+    "eval": "largebatch.hooks.eval:EvalHook",
+    "stop": "largebatch.hooks.stop:StopHook",
+    "hook_timer": "largebatch.hooks.hook_timer:HookTimerHook",
     "clip_grad_norm": "largebatch.hooks.clip:ClipGradNormHook",
     "preemption": "largebatch.hooks.preemption:PreemptionHook",
 }
-DEFAULT_HOOKS = ("loss", "throughput", "logger", "checkpoint", "preemption")
+DEFAULT_HOOKS = ("loss", "lr", "throughput", "grad_norm", "nan_guard", "logger", "checkpoint", "preemption")
 
 
 def _builtin_class(name: str) -> type[Hook]:

@@ -1,13 +1,21 @@
-"""Save checkpoints every N steps, every N epochs, at the end of training, and at the
-step where a run is interrupted to be resumed (preemption, ``state.interrupted``).
+"""Save checkpoints every N steps, every N epochs, every T minutes, at the end of
+training, and at the step where a hook asks the run to stop (preemption, the ``stop``
+hook's limits, or any ``state.request_stop``), so a stopped run can always resume.
 
-See ``largebatch.checkpoint`` for what a checkpoint holds and how it is written.
-Saving is collective (per-rank random states are gathered), so every rank runs it.
+See ``largebatch.checkpoint`` for what a checkpoint holds and how it is written; a save
+of weights or optimizer state holding NaN or inf is refused there, naming the tensors.
+Saving is collective (per-rank random states are gathered), so every rank runs it; the
+time-based interval is decided by rank 0's clock and agreed over ranks (one tiny
+all-reduce per step, only when ``interval_minutes`` is set).
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from largebatch.checkpoint import save_checkpoint
+from largebatch.dist import any_rank
 from largebatch.engine.hook import Hook, Priority
 
 
@@ -15,6 +23,8 @@ class CheckpointHook(Hook):
     """Args:
     interval_steps: save every N optimizer steps (None: off).
     interval_epochs: save every N epochs (0: off).
+    interval_minutes: save when T minutes have passed since the last save (or the
+        start of this process) (None: off).
     keep: keep the last K checkpoints.
     at_end: save after training.
     """
@@ -25,6 +35,7 @@ class CheckpointHook(Hook):
         self,
         interval_steps: int | None = None,
         interval_epochs: int = 1,
+        interval_minutes: float | None = None,
         keep: int = 3,
         at_end: bool = True,
         priority: int | str | None = None,
@@ -32,11 +43,13 @@ class CheckpointHook(Hook):
         super().__init__(priority)
         self.interval_steps = interval_steps
         self.interval_epochs = interval_epochs
+        self.interval_minutes = interval_minutes
         self.keep = keep
         self.at_end = at_end
         self.hooks: list[Hook] = []
         self.train_loader = None
         self.last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
 
     def attach(self, hooks: list[Hook], train_loader) -> None:
         """Give the hook what a checkpoint must hold besides the state."""
@@ -48,9 +61,20 @@ class CheckpointHook(Hook):
             return
         save_checkpoint(state, self.hooks, self.train_loader, self.keep)
         self.last_saved_step = state.step
+        self._last_save_time = time.monotonic()
+
+    def _time_due(self, state) -> bool:
+        if not self.interval_minutes:
+            return False
+        due = state.is_main and time.monotonic() - self._last_save_time >= self.interval_minutes * 60
+        return any_rank(due, state.backend.device)
+
+    def before_train(self, state) -> None:
+        self._last_save_time = time.monotonic()
 
     def after_step(self, state) -> None:
-        if state.interrupted or (self.interval_steps and state.step % self.interval_steps == 0):
+        by_steps = bool(self.interval_steps) and state.step % self.interval_steps == 0
+        if self._time_due(state) or state.should_stop or by_steps:
             self._save(state)
 
     def after_epoch(self, state) -> None:
@@ -60,3 +84,9 @@ class CheckpointHook(Hook):
     def after_train(self, state) -> None:
         if self.at_end:
             self._save(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_saved_step": self.last_saved_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_saved_step = state.get("last_saved_step")

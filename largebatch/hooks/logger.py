@@ -4,7 +4,9 @@ At each logging step (every ``log.interval`` steps and the last) it collects
 ``state.metrics``: tensor values are averaged over ranks in one all-reduce, plain
 numbers are taken as they are. Each line of ``metrics.jsonl`` is one JSON object with at
 least ``step``, ``epoch``, ``loss``, ``lr`` and ``samples_per_sec``; evaluation results
-are written as their own lines, with ``eval/`` keys.
+are written as their own lines, with ``eval/`` keys. The record is also left in
+``state.log_record`` for the other sinks (``progress``, ``csv``, ``tensorboard``), which
+run after this hook and so need no second all-reduce.
 """
 
 from __future__ import annotations
@@ -55,13 +57,14 @@ class MetricsLogger(Hook):
             stacked = torch.stack([state.metrics[k].detach().float().reshape(()) for k in names])
             values.update(zip(names, all_reduce_mean(stacked).tolist()))
         record = {"step": state.step, "epoch": state.epoch, "lr": state.lr, "samples_seen": state.samples_seen, **values}
+        state.log_record = record
         self._write(state, record)
         if self.console and state.is_main:
             print(self._line(state, record), flush=True)
 
     def _line(self, state, record: dict) -> str:
         parts = [f"step {state.step}/{state.total_steps}", f"epoch {state.epoch + 1}/{state.epochs}"]
-        for key in ("loss", "train/top1", "lr", "samples_per_sec"):
+        for key in ("loss", "train/top1", "train/top5", "lr", "samples_per_sec", "grad_norm"):
             if key in record:
                 value = record[key]
                 parts.append(f"{key} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{key} {value}")

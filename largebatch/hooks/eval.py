@@ -1,0 +1,35 @@
+"""Evaluate every N optimizer steps and/or every N epochs.
+
+The config's ``eval.interval_epochs`` and ``eval.at_end`` already evaluate per epoch and
+after training; this hook adds evaluation in the middle of epochs. It asks with
+``state.request_eval()`` at ``after_step`` (or ``after_epoch``); the engine evaluates once
+every hook of that event has run, never twice for the same step, and not in a run
+stopped to be resumed. Results go to ``state.eval_metrics`` and the sinks
+(``eval/loss``, ``eval/top1``, ``eval/top5``).
+"""
+
+from __future__ import annotations
+
+from largebatch.engine.hook import Hook, Priority
+
+
+class EvalHook(Hook):
+    """Args:
+    interval_steps: evaluate every N optimizer steps (None: off).
+    interval_epochs: evaluate every N epochs (None: leave it to ``eval.interval_epochs``).
+    """
+
+    priority = Priority.NORMAL
+
+    def __init__(self, interval_steps: int | None = None, interval_epochs: int | None = None, priority: int | str | None = None) -> None:
+        super().__init__(priority)
+        self.interval_steps = interval_steps
+        self.interval_epochs = interval_epochs
+
+    def after_step(self, state) -> None:
+        if self.interval_steps and state.step % self.interval_steps == 0:
+            state.request_eval()
+
+    def after_epoch(self, state) -> None:
+        if self.interval_epochs and state.epoch % self.interval_epochs == 0:
+            state.request_eval()

@@ -1,0 +1,81 @@
+"""LAMB trust ratios per parameter group, and the layers with the most extreme ones.
+
+LAMB (You et al. 2019, arXiv:1904.00962) scales each tensor's update by
+``||w|| / ||u||``; a ratio far from its neighbours' is often the first sign of a layer
+going wrong in a large-batch run. The optimizer records the ratios only when asked
+(``Lamb.request_stats()``, see ``largebatch.optim.lamb``): this hook asks in
+``before_optimizer_step`` of the steps that will be logged, so other steps cost nothing.
+
+Published per group: ``trust_ratio/<group>/min``, ``/median`` (``torch.median``: the lower
+middle value for an even count) and ``/max`` as device tensors, and over all groups
+``trust_ratio/lowest`` and ``trust_ratio/highest``: the ``top_k`` parameter names with
+their ratios, as text (``"blocks.0.attn.qkv.weight=0.0123, ..."``). Reading the names
+back is one host sync, on logged steps only. With a grad scaler that skipped the update
+(inf/NaN gradients) there are no fresh statistics and nothing is published.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from largebatch.engine.hook import Hook, Priority
+from largebatch.errors import UserError
+
+
+class TrustRatioHook(Hook):
+    """Log LAMB trust-ratio statistics on logging steps.
+
+    Args:
+        top_k: how many of the lowest and highest ratios to name (0: none).
+    """
+
+    priority = Priority.NORMAL
+
+    def __init__(self, top_k: int = 3, priority: int | str | None = None) -> None:
+        super().__init__(priority)
+        self.top_k = int(top_k)
+        self._requested = False
+        self._before: object = None
+        self._stats: dict | None = None
+
+    def before_run(self, state) -> None:
+        if not callable(getattr(state.optimizer, "request_stats", None)):
+            raise UserError(
+                f"the trust_ratio hook needs LAMB's statistics, but the optimizer is {type(state.optimizer).__name__}; "
+                "set optimizer.type='lamb' (on an HPU also hpu.fused_lamb=False), or drop the hook",
+                key="hooks",
+            )
+
+    def before_optimizer_step(self, state) -> None:
+        self._stats = None
+        if state.will_log and not state.skip_step:
+            self._requested = True
+            self._before = state.optimizer.last_stats
+            state.optimizer.request_stats()
+
+    def after_optimizer_step(self, state) -> None:
+        if self._requested:
+            stats = state.optimizer.last_stats
+            self._stats = stats if stats is not self._before else None  # a new dict: recorded this step
+        self._requested, self._before = False, None
+
+    def after_step(self, state) -> None:
+        if not state.is_log_step or not self._stats:
+            return
+        names, ratios = [], []
+        for group, entry in self._stats.items():
+            ratio = entry["trust_ratio"].detach().float()
+            if ratio.numel() == 0:
+                continue
+            state.metrics[f"trust_ratio/{group}/min"] = ratio.min()
+            state.metrics[f"trust_ratio/{group}/median"] = ratio.median()
+            state.metrics[f"trust_ratio/{group}/max"] = ratio.max()
+            names += list(entry["param_names"])
+            ratios.append(ratio.reshape(-1))
+        if self.top_k > 0 and ratios:
+            values = torch.cat([r.to(ratios[0].device) for r in ratios]).cpu().tolist()
+            order = sorted(range(len(values)), key=values.__getitem__)
+            show = lambda idx: ", ".join(f"{names[i]}={values[i]:.4g}" for i in idx)  # noqa: E731
+            state.metrics["trust_ratio/lowest"] = show(order[: self.top_k])
+            state.metrics["trust_ratio/highest"] = show(order[::-1][: self.top_k])
+        self._stats = None

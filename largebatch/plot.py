@@ -1,0 +1,91 @@
+"""``largebatch plot RUN_DIR``: PNG curves from a run's ``metrics.jsonl``.
+
+Writes, next to ``metrics.jsonl``, one figure per family of metrics the run logged:
+``loss.png`` (training and evaluation loss), ``accuracy.png`` (train and eval top-1 /
+top-5), ``lr.png`` (base and per-group rates), ``throughput.png`` (samples/s, TFLOP/s,
+MFU, data wait), ``grad_norm.png`` (global and per group, before and after clipping) and
+``trust_ratio.png`` (per group min / median / max). A family with no values is skipped.
+Uses matplotlib's Agg backend (no display needed); matplotlib is the ``plot`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+from largebatch.errors import UserError
+
+# (file stem, title, y label, log scale, key selector)
+FIGURES = (
+    ("loss", "Loss", "loss", False, lambda k: k in ("loss", "eval/loss")),
+    ("accuracy", "Accuracy", "fraction", False, lambda k: k in ("train/top1", "train/top5", "eval/top1", "eval/top5")),
+    ("lr", "Learning rate", "lr", False, lambda k: k == "lr" or k.startswith("lr/")),
+    ("throughput", "Throughput", "value", False, lambda k: k in ("samples_per_sec", "samples_per_sec_per_device", "tflops_per_device", "mfu", "data_wait_fraction")),
+    ("grad_norm", "Gradient norm", "L2 norm", True, lambda k: k.startswith("grad_norm")),
+    ("trust_ratio", "LAMB trust ratio", "ratio", True, lambda k: k.startswith("trust_ratio/") and k.rsplit("/", 1)[-1] in ("min", "median", "max")),
+)
+
+
+def read_metrics(path: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+    """``{key: [(step, value), ...]}`` of every finite number in a ``metrics.jsonl``.
+
+    Raises:
+        UserError: the file is missing or a line is not JSON.
+    """
+    if not path.is_file():
+        raise UserError("no metrics.jsonl here; give the run directory of a training run (it holds metrics.jsonl)", path=str(path))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"line {number} is not JSON ({exc.msg}); was the file edited or cut short?", path=str(path)) from None
+        step = record.get("step")
+        for key, value in record.items():
+            if key in ("step", "epoch", "samples_seen") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if step is not None and math.isfinite(value):
+                series.setdefault(key, []).append((int(step), float(value)))
+    return series
+
+
+def plot_run(run_dir: str | pathlib.Path) -> list[pathlib.Path]:
+    """Write the PNG figures for ``run_dir``; returns their paths.
+
+    Raises:
+        UserError: matplotlib is missing, or ``run_dir`` has no readable metrics.jsonl.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("plotting needs matplotlib, which is not installed; pip install 'largebatch[plot]' (or matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = pathlib.Path(run_dir)
+    series = read_metrics(run_dir / "metrics.jsonl")
+    written = []
+    for stem, title, ylabel, log, select in FIGURES:
+        keys = sorted(k for k in series if select(k))
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for key in keys:
+            steps, values = zip(*series[key])
+            ax.plot(steps, values, label=key, marker="o" if len(steps) < 30 else None, markersize=3)
+        if log and all(v > 0 for k in keys for _, v in series[k]):
+            ax.set_yscale("log")
+        ax.set(title=f"{title}: {run_dir.name}", xlabel="optimizer step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", ncol=2 if len(keys) > 6 else 1)
+        fig.tight_layout()
+        path = run_dir / f"{stem}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    if not written:
+        raise UserError("metrics.jsonl holds no numbers to plot yet; plot again once the run has logged a step", path=str(run_dir))
+    return written

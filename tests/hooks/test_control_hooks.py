@@ -1,0 +1,103 @@
+"""Checkpoint, eval, stop and hook_timer: when they act, and what they leave behind."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from largebatch import checkpoint as ckpt
+from largebatch.engine.hook import Hook
+from largebatch.hooks.checkpoint import CheckpointHook
+from largebatch.hooks.eval import EvalHook
+from largebatch.hooks.hook_timer import HookTimerHook
+from largebatch.hooks.stop import StopHook
+from tests.conftest import run_cli, tiny_config, write_config
+from tests.engine.helpers import ListLoader
+from tests.hooks.common import CLASSES, batches, build
+
+
+def saved_steps(run_dir):
+    return [int(p.stem.split("-")[1]) for p in ckpt.list_checkpoints(run_dir)]
+
+
+def with_checkpoints(tmp_path, hook, hooks=(), **kwargs):
+    engine, records = build(tmp_path, [*hooks, hook], **kwargs)
+    hook.attach(engine.hooks, engine.train_loader)
+    return engine, records
+
+
+def test_checkpoint_every_n_steps_and_every_epoch(tmp_path):
+    engine, _ = with_checkpoints(
+        tmp_path / "steps", CheckpointHook(interval_steps=3, interval_epochs=0, keep=10, at_end=False), steps=4, epochs=2
+    )
+    engine.run()
+    assert saved_steps(tmp_path / "steps") == [3, 6]
+    engine, _ = with_checkpoints(tmp_path / "epochs", CheckpointHook(interval_epochs=1, keep=10, at_end=True), steps=3, epochs=2)
+    engine.run()
+    assert saved_steps(tmp_path / "epochs") == [3, 6]
+
+
+class Sleep(Hook):
+    def __init__(self, step, seconds):
+        super().__init__()
+        self.step, self.seconds = step, seconds
+
+    def after_step(self, state):
+        if state.step == self.step:
+            time.sleep(self.seconds)
+
+
+def test_checkpoint_every_t_minutes(tmp_path):
+    # Steps take milliseconds; one step sleeps 0.6 s, and the interval is 0.4 s.
+    hook = CheckpointHook(interval_epochs=0, interval_minutes=0.4 / 60, keep=10, at_end=False)
+    engine, _ = with_checkpoints(tmp_path, hook, hooks=[Sleep(2, 0.6)], steps=5)
+    engine.run()
+    assert saved_steps(tmp_path) == [2]
+
+
+def test_eval_every_n_steps_never_twice_for_a_step(tmp_path):
+    engine, records = build(tmp_path, [EvalHook(interval_steps=2)], steps=4, **{"eval.interval_epochs": 1, "eval.at_end": True})
+    engine.eval_loader = ListLoader(batches(2, seed=5), CLASSES)
+    engine.run()
+    assert [step for step, _ in records.evals] == [2, 4]  # the epoch end and the run end are step 4 too
+    assert all(set(result) >= {"eval/loss", "eval/top1", "eval/top5"} for _, result in records.evals)
+
+
+def test_stop_at_max_steps_with_a_checkpoint_first(tmp_path):
+    engine, _ = with_checkpoints(tmp_path, CheckpointHook(interval_epochs=0, at_end=False), hooks=[StopHook(max_steps=3)], steps=6)
+    engine.run()
+    assert engine.state.step == 3 and not engine.state.interrupted
+    assert saved_steps(tmp_path) == [3]
+
+
+@pytest.mark.slow
+def test_stop_after_a_time_limit_exits_75_after_a_checkpoint_and_resumes(tmp_path):
+    cfg = tiny_config(**{"epochs": 2, "hooks": [{"type": "stop", "minutes": 1e-6}], "checkpoint.interval_epochs": 0})
+    config = write_config(tmp_path, cfg)
+    run_dir = tmp_path / "run"
+    result = run_cli("train", "--config", str(config), "--run-dir", str(run_dir))
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert "time limit of 1e-06 minutes reached at step 1" in result.stdout
+    assert saved_steps(run_dir) == [1] and not (run_dir / "model.safetensors").exists()
+    resumed = run_cli("train", "--config", str(config), "--run-dir", str(run_dir), "--resume", "auto", "--set", "hooks=[]")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout and (run_dir / "model.safetensors").exists()
+
+
+def test_hook_timer_finds_the_slow_hook(tmp_path, capsys):
+    class Slow(Hook):
+        def after_step(self, state):
+            time.sleep(0.05)
+
+    engine, _ = build(tmp_path, [HookTimerHook(top=3), Slow()], steps=4)
+    engine.run()
+    report = json.loads((tmp_path / "hook_times.json").read_text())
+    slowest = report["hooks"][0]
+    assert (slowest["hook"], slowest["event"], slowest["calls"]) == ("Slow", "after_step", 4)
+    assert slowest["seconds"] >= 4 * 0.05 and report["run_seconds"] >= slowest["seconds"]
+    assert {(r["hook"], r["event"]) for r in report["hooks"]} >= {("MetricsLogger", "after_step"), ("Records", "after_step")}
+    assert "Slow.after_step" in capsys.readouterr().out
+    torch.testing.assert_close(slowest["ms_per_call"], 1000 * slowest["seconds"] / 4)
