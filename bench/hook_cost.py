@@ -7,8 +7,8 @@ each pair of consecutive optimizer steps one fires the hooks and the other fires
 (which one is drawn at random, so both meet the logging steps equally often). Pairing
 neighbouring steps cancels the drift of a shared machine's load far better than
 separate runs. Each step is timed around the engine's ``_train_step`` (after a device
-sync), and on the steps with hooks each hook call is timed too (``perf_counter``
-around it; once-per-run events are left out).
+sync), and on the steps with hooks each hook call is timed too (the engine's
+``state.hook_times``, as the ``hook_timer`` hook uses; once-per-run events are left out).
 
 Reported: the median over pairs of (step with hooks / step without), its quartiles,
 the median step times, and the time inside each hook per step.
@@ -42,7 +42,6 @@ from engine_overhead import FixedBatches  # noqa: E402
 
 from largebatch.engine.engine import Engine  # noqa: E402
 from largebatch.engine.events import Event  # noqa: E402
-from largebatch.engine.hook import HookError  # noqa: E402
 from largebatch.launch import TrainArgs, build_run  # noqa: E402
 
 
@@ -59,7 +58,7 @@ class PairedEngine(Engine):
         self.all_hooks = self._by_event
         self.no_hooks = {event: [] for event in Event}
         self.steps: list[tuple[bool, float]] = []  # (with hooks, seconds)
-        self.hook_seconds: collections.Counter[str] = collections.Counter()
+        self.state.hook_times = {}  # the engine then times every hook call
         self._order: list[bool] = []
         self._random = random.Random(seed)
 
@@ -73,17 +72,18 @@ class PairedEngine(Engine):
         super()._train_step(batches, window)
         self.state.backend.synchronize()
         self.steps.append((with_hooks, time.perf_counter() - start))
+        if len(self.steps) == 2:
+            self.state.hook_times = {}  # the first pair warms up (and the throughput hook counts FLOPs once): left out
         self._by_event = self.all_hooks  # once-per-run events always fire
 
-    def fire(self, event) -> None:
-        for hook in self._by_event[event]:
-            start = time.perf_counter()
-            try:
-                getattr(hook, event.value)(self.state)
-            except Exception as exc:
-                raise HookError(f"hook {hook.name} failed in {event.value}: {exc}") from exc
-            if event.value not in ONCE_PER_RUN:
-                self.hook_seconds[hook.name] += time.perf_counter() - start
+    @property
+    def hook_seconds(self) -> collections.Counter[str]:
+        """Seconds inside each hook (the engine's own timing, ``state.hook_times``), once-per-run events left out."""
+        seconds: collections.Counter[str] = collections.Counter()
+        for (name, event), (_, total) in self.state.hook_times.items():
+            if event not in ONCE_PER_RUN:
+                seconds[name] += total
+        return seconds
 
 
 ONCE_PER_RUN = {"before_run", "before_train", "after_train", "after_run"}
@@ -136,7 +136,7 @@ def main() -> None:
                 times[True].append(on[1])
                 times[False].append(off[1])
             hook_seconds.update(engine.hook_seconds)
-            steps_with_hooks += sum(on for on, _ in engine.steps)
+            steps_with_hooks += sum(on for on, _ in steps)
             hook_names = [h.name for h in engine.hooks]
     with_hooks, without = statistics.median(times[True]), statistics.median(times[False])
     ratio = statistics.median(pair_ratios)

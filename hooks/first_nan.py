@@ -4,6 +4,10 @@ In a config::
 
     hooks = [dict(type='hooks/first_nan.py:FirstNaNHook')]
 
+The built-in ``nan_guard`` (a default hook) stops a step whose gradients are not finite
+and names the first such parameter; this hook goes further, for the run you are
+debugging: it finds the module where the first NaN or inf appeared and keeps the batch.
+
 After every micro-batch's backward pass the hook checks that the micro-batch's loss and
 the accumulated gradients are finite (one batched ``torch._foreach_norm`` and one host
 sync per micro-batch: a debugging cost, not for production runs; with fp16 and a
