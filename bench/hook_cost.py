@@ -1,7 +1,7 @@
 """Hook cost: optimizer-step time of the engine with its default hooks against no hooks.
 
 One engine, the default hooks (``DEFAULT_HOOKS``, whatever ``largebatch.hooks.build_hooks``
-gives a config that lists none; checkpoints off, no clipping, logging every
+gives a config that lists none; checkpoints off, clipping off unless ``--clip``, logging every
 ``log.interval`` steps as the schema's default), trains on pre-made micro-batches; of
 each pair of consecutive optimizer steps one fires the hooks and the other fires none
 (which one is drawn at random, so both meet the logging steps equally often). Pairing
@@ -13,7 +13,7 @@ sync), and on the steps with hooks each hook call is timed too (the engine's
 Reported: the median over pairs of (step with hooks / step without), its quartiles,
 the median step times, and the time inside each hook per step.
 
-    OMP_NUM_THREADS=1 python bench/hook_cost.py [--rounds 4] [--steps 40] [--device cpu]
+    OMP_NUM_THREADS=1 python bench/hook_cost.py [--rounds 4] [--steps 40] [--clip 1.0] [--device cpu]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from engine_overhead import FixedBatches  # noqa: E402
 
 from largebatch.engine.engine import Engine  # noqa: E402
 from largebatch.engine.events import Event  # noqa: E402
+from largebatch.hooks.clip import ClipGradNormHook  # noqa: E402
 from largebatch.launch import TrainArgs, build_run  # noqa: E402
 
 
@@ -56,7 +57,8 @@ class PairedEngine(Engine):
     def __init__(self, *args, seed: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.all_hooks = self._by_event
-        self.no_hooks = {event: [] for event in Event}
+        # Clipping (``--clip``) is training, not hook overhead: it runs on both sides.
+        self.no_hooks = {event: [h for h in self._by_event[event] if isinstance(h, ClipGradNormHook)] for event in Event}
         self.steps: list[tuple[bool, float]] = []  # (with hooks, seconds)
         self.state.hook_times = {}  # the engine then times every hook call
         self._order: list[bool] = []
@@ -78,10 +80,12 @@ class PairedEngine(Engine):
 
     @property
     def hook_seconds(self) -> collections.Counter[str]:
-        """Seconds inside each hook (the engine's own timing, ``state.hook_times``), once-per-run events left out."""
+        """Seconds inside each hook (the engine's own timing, ``state.hook_times``); once-per-run
+        events and the hooks that run on both sides (clipping) left out."""
         seconds: collections.Counter[str] = collections.Counter()
+        both_sides = {h.name for hooks in self.no_hooks.values() for h in hooks}
         for (name, event), (_, total) in self.state.hook_times.items():
-            if event not in ONCE_PER_RUN:
+            if event not in ONCE_PER_RUN and name not in both_sides:
                 seconds[name] += total
         return seconds
 
@@ -90,9 +94,9 @@ ONCE_PER_RUN = {"before_run", "before_train", "after_train", "after_run"}
 
 
 def make_config(args) -> dict:
-    """The engine-overhead bench's config, without clipping, logging at the schema's default interval."""
+    """The engine-overhead bench's config, clipping as ``--clip`` says, logging at the schema's default interval."""
     cfg = engine_overhead.make_config(args, 4 * args.steps)
-    cfg.update(device=args.device, max_steps=args.steps, clip_grad_norm=0, log={"console": False})
+    cfg.update(device=args.device, max_steps=args.steps, clip_grad_norm=args.clip, log={"console": False})
     return cfg
 
 
@@ -115,6 +119,7 @@ def main() -> None:
     parser.add_argument("--patch", type=int, default=8)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm (0: off); clipping runs on both sides")
     args = parser.parse_args()
     torch.manual_seed(0)
     device = "cuda" if args.device == "cuda" else "cpu"
@@ -145,7 +150,7 @@ def main() -> None:
     )
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
-        f"{args.accumulation}; {args.rounds} rounds x {args.steps} steps, {len(pair_ratios)} timed pairs; "
+        f"{args.accumulation}, clip_grad_norm {args.clip or 'off'}; {args.rounds} rounds x {args.steps} steps, {len(pair_ratios)} timed pairs; "
         f"default hooks: {', '.join(hook_names)}"
     )
     print()
