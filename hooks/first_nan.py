@@ -39,8 +39,9 @@ then stops the run at once (before the optimizer step, so the saved weights are 
 ones that produced it) with one ``error:`` line naming the module and step. Under
 DDP a rank that finds a non-finite loss on a micro-batch before the window's last
 stops alone and the others end at the collective timeout; gradients of the last
-micro-batch are all-reduced, so every rank finds those. The re-run is in train mode: with dropout it draws new masks, which is why
-the original micro-batch is saved as it was.
+micro-batch are all-reduced, so every rank finds those. The re-run is in train mode:
+with dropout it draws new masks, which is why the original micro-batch is saved as it
+was.
 """
 
 from __future__ import annotations
