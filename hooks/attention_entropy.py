@@ -34,6 +34,7 @@ import math
 import torch
 
 from largebatch.engine.hook import Hook, Priority
+from largebatch.errors import UserError
 
 
 def attention_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -78,7 +79,9 @@ class AttentionEntropyHook(Hook):
 
     def before_run(self, state) -> None:
         if not attention_blocks(state.model):
-            raise ValueError(f"{type(state.model).__name__} has no blocks with a timm-style attn.qkv; this hook reads timm ViTs")
+            raise UserError(
+                f"AttentionEntropyHook: {type(state.model).__name__} has no blocks with a timm-style attn.qkv; it reads timm ViTs"
+            )
 
     def before_step(self, state) -> None:
         step = state.step + 1

@@ -4,11 +4,16 @@ In a config::
 
     hooks = [dict(type='hooks/first_nan.py:FirstNaNHook')]
 
+The built-in ``nan_guard`` (a default hook) stops a step whose gradients are not finite
+and names the first such parameter; this hook goes further, for the run you are
+debugging: it finds the module where the first NaN or inf appeared and keeps the batch.
+
 After every micro-batch's backward pass the hook checks that the micro-batch's loss and
 the accumulated gradients are finite (one batched ``torch._foreach_norm`` and one host
-sync per micro-batch: a debugging cost, not for production runs). On the first
-non-finite value it re-runs that micro-batch with a forward hook on every module and a
-gradient hook on every module output and parameter, and names:
+sync per micro-batch: a debugging cost, not for production runs; with fp16 and a
+GradScaler only the loss, since overflowing scaled gradients are routine). On the first
+non-finite value it re-runs that micro-batch with a forward hook and a full backward
+hook on every module and a gradient hook on every parameter, and names:
 
 * the input batch, when the images themselves are not finite;
 * else the first module (in execution order, so the innermost) whose forward output is
@@ -34,8 +39,9 @@ then stops the run at once (before the optimizer step, so the saved weights are 
 ones that produced it) with one ``error:`` line naming the module and step. Under
 DDP a rank that finds a non-finite loss on a micro-batch before the window's last
 stops alone and the others end at the collective timeout; gradients of the last
-micro-batch are all-reduced, so every rank finds those. The re-run is in train mode: with dropout it draws new masks, which is why
-the original micro-batch is saved as it was.
+micro-batch are all-reduced, so every rank finds those. The re-run is in train mode:
+with dropout it draws new masks, which is why the original micro-batch is saved as it
+was.
 """
 
 from __future__ import annotations
@@ -76,7 +82,9 @@ class FirstNaNHook(Hook):
         self.report: dict = {}
 
     def after_backward(self, state) -> None:
-        grads = [p.grad for p in state.model.parameters() if p.grad is not None]
+        # Under fp16 a GradScaler's overflowing gradients are routine (it skips the step and
+        # lowers the scale), so then only the loss is checked.
+        grads = [] if state.scaler is not None else [p.grad for p in state.model.parameters() if p.grad is not None]
         check = state.loss.detach().float().reshape(1)
         if grads:
             check = torch.cat([check, torch.stack(torch._foreach_norm(grads)).float().sum().reshape(1)])

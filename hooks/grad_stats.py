@@ -15,11 +15,12 @@ Output: ``grad_stats.jsonl`` in the run directory, one line per logged step::
 quantity layer-wise optimizers such as LAMB rescale). On rank 0 a console line lists the
 ``top_k`` parameters with the largest and the smallest ratios.
 
-The norms are taken in ``before_optimizer_step`` with a higher priority than gradient
-clipping, so they are the final gradients of the global batch (accumulated,
-all-reduced, unscaled) before clipping and before the update. Both norm lists are
-computed in one batched call each (``torch._foreach_norm``) and copied to the host in
-one transfer, on logged steps only; other steps cost one integer comparison.
+The norms are taken in ``before_optimizer_step``: the final gradients of the global
+batch (accumulated, all-reduced, unscaled), before clipping and before the update. The
+gradient norms are ``state.compute_grad_norms()``, the one batched
+``torch._foreach_norm`` a step that clipping and the NaN guard share; the weight norms
+are one more such call; both are copied to the host in one transfer, on logged steps
+only. Other steps cost one integer comparison.
 """
 
 from __future__ import annotations
@@ -55,18 +56,17 @@ class GradStatsHook(Hook):
         step = state.step + 1  # the number metrics.jsonl gives this step
         if step % self.interval != 0 and step != state.total_steps:
             return
-        named = [(name, p) for name, p in state.model.named_parameters() if p.grad is not None]
-        if not named:
+        grad_norms = state.compute_grad_norms()  # shared with clipping and the NaN guard: computed once a step
+        if not grad_norms.params:
             return
         with torch.no_grad():
-            grads = torch._foreach_norm([p.grad for _, p in named])
-            weights = torch._foreach_norm([p.detach() for _, p in named])
-            norms = torch.stack([torch.stack(grads).float(), torch.stack(weights).float()]).cpu()
+            weights = torch._foreach_norm([p.detach() for p in grad_norms.params])
+            norms = torch.stack([grad_norms.norms.float(), torch.stack(weights).float()]).cpu()
         if not state.is_main:
             return
-        grad_norms, weight_norms = norms.tolist()
+        grad_list, weight_list = norms.tolist()
         params = {}
-        for (name, _), g, w in zip(named, grad_norms, weight_norms):
+        for name, g, w in zip(grad_norms.names, grad_list, weight_list):
             params[name] = {"grad": g, "weight": w, "ratio": g / w if w > 0 else float("inf")}
         total = float(norms[0].double().square().sum().sqrt())
         record = {"step": step, "grad_norm": total, "params": params}

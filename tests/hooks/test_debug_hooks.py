@@ -114,6 +114,7 @@ def test_attention_entropy_matches_a_manual_attention(tmp_path):
     assert [r["step"] for r in records] == [2, 3]  # every 2nd step and the last
     assert recorder.qkv_hooks_per_step == {1: 0, 2: 1, 3: 1}  # attached on logged steps only
     assert len(state.model.blocks[0].attn.qkv._forward_hooks) == 0
+    assert all(block.attn.fused_attn for block in state.model.blocks)  # so the matrix had to be recomputed
 
     model = recorder.reference_model(state)
     inputs = {}
@@ -272,3 +273,27 @@ def test_readme_example_is_hooks_loss_spike():
     source = (REPO / "hooks/loss_spike.py").read_text()
     assert source.endswith(code.removeprefix("# hooks/loss_spike.py\n"))
     assert len(code.splitlines()) < 30
+
+
+INJECT_FILE = """
+import torch
+from largebatch.engine.hook import Hook
+
+class InjectNaN(Hook):
+    def before_step(self, state):
+        if state.step == 1:
+            with torch.no_grad():
+                state.model.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
+"""
+
+
+def test_first_nan_ends_the_command_with_one_error_line(tmp_path, capsys, cli_in_process):
+    (tmp_path / "inject.py").write_text(INJECT_FILE)
+    hooks = [{"type": f"{tmp_path}/inject.py:InjectNaN"}, {"type": "hooks/first_nan.py:FirstNaNHook"}]
+    config = write_config(tmp_path, tiny_config(hooks=hooks))
+    assert cli_in_process(["--config", str(config), "--run-dir", str(tmp_path / "run")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "first non-finite value at step 2, micro-batch 0: forward of blocks.0.mlp.fc1" in lines[0]
+    assert json.loads((tmp_path / "run" / "first_nan" / "report.json").read_text())["module"] == "blocks.0.mlp.fc1"
+    assert not (tmp_path / "run" / "model.safetensors").exists()
