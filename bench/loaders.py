@@ -1,12 +1,22 @@
 """Loader throughput, side by side on the same JPEGs: native, DALI CPU, ImageFolder + PIL.
 
-Generates ImageNet-like JPEGs (about 500x375, smooth noise with shapes), writes them both
-as an image folder and as TFRecord shards, then times one epoch of 224x224
-random-resized-crop + flip + normalise batches per loader (after one warm-up epoch),
-with the same number of worker processes / threads for each. The decode-only ceiling is
-one core's full-size simplejpeg decode rate times the worker count.
+Generates ImageNet-like JPEGs (about 500x375, smooth noise with shapes, quality 90, 4:2:0
+chroma like most camera and web JPEGs), writes them both as an image folder and as
+TFRecord shards, then times epochs of 224x224 random-resized-crop + flip + normalise
+batches per loader, with the same number of worker processes / threads for each.
 
-    python bench/loaders.py [--images 384] [--workers 2] [--batch 32] [--out bench/results/loaders.md]
+Each round times one epoch of every loader, in an order that rotates between rounds, so
+a busy neighbour on a shared machine slows all of them alike; the first round is a
+warm-up and is not counted. Two measures per epoch: images per wall-clock second, and CPU
+milliseconds per image summed over the process, its threads and its worker processes
+(read from /proc, so live DataLoader workers count), which load from other jobs inflates
+far less than wall time. The tables give the median over the counted rounds, and the
+median of the per-round ratios.
+
+The decode-only ceiling is one core's full-size simplejpeg decode rate (CPU time) times
+the worker count: what the workers could deliver if decoding were all they did.
+
+    python bench/loaders.py [--images 512] [--workers 2] [--batch 32] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -29,8 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from largebatch.batching import BatchPlan
 from largebatch.data import convert, native
 
+CEILING = "decode only, 1 core x workers"
+NATIVE, DALI, FOLDER = "native (TFRecord)", "DALI CPU (TFRecord)", "ImageFolder + PIL"
 
-def make_images(folder: Path, count: int, classes: int = 8, seed: int = 0) -> None:
+
+def make_images(folder: Path, count: int, subsampling: str, classes: int = 8, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     for i in range(count):
         width, height = int(rng.integers(440, 560)), int(rng.integers(330, 420))
@@ -47,7 +61,11 @@ def make_images(folder: Path, count: int, classes: int = 8, seed: int = 0) -> No
         pixels = np.asarray(image).astype(np.int16) + rng.integers(-12, 13, size=(height, width, 3))
         out = folder / "train" / f"c{i % classes}"
         out.mkdir(parents=True, exist_ok=True)
-        jpeg = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels.clip(0, 255).astype(np.uint8)), quality=90)
+        jpeg = simplejpeg.encode_jpeg(
+            np.ascontiguousarray(pixels.clip(0, 255).astype(np.uint8)),
+            quality=90,
+            colorsubsampling=subsampling,
+        )
         (out / f"img{i:05d}.JPEG").write_bytes(jpeg)
 
 
@@ -72,17 +90,51 @@ def data_cfg(root: Path, workers: int) -> dict:
     }
 
 
-def time_epochs(loader, epochs: int = 2) -> float:
-    """Images per second over the last epoch (the first warms workers and caches up)."""
-    rate = 0.0
-    for epoch in range(epochs):
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        count, start = 0, time.perf_counter()
-        for images, _ in loader:
-            count += images.shape[0]
-        rate = count / (time.perf_counter() - start)
-    return rate
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_times(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of the process's threads and reaped children), None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    # fields[1] is ppid; utime, stime, cutime, cstime are fields[11:15].
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids += [int(x) for x in children.read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds used by this process (all threads) and all its descendants, live or reaped."""
+    total, pending = 0.0, [os.getpid()]
+    while pending:
+        pid = pending.pop()
+        if (times := _proc_times(pid)) is not None:
+            total += times[1]
+            pending += _children(pid)
+    return total
+
+
+def time_epoch(loader, epoch: int) -> tuple[float, float]:
+    """(images per second, CPU milliseconds per image) over one epoch."""
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(epoch)
+    count = 0
+    cpu, start = tree_cpu_seconds(), time.perf_counter()
+    for images, _ in loader:
+        count += images.shape[0]
+    wall, cpu = time.perf_counter() - start, tree_cpu_seconds() - cpu
+    return count / wall, cpu / count * 1e3
 
 
 def imagefolder_loader(folder: Path, workers: int, batch: int):
@@ -107,77 +159,217 @@ def imagefolder_loader(folder: Path, workers: int, batch: int):
     )
 
 
-def decode_ceiling(shards: Path, workers: int) -> float:
-    from largebatch.data.example import decode_example
-    from largebatch.data.tfrecord import iter_records, list_shards
+class DecodeOnly:
+    """Full-size decode of every JPEG on one core: the ceiling, timed like a loader."""
 
-    jpegs = [
-        decode_example(data, ["image/encoded"])["image/encoded"][0]
-        for path in list_shards(shards, "train")
-        for _, _, data in iter_records(path)
+    def __init__(self, folder: Path, workers: int) -> None:
+        self.jpegs = [path.read_bytes() for path in sorted(folder.rglob("*.JPEG"))]
+        self.workers = workers
+
+    def time(self) -> tuple[float, float]:
+        start = time.process_time()
+        for jpeg in self.jpegs:
+            simplejpeg.decode_jpeg(jpeg)
+        per_image = (time.process_time() - start) / len(self.jpegs)
+        return self.workers / per_image, per_image * 1e3
+
+
+def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
+    """CPU milliseconds per image of the native loader's steps and their alternatives, one core."""
+    import io
+    import math
+
+    import torch.nn.functional as F
+
+    from largebatch.data.decode import random_resized_crop_box
+
+    rng = np.random.default_rng(0)
+    boxes = [random_resized_crop_box(*simplejpeg.decode_jpeg_header(j)[:2], rng) for j in jpegs]
+    decoded = [simplejpeg.decode_jpeg(j) for j in jpegs]
+    pil = [Image.fromarray(d) for d in decoded]
+
+    def scaled(fraction):
+        def run(i):
+            height, width = simplejpeg.decode_jpeg_header(jpegs[i])[:2]
+            simplejpeg.decode_jpeg(jpegs[i], min_height=math.ceil(height * fraction), min_width=math.ceil(width * fraction))
+
+        return run
+
+    def pil_decode(i):
+        with Image.open(io.BytesIO(jpegs[i])) as image:
+            image.convert("RGB").load()
+
+    def pil_resize(i):
+        left, top, w, h = boxes[i]
+        np.asarray(pil[i].resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h)))
+
+    def torch_resize(layout):
+        def run(i):
+            left, top, w, h = boxes[i]
+            crop = torch.from_numpy(decoded[i])[top : top + h, left : left + w].permute(2, 0, 1)[None]
+            if layout == "float":
+                out = F.interpolate(crop.float(), size=(size, size), mode="bilinear", antialias=True)
+                out.round_().clamp_(0, 255).to(torch.uint8)
+                return
+            if layout == "NCHW":
+                crop = crop.contiguous()
+            F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True).contiguous()
+
+        return run
+
+    batch = torch.randint(0, 256, (32, size, size, 3), dtype=torch.uint8)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+    channels_last, nchw = batch.permute(0, 3, 1, 2), batch.permute(0, 3, 1, 2).contiguous()
+
+    def normalise(images):
+        def run(i):
+            if i % 32 == 0:
+                images.float().sub_(mean).div_(std)
+
+        return run
+
+    steps = [
+        ("full-size decode (simplejpeg)", scaled(1.0)),
+        ("full-size decode (Pillow)", pil_decode),
+        ("decode at DCT scale 7/8", scaled(0.875)),
+        ("decode at DCT scale 3/4", scaled(0.75)),
+        ("decode at DCT scale 1/2", scaled(0.5)),
+        ("decode at DCT scale 1/4", scaled(0.25)),
+        ("crop + resize, Pillow (antialiased bilinear)", pil_resize),
+        ("crop + resize, torch uint8 antialias, channels-last view (used)", torch_resize("view")),
+        ("crop + resize, torch uint8 antialias, NCHW copy first", torch_resize("NCHW")),
+        ("crop + resize, torch float32 antialias", torch_resize("float")),
+        ("normalise, contiguous NCHW uint8 batch (used)", normalise(nchw)),
+        ("normalise, channels-last uint8 batch", normalise(channels_last)),
     ]
-    start = time.perf_counter()
-    for jpeg in jpegs:
-        simplejpeg.decode_jpeg(jpeg)
-    return len(jpegs) / (time.perf_counter() - start) * workers
+    out = []
+    for name, run in steps:
+        best = math.inf
+        for _ in range(3):
+            start = time.process_time()
+            for i in range(len(jpegs)):
+                run(i)
+            best = min(best, time.process_time() - start)
+        out.append((name, best / len(jpegs) * 1e3))
+    return out
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{model}, {len(os.sched_getaffinity(0))} cores (shared), Python {platform.python_version()}, "
+        f"torch {torch.__version__}, simplejpeg {simplejpeg.__version__}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=384)
+    parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best counts)")
-    parser.add_argument("--out", help="also write the markdown table here")
+    parser.add_argument("--rounds", type=int, default=5, help="counted rounds, after one warm-up round")
+    parser.add_argument("--subsampling", default="420", choices=["420", "422", "444"], help="JPEG chroma subsampling")
+    parser.add_argument("--out", help="also write the markdown tables here")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     work = Path(tempfile.mkdtemp(prefix="bench-loaders-"))
-    make_images(work / "folder", args.images)
+    make_images(work / "folder", args.images, args.subsampling)
     convert.convert_image_folder(work / "folder", work / "shards", train_shards=8, progress=False)
     count = native.count_samples({"root": str(work / "shards")}, "train")
-    plan = BatchPlan.create(
-        global_batch_size=args.batch,
-        micro_batch_size=args.batch,
-        world_size=1,
-        num_samples=count,
-    )
+    plan = BatchPlan.create(global_batch_size=args.batch, micro_batch_size=args.batch, world_size=1, num_samples=count)
     cfg = data_cfg(work / "shards", args.workers)
     cpu = torch.device("cpu")
+    sizes = [p.stat().st_size for p in (work / "folder").rglob("*.JPEG")]
 
-    loaders = {"native (TFRecord)": native.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)}
+    loaders = {NATIVE: native.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)}
     try:
         from largebatch.data import dali
 
-        loaders["DALI CPU (TFRecord)"] = dali.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)
+        loaders[DALI] = dali.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)
     except Exception as err:  # noqa: BLE001 - report, keep the other rows
         print(f"DALI skipped: {err}", file=sys.stderr)
-    loaders["ImageFolder + PIL"] = imagefolder_loader(work / "folder", args.workers, args.batch)
-    # Rounds alternate between loaders so a busy neighbour slows all of them alike; best round counts.
-    results = {"decode-only ceiling (1 core x workers)": 0.0} | dict.fromkeys(loaders, 0.0)
-    for round_number in range(args.rounds):
-        results["decode-only ceiling (1 core x workers)"] = max(
-            results["decode-only ceiling (1 core x workers)"],
-            decode_ceiling(work / "shards", args.workers),
+    loaders[FOLDER] = imagefolder_loader(work / "folder", args.workers, args.batch)
+    decode_only = DecodeOnly(work / "folder", args.workers)
+
+    load_before = os.getloadavg()
+    rates: dict[str, list[float]] = {name: [] for name in [CEILING, *loaders]}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in rates}
+    names = list(loaders)
+    for round_number in range(args.rounds + 1):
+        order = names[round_number % len(names) :] + names[: round_number % len(names)]
+        results = {name: time_epoch(loaders[name], round_number) for name in order}
+        results[CEILING] = decode_only.time()
+        print(
+            f"round {round_number}{' (warm-up)' if round_number == 0 else ''}: "
+            + ", ".join(f"{n} {r:.0f} img/s {c:.2f} CPU-ms/img" for n, (r, c) in results.items()),
+            file=sys.stderr,
         )
-        for name, loader in loaders.items():
-            results[name] = max(results[name], time_epochs(loader, epochs=2 if round_number == 0 else 1))
-    base = results["ImageFolder + PIL"]
-    dali_rate = results.get("DALI CPU (TFRecord)")
+        if round_number == 0:
+            continue
+        for name, (rate, ms) in results.items():
+            rates[name].append(rate)
+            cpu_ms[name].append(ms)
+    load_after = os.getloadavg()
+
+    def ratio(name: str, base: str, values: dict[str, list[float]], invert: bool = False) -> str:
+        if base not in values or not values[base]:
+            return "n/a"
+        per_round = [(b / a if invert else a / b) for a, b in zip(values[name], values[base])]
+        return f"{statistics.median(per_round):.2f}x"
+
+    median = statistics.median
     lines = [
         (
-            f"{count} JPEGs ~500x375 (q90), 224x224 random-resized-crop + flip + normalise, "
-            f"batch {args.batch}, {args.workers} workers/threads; best epoch of {args.rounds} alternating rounds (after a warm-up epoch)."
+            f"{count} JPEGs, {min(sizes) // 1000}-{max(sizes) // 1000} kB (mean {sum(sizes) // len(sizes) // 1000} kB), "
+            f"about 500x375, quality 90, chroma {args.subsampling}; 224x224 random-resized-crop "
+            f"(0.08-1, 3/4-4/3) + flip + normalise to float NCHW; batch {args.batch}; "
+            f"{args.workers} worker processes (native, ImageFolder) / threads (DALI). One warm-up round, then "
+            f"{args.rounds} rounds of one epoch per loader in rotating order; medians over the rounds."
         ),
         "",
-        "| loader | images/s | vs ImageFolder+PIL | vs DALI CPU |",
-        "|---|---:|---:|---:|",
+        "| loader | images/s | CPU ms/image | native images/s / this | this CPU ms / native |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for name, rate in results.items():
-        vs_dali = f"{rate / dali_rate:.2f}x" if dali_rate else "n/a"
-        lines.append(f"| {name} | {rate:.0f} | {rate / base:.2f}x | {vs_dali} |")
-    machine = f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}, torch {torch.__version__}"
-    lines += ["", f"Machine: {machine}."]
+    for name in rates:
+        if name == NATIVE:
+            vs = "-", "-"
+        else:
+            vs = ratio(NATIVE, name, rates), ratio(NATIVE, name, cpu_ms, invert=True)
+        lines.append(f"| {name} | {median(rates[name]):.0f} | {median(cpu_ms[name]):.2f} | {vs[0]} | {vs[1]} |")
+    lines += [
+        "",
+        (
+            "Ratios are medians of the per-round ratios; above 1x the native loader is faster (images/s) "
+            "or cheaper (CPU per image). For the decode-only row they say what share of the ceiling "
+            "the native loader reaches, and what share of its CPU time full-size decoding is."
+        ),
+        "",
+        f"Machine: {machine()}.",
+        f"Load average (1/5/15 min): {'/'.join(f'{x:.1f}' for x in load_before)} before, {'/'.join(f'{x:.1f}' for x in load_after)} after.",
+        "",
+        "Per round (images/s | CPU ms/image):",
+        "",
+    ]
+    for name in rates:
+        lines.append(f"- {name}: " + ", ".join(f"{r:.0f} | {c:.2f}" for r, c in zip(rates[name], cpu_ms[name])))
+    jpegs = decode_only.jpegs[:128]
+    lines += [
+        "",
+        f"Steps, CPU ms per image on one core (best of 3 passes over {len(jpegs)} of the JPEGs; random-resized-crop boxes):",
+        "",
+        "| step | CPU ms/image |",
+        "|---|---:|",
+    ]
+    lines += [f"| {name} | {ms:.3f} |" for name, ms in step_costs(jpegs)]
     text = "\n".join(lines)
     print(text)
     if args.out:

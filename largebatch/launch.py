@@ -174,6 +174,8 @@ def train(args: TrainArgs) -> TrainState:
                 flush=True,
             )
         engine.run()
+        if state.is_main and state.should_stop and not state.interrupted:
+            print(f"largebatch: stopped at step {state.step}: {state.stop_reason}", flush=True)
         if state.is_main and not state.interrupted:
             ckpt.save_weights(state.model, state.run_dir / "model.safetensors")
         barrier()

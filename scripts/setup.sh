@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's first command: install everything, then run the demo (a small ViT on real
-# Fashion-MNIST images, 2 CPU processes, a 2,048-sample global batch through accumulation).
+# Fashion-MNIST images, 2 CPU processes, a 512-sample global batch through accumulation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh

@@ -1,6 +1,12 @@
-# ImageNet-1K ViT pretraining at a 32K global batch, after Colossal-AI's
-# vit_b16_imagenet_data_parallel example: LAMB, linear warmup, mixup 0.2, clip 1.0.
-# Recipes (vit-b16.py, ...) set the model and may change any value here.
+# ImageNet-1K ViT pretraining at a 32K global batch, after Colossal-AI's ViT data-parallel
+# example (ColossalAI examples/vit-b16 and ColossalAI-Examples image/vision_transformer/
+# data_parallel): LAMB, linear warmup then linear decay, mixup 0.2, clip 1.0, 300 epochs.
+# Recipes (vit-b16.py, vit-b32.py, vit-l32.py) set the model and may change any value here.
+#
+# Warmup: 150 of the 300 epochs, by epoch, as the example's README states and its
+# vit-b16.py sets (LinearWarmupLR(warmup_steps=150) stepped per epoch: linear up to the
+# peak, then linear down to 0). The later train.py of ColossalAI-Examples warms up for
+# a single epoch instead; `--set lr_schedule.warmup_epochs=1` reproduces that one.
 
 seed = 42
 device = 'auto'

@@ -7,7 +7,7 @@ dealt to the DataLoader workers whole (worker ``w`` decodes micro-batches ``w, w
 and come back in order. Each record is fetched with one ``pread`` at the offset its
 index gives, CRC-checked, its Example parsed, its JPEG decoded at reduced DCT scale when
 the crop allows (``largebatch.data.decode``), cropped, resized and flipped on the CPU;
-the uint8 batch is pinned, copied to the device and normalised there.
+the contiguous uint8 NCHW batch is pinned, copied to the device and normalised there.
 
 Augmentation randomness comes from ``(seed, epoch, sample index)`` alone, so a sample's
 crop does not depend on the number of workers, ranks, or on a resume.
@@ -71,7 +71,7 @@ class _FixedBatches:
 
 
 class _MicroBatchDataset(Dataset):
-    """Item ``(epoch, b)`` is micro-batch ``b`` of ``epoch``: uint8 NCHW images and labels.
+    """Item ``(epoch, b)`` is micro-batch ``b`` of ``epoch``: contiguous uint8 NCHW images, labels.
 
     Decoding errors are returned, not raised, so the main process can raise one clean
     ``DataError`` (a worker's exception would arrive wrapped in a traceback dump).
@@ -98,7 +98,7 @@ class _MicroBatchDataset(Dataset):
     def __len__(self) -> int:  # pragma: no cover - the sampler drives indexing
         return len(self._batches)
 
-    def _load(self, index: int) -> tuple[np.ndarray, int]:
+    def _load(self, index: int) -> tuple[torch.Tensor, int]:
         data = self.shards.read(index)
         try:
             features = decode_example(data, _KEYS)
@@ -117,6 +117,7 @@ class _MicroBatchDataset(Dataset):
             )
         try:
             height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+            flip = False
             if self.train:
                 rng = np.random.Generator(
                     np.random.PCG64([self.seed, self._epoch, int(index)])
@@ -124,16 +125,12 @@ class _MicroBatchDataset(Dataset):
                 box = random_resized_crop_box(
                     height, width, rng, self.scale, self.ratio
                 )
-                pixels = decode_crop_resize(
-                    jpeg, box, self.size, self.channels, (height, width)
-                )
-                if rng.random() < self.hflip:
-                    pixels = pixels[:, ::-1]
+                flip = rng.random() < self.hflip
             else:
                 box = center_crop_box(height, width, self.size, self.crop_ratio)
-                pixels = decode_crop_resize(
-                    jpeg, box, self.size, self.channels, (height, width)
-                )
+            pixels = decode_crop_resize(
+                jpeg, box, self.size, self.channels, (height, width), flip
+            )
         except ValueError as err:
             raise DataError(
                 f"{self.shards.where(index)}: JPEG does not decode ({err})"
@@ -146,16 +143,18 @@ class _MicroBatchDataset(Dataset):
             self._epoch = epoch
             self._batches = self.batches_for_epoch(epoch)
         indices = self._batches[number]
-        images = np.empty(
-            (len(indices), self.size, self.size, self.channels), dtype=np.uint8
+        # Contiguous NCHW, not a channels-last view: float conversion keeps the layout,
+        # and channels-last inputs make DDP's gradient buckets mismatch the grad strides.
+        images = torch.empty(
+            (len(indices), self.channels, self.size, self.size), dtype=torch.uint8
         )
-        labels = np.empty(len(indices), dtype=np.int64)
+        labels = torch.empty(len(indices), dtype=torch.int64)
         try:
             for j, index in enumerate(indices.tolist()):
                 images[j], labels[j] = self._load(index)
         except DataError as err:
             return err.render()
-        return torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels)
+        return images, labels
 
 
 class _EpochSampler(Sampler):

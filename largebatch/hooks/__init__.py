@@ -117,7 +117,10 @@ def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
             parse_priority(kwargs["priority"])
         except ValueError as exc:
             raise ConfigError(str(exc), key=f"{key}.priority") from exc
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:  # the hook rejected a value: still the config's mistake
+        raise ConfigError(f"{cls.__name__}: {exc}", key=key) from exc
 
 
 def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> list[Hook]:

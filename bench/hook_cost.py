@@ -1,0 +1,179 @@
+"""Hook cost: optimizer-step time of the engine with its default hooks against no hooks.
+
+One engine, the default hooks (``DEFAULT_HOOKS``, whatever ``largebatch.hooks.build_hooks``
+gives a config that lists none; checkpoints off, clipping off unless ``--clip``, logging every
+``log.interval`` steps as the schema's default), trains on pre-made micro-batches; of
+each pair of consecutive optimizer steps one fires the hooks and the other fires none
+(which one is drawn at random, so both meet the logging steps equally often). Pairing
+neighbouring steps cancels the drift of a shared machine's load far better than
+separate runs. Each step is timed around the engine's ``_train_step`` (after a device
+sync), and on the steps with hooks each hook call is timed too (the engine's
+``state.hook_times``, as the ``hook_timer`` hook uses; once-per-run events are left out).
+
+Reported: the median over pairs of (step with hooks / step without), its quartiles,
+the median step times, and the time inside each hook per step.
+
+    OMP_NUM_THREADS=1 python bench/hook_cost.py [--rounds 4] [--steps 40] [--clip 1.0] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import os
+import pathlib
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+import engine_overhead  # noqa: E402
+from engine_overhead import FixedBatches  # noqa: E402
+
+from largebatch.engine.engine import Engine  # noqa: E402
+from largebatch.engine.events import Event  # noqa: E402
+from largebatch.hooks.clip import ClipGradNormHook  # noqa: E402
+from largebatch.launch import TrainArgs, build_run  # noqa: E402
+
+
+class PairedEngine(Engine):
+    """The engine, firing its hooks on one step of each pair of steps and none on the other.
+
+    Which step of a pair runs with hooks is drawn at random (seeded), so over many pairs
+    each side meets the logging steps equally often. Records each step's wall time and,
+    on the steps with hooks, the time inside each hook call.
+    """
+
+    def __init__(self, *args, seed: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.all_hooks = self._by_event
+        # Clipping (``--clip``) is training, not hook overhead: it runs on both sides.
+        self.no_hooks = {event: [h for h in self._by_event[event] if isinstance(h, ClipGradNormHook)] for event in Event}
+        self.steps: list[tuple[bool, float]] = []  # (with hooks, seconds)
+        self.state.hook_times = {}  # the engine then times every hook call
+        self._order: list[bool] = []
+        self._random = random.Random(seed)
+
+    def _train_step(self, batches, window: int) -> None:
+        if not self._order:
+            self._order = self._random.sample([True, False], 2)
+        with_hooks = self._order.pop(0)
+        self._by_event = self.all_hooks if with_hooks else self.no_hooks
+        self.state.backend.synchronize()
+        start = time.perf_counter()
+        super()._train_step(batches, window)
+        self.state.backend.synchronize()
+        self.steps.append((with_hooks, time.perf_counter() - start))
+        if len(self.steps) == 2:
+            self.state.hook_times = {}  # the first pair warms up (and the throughput hook counts FLOPs once): left out
+        self._by_event = self.all_hooks  # once-per-run events always fire
+
+    @property
+    def hook_seconds(self) -> collections.Counter[str]:
+        """Seconds inside each hook (the engine's own timing, ``state.hook_times``); once-per-run
+        events and the hooks that run on both sides (clipping) left out."""
+        seconds: collections.Counter[str] = collections.Counter()
+        both_sides = {h.name for hooks in self.no_hooks.values() for h in hooks}
+        for (name, event), (_, total) in self.state.hook_times.items():
+            if event not in ONCE_PER_RUN and name not in both_sides:
+                seconds[name] += total
+        return seconds
+
+
+ONCE_PER_RUN = {"before_run", "before_train", "after_train", "after_run"}
+
+
+def make_config(args) -> dict:
+    """The engine-overhead bench's config, clipping as ``--clip`` says, logging at the schema's default interval."""
+    cfg = engine_overhead.make_config(args, 4 * args.steps)
+    cfg.update(device=args.device, max_steps=args.steps, clip_grad_norm=args.clip, log={"console": False})
+    return cfg
+
+
+def run_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, seed: int) -> PairedEngine:
+    built, hooks = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
+    engine = PairedEngine(built.state, hooks, FixedBatches(batches, 10), seed=seed)
+    with contextlib.redirect_stdout(io.StringIO()):  # the logger's closing line
+        engine.run()
+    return engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=40, help="steps per round (even: pairs)")
+    parser.add_argument("--micro", type=int, default=32)
+    parser.add_argument("--accumulation", type=int, default=2)
+    parser.add_argument("--model", default="vit_tiny_patch16_224")
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--patch", type=int, default=8)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm (0: off); clipping runs on both sides")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    device = "cuda" if args.device == "cuda" else "cpu"
+    batches = [
+        (torch.randn(args.micro, 3, args.image_size, args.image_size, device=device), torch.randint(10, (args.micro,), device=device))
+        for _ in range(args.accumulation * 4)
+    ]
+    times = {True: [], False: []}
+    pair_ratios, hook_seconds, steps_with_hooks = [], collections.Counter(), 0
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = pathlib.Path(tmp) / "bench.yaml"
+        config_path.write_text(yaml.safe_dump(make_config(args)))
+        for i in range(args.rounds):
+            engine = run_round(config_path, pathlib.Path(tmp) / f"round{i}", batches, seed=i)
+            steps = engine.steps[2:]  # the first pair of a fresh engine warms up
+            for first, second in zip(steps[::2], steps[1::2]):
+                on, off = (first, second) if first[0] else (second, first)
+                pair_ratios.append(on[1] / off[1])
+                times[True].append(on[1])
+                times[False].append(off[1])
+            hook_seconds.update(engine.hook_seconds)
+            steps_with_hooks += sum(on for on, _ in steps)
+            hook_names = [h.name for h in engine.hooks]
+    with_hooks, without = statistics.median(times[True]), statistics.median(times[False])
+    ratio = statistics.median(pair_ratios)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, torch {torch.__version__}, device {args.device}"
+    )
+    print(
+        f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
+        f"{args.accumulation}, clip_grad_norm {args.clip or 'off'}; {args.rounds} rounds x {args.steps} steps, {len(pair_ratios)} timed pairs; "
+        f"default hooks: {', '.join(hook_names)}"
+    )
+    print()
+    print("| steps | median step (ms) | mean step (ms) |")
+    print("|---|---:|---:|")
+    print(f"| no hooks | {without * 1e3:.2f} | {statistics.fmean(times[False]) * 1e3:.2f} |")
+    print(f"| default hooks | {with_hooks * 1e3:.2f} | {statistics.fmean(times[True]) * 1e3:.2f} |")
+    print()
+    quartiles = statistics.quantiles(pair_ratios, n=4)
+    print(
+        f"with / without, per pair: median {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), quartiles {quartiles[0]:.4f} .. {quartiles[2]:.4f}; "
+        f"ratio of means {statistics.fmean(times[True]) / statistics.fmean(times[False]):.4f}"
+    )
+    print()
+    print("| hook | time inside per step with hooks (ms) | share of the median step without hooks |")
+    print("|---|---:|---:|")
+    inside = 0.0
+    for name, seconds in hook_seconds.most_common():
+        per_step = seconds / steps_with_hooks
+        inside += per_step
+        print(f"| {name} | {per_step * 1e3:.3f} | {per_step / without * 100:.3f}% |")
+    print(f"| all hooks | {inside * 1e3:.3f} | {inside / without * 100:.3f}% |")
+
+
+if __name__ == "__main__":
+    main()

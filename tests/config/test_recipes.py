@@ -1,0 +1,105 @@
+"""The ImageNet recipes: Colossal-AI's values, the batch arithmetic at several world sizes,
+and the models they build, against ViT-B/16, B/32 and L/32 as the ViT paper defines them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from largebatch import cli
+from largebatch.config import derive, load_and_validate
+from largebatch.errors import UserError
+from largebatch.models import build_model
+from tests.conftest import REPO
+
+RECIPES = {
+    # config: (timm model, patch, width, depth, micro-batch)
+    "vit-b16": ("vit_base_patch16_224", 16, 768, 12, 256),
+    "vit-b32": ("vit_base_patch32_224", 32, 768, 12, 512),
+    "vit-l32": ("vit_large_patch32_224", 32, 1024, 24, 128),
+}
+IMAGENET_TRAIN = 1281167
+
+
+def load(name: str) -> dict:
+    return load_and_validate(str(REPO / "configs" / f"{name}.py"))
+
+
+def vit_parameters(patch: int, width: int, depth: int, classes: int = 1000, image: int = 224, mlp_ratio: int = 4) -> int:
+    """ViT's parameter count written out (Dosovitskiy et al. 2021, with qkv biases, as timm)."""
+    tokens = (image // patch) ** 2 + 1
+    embed = 3 * patch * patch * width + width + width + tokens * width  # patch conv, class token, positions
+    hidden = mlp_ratio * width
+    block = 2 * 2 * width + (3 * width * width + 3 * width) + (width * width + width)  # two norms, qkv, proj
+    block += width * hidden + hidden + hidden * width + width  # MLP
+    return embed + depth * block + 2 * width + width * classes + classes
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_values_are_colossal_ai(name):
+    cfg = load(name)
+    model, _, _, _, micro = RECIPES[name]
+    assert cfg["model"] == {"name": model, "drop_rate": 0.0, "pos_drop_rate": 0.1, "proj_drop_rate": 0.1}
+    assert (cfg["global_batch_size"], cfg["micro_batch_size"], cfg["epochs"]) == (32768, micro, 300)
+    assert cfg["optimizer"]["type"] == "lamb"
+    assert cfg["optimizer"]["lr"] == pytest.approx(1.8e-2)
+    assert cfg["optimizer"]["weight_decay"] == pytest.approx(0.1)
+    assert cfg["lr_schedule"]["type"] == "linear"
+    assert cfg["lr_schedule"]["warmup_epochs"] == 150
+    assert cfg["lr_schedule"]["scaling"] == "none"
+    assert cfg["clip_grad_norm"] == 1.0
+    assert cfg["mixup"]["mixup_alpha"] == pytest.approx(0.2)
+    assert cfg["mixup"]["cutmix_alpha"] == 0.0
+    assert cfg["mixup"]["label_smoothing"] == 0.0
+    assert (cfg["data"]["loader"], cfg["data"]["image_size"], cfg["data"]["num_classes"]) == ("dali", 224, 1000)
+
+
+@pytest.mark.parametrize("world_size, accumulation", [(8, 16), (4, 32), (128, 1)])
+def test_vit_b16_config_show_accumulation(world_size, accumulation, capsys):
+    assert cli.main(["config", "show", str(REPO / "configs/vit-b16.py"), "--world-size", str(world_size)]) == 0
+    derived = yaml.safe_load(capsys.readouterr().out)["derived"]
+    assert derived["accumulation"] == accumulation
+    assert derived["micro_batch_size"] * derived["accumulation"] * world_size == 32768
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("world_size", [1, 4, 8, 16, 64, 128])
+def test_recipe_batch_arithmetic(name, world_size):
+    cfg = load(name)
+    micro = RECIPES[name][4]
+    if micro * world_size > 32768:
+        with pytest.raises(UserError, match="not divisible"):
+            derive(cfg, world_size, IMAGENET_TRAIN)
+        return
+    derived = derive(cfg, world_size, IMAGENET_TRAIN)
+    assert derived["accumulation"] == 32768 // (micro * world_size)
+    assert derived["steps_per_epoch"] == IMAGENET_TRAIN // 32768  # 39 steps an epoch, 11,700 in all
+    assert derived["total_steps"] == 39 * 300
+    assert derived["warmup_steps"] == 39 * 150
+
+
+def test_vit_b32_at_128_devices_needs_a_smaller_micro_batch():
+    # 512 x 128 is twice the global batch; the recipe's comment names the fix.
+    cfg = load_and_validate(str(REPO / "configs/vit-b32.py"), ["micro_batch_size=256"])
+    assert derive(cfg, 128, IMAGENET_TRAIN)["accumulation"] == 1
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_models_match_vit_parameter_count(name):
+    _, patch, width, depth, _ = RECIPES[name]
+    with torch.device("meta"):  # shapes only: no 1.2 GB of ViT-L weights to initialise
+        model = build_model(load(name))
+    assert sum(p.numel() for p in model.parameters()) == vit_parameters(patch, width, depth)
+    dropouts = sorted(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    # as timm 0.4's drop_rate placed them: after the position embedding, then per block
+    # after the attention projection and twice in the MLP (after the activation, after fc2);
+    # none before the head
+    assert dropouts.count(0.1) == 1 + 3 * depth
+    assert model.head_drop.p == 0.0
+
+
+def test_vit_parameter_formula_matches_timm_counts():
+    assert vit_parameters(16, 768, 12) == 86_567_656
+    assert vit_parameters(32, 768, 12) == 88_224_232
+    assert vit_parameters(32, 1024, 24) == 306_535_400
