@@ -51,9 +51,10 @@ class Sleep(Hook):
 
 
 def test_checkpoint_every_t_minutes(tmp_path):
-    # Steps take milliseconds; one step sleeps 0.6 s, and the interval is 0.4 s.
-    hook = CheckpointHook(interval_epochs=0, interval_minutes=0.4 / 60, keep=10, at_end=False)
-    engine, _ = with_checkpoints(tmp_path, hook, hooks=[Sleep(2, 0.6)], steps=5)
+    # Steps take milliseconds (a loaded machine: tenths of a second); step 2 sleeps 2 s,
+    # and the interval is 1.5 s.
+    hook = CheckpointHook(interval_epochs=0, interval_minutes=1.5 / 60, keep=10, at_end=False)
+    engine, _ = with_checkpoints(tmp_path, hook, hooks=[Sleep(2, 2.0)], steps=4)
     engine.run()
     assert saved_steps(tmp_path) == [2]
 
