@@ -51,6 +51,9 @@ class NanGuardHook(Hook):
         action: ``'stop'`` (raise), ``'skip'`` (no update this step) or ``'off'`` (no
             check and no sync: the guard is a default hook, this turns it off).
         max_skips: with ``'skip'``, stop after this many consecutive skipped steps.
+
+    Raises:
+        ValueError: an unknown ``action`` (reported as an ``error:`` line naming ``hooks[i]``).
     """
 
     priority = Priority.HIGH
@@ -58,7 +61,7 @@ class NanGuardHook(Hook):
     def __init__(self, action: str = "stop", max_skips: int = 10, priority: int | str | None = None) -> None:
         super().__init__(priority)
         if action not in ACTIONS:
-            raise UserError(f"nan_guard action must be one of {', '.join(ACTIONS)}, got {action!r}", key="hooks")
+            raise ValueError(f"nan_guard action must be one of {', '.join(ACTIONS)}, got {action!r}")
         self.action = action
         self.max_skips = int(max_skips)
         self.skipped = 0

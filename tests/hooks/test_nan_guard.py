@@ -170,5 +170,10 @@ def test_off_checks_nothing(tmp_path):
 
 
 def test_a_bad_action_is_a_clear_error():
-    with pytest.raises(UserError, match="nan_guard action must be one of stop, skip, off, got 'halt'"):
-        NanGuardHook(action="halt")
+    from largebatch.config import validate
+    from largebatch.hooks import build_hooks
+    from tests.conftest import tiny_config
+
+    cfg = validate(tiny_config(hooks=["csv", {"type": "nan_guard", "action": "halt"}]))
+    with pytest.raises(UserError, match=r"hooks\[1\]: NanGuardHook: nan_guard action must be one of stop, skip, off, got 'halt'"):
+        build_hooks(cfg)
