@@ -91,6 +91,8 @@ class TrainState:
             guard and the gradient-norm hook (None until a hook asks).
         log_record: at a logging step's ``after_step``, the record the logger wrote
             (all-reduced values), for the other sinks to show; None otherwise.
+        eval_requested: set by ``request_eval``; the engine evaluates after the current
+            ``after_step`` / ``after_epoch`` and clears it.
         hook_times: ``{(hook name, event): [calls, seconds]}`` when the ``hook_timer``
             hook is on (None: the engine does not time hooks).
         metrics: values hooks publish for the logger this step (cleared each step);
