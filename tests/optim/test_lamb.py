@@ -9,8 +9,10 @@ import itertools
 import pytest
 import torch
 
-from largebatch.errors import UserError
+from largebatch.config import validate
+from largebatch.errors import ConfigError, UserError
 from largebatch.optim.lamb import Lamb
+from tests.conftest import tiny_config
 
 LR, BETAS, EPS = 0.01, (0.9, 0.99), 1e-6
 # (shape, weight scale, gradient scale): a zero weight tensor, a zero gradient, a tensor
@@ -340,3 +342,11 @@ def test_no_decay_adapt_off_matches_timm_defaults(mode):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
     # The paper adapts the no-decay tensors: they end elsewhere.
     assert (ours_params[4] - paper_params[4]).abs().max() > 1e-3
+
+
+def test_config_refuses_clipping_twice():
+    lamb = {"optimizer.type": "lamb", "optimizer.max_grad_norm": 1.0}
+    with pytest.raises(ConfigError, match="clip_grad_norm 1.0 clips once per step") as info:
+        validate(tiny_config(clip_grad_norm=1.0, **lamb))
+    assert info.value.key == "optimizer.max_grad_norm"
+    assert validate(tiny_config(clip_grad_norm=None, **lamb))["optimizer"]["max_grad_norm"] == 1.0
