@@ -523,8 +523,9 @@ class Lamb(torch.optim.Optimizer):
                     torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
                     us = direction(ps, ms, vs)
                 if need_norms:
-                    w_parts.extend(torch._foreach_norm(ps))
-                    u_parts.extend(torch._foreach_norm(us))
+                    norms = torch._foreach_norm([*ps, *us])  # one call for both
+                    w_parts.extend(norms[: len(ps)])
+                    u_parts.extend(norms[len(ps) :])
                     updates.append(us)
                 else:
                     apply(ps, us, None)  # no ratio to wait for: one pass
