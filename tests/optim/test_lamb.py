@@ -11,6 +11,7 @@ import torch
 
 from largebatch.config import validate
 from largebatch.errors import ConfigError, UserError
+from largebatch.optim import build_optimizer
 from largebatch.optim.lamb import Lamb
 from tests.conftest import tiny_config
 
@@ -350,3 +351,22 @@ def test_config_refuses_clipping_twice():
         validate(tiny_config(clip_grad_norm=1.0, **lamb))
     assert info.value.key == "optimizer.max_grad_norm"
     assert validate(tiny_config(clip_grad_norm=None, **lamb))["optimizer"]["max_grad_norm"] == 1.0
+
+
+def test_config_builds_lamb_with_its_options_and_groups():
+    overrides = {
+        "optimizer.type": "lamb",
+        "optimizer.weight_decay": 0.1,
+        "optimizer.no_decay_adapt": False,
+        "optimizer.betas": [0.9, 0.99],
+    }
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    optimizer = build_optimizer(validate(tiny_config(**overrides)), model)
+    assert isinstance(optimizer, Lamb) and optimizer.no_decay_adapt is False
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    assert groups["decay"]["param_names"] == ["0.weight"]
+    assert groups["no_decay"]["param_names"] == ["0.bias", "1.weight", "1.bias"]
+    assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
+    assert groups["decay"]["betas"] == (0.9, 0.99)
+    with pytest.raises(ConfigError, match="adamw does not take 'no_decay_adapt'"):
+        validate(tiny_config(**{"optimizer.no_decay_adapt": False}))
