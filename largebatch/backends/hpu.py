@@ -239,7 +239,8 @@ def fused_lamb(fused_cls: type, cfg: dict[str, Any], model: torch.nn.Module) -> 
 
     ``adam_w_mode=True`` is the paper's update ``u = r + wd * x``; ``use_lamb=True`` applies
     the trust ratio to groups without weight decay too (as largebatch's Lamb does by
-    default); ``max_grad_norm=None`` leaves clipping to ``clip_grad_norm`` once per step.
+    default; ``optimizer.no_decay_adapt=False`` maps to ``use_lamb=False``);
+    ``max_grad_norm=None`` leaves clipping to ``clip_grad_norm`` once per step.
 
     Raises:
         UserError: an ``optimizer`` setting FusedLamb cannot reproduce.
@@ -276,4 +277,5 @@ def fused_lamb(fused_cls: type, cfg: dict[str, Any], model: torch.nn.Module) -> 
                     elif param.grad is not None:
                         param.grad.detach_().zero_()
 
-    return LargebatchFusedLamb(groups, adam_w_mode=True, use_lamb=True, **kwargs)
+    use_lamb = bool(section.get("no_decay_adapt", True))
+    return LargebatchFusedLamb(groups, adam_w_mode=True, use_lamb=use_lamb, **kwargs)

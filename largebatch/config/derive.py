@@ -14,12 +14,35 @@ from largebatch.errors import ConfigError
 
 def scaled_lr(cfg: dict[str, Any]) -> float:
     """``optimizer.lr`` scaled by ``lr_schedule.scaling`` from ``base_batch_size``."""
+    return lr_scaling(cfg)["scaled_lr"]
+
+
+def lr_scaling(cfg: dict[str, Any]) -> dict[str, Any]:
+    """How the peak learning rate follows from the batch size.
+
+    ``linear`` multiplies ``optimizer.lr`` by ``global_batch_size / base_batch_size``
+    (Goyal et al. 2017), ``sqrt`` by its square root (You et al. 2019's rule for LAMB),
+    ``none`` by 1.
+
+    Returns:
+        ``rule``, ``base_batch_size``, ``global_batch_size``, ``base_lr``, ``factor`` and
+        ``scaled_lr`` (the schedule's peak).
+    """
     schedule = cfg["lr_schedule"]
+    rule, base_batch = schedule["scaling"], schedule["base_batch_size"]
+    factor = 1.0
+    if rule != "none":
+        ratio = cfg["global_batch_size"] / base_batch
+        factor = ratio if rule == "linear" else math.sqrt(ratio)
     lr = cfg["optimizer"]["lr"]
-    if schedule["scaling"] == "none":
-        return lr
-    ratio = cfg["global_batch_size"] / schedule["base_batch_size"]
-    return lr * (ratio if schedule["scaling"] == "linear" else math.sqrt(ratio))
+    return {
+        "rule": rule,
+        "base_batch_size": base_batch if rule != "none" else None,
+        "global_batch_size": cfg["global_batch_size"],
+        "base_lr": lr,
+        "factor": factor,
+        "scaled_lr": lr * factor,
+    }
 
 
 def make_plan(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> BatchPlan:
@@ -45,7 +68,8 @@ def derive(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> dict
     Returns:
         A dict with ``world_size``, ``accumulation``, ``global_batch_size``,
         ``micro_batch_size``, ``train_samples``, ``steps_per_epoch``, ``total_steps``,
-        ``warmup_steps``, ``peak_lr`` and ``samples_per_epoch``.
+        ``warmup_steps``, ``peak_lr``, ``lr_scaling`` (see ``lr_scaling``) and
+        ``samples_per_epoch``.
 
     Raises:
         UserError: the batch arithmetic does not divide, or warmup is longer than training.
@@ -77,4 +101,5 @@ def derive(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> dict
         "max_steps": cfg["max_steps"],
         "warmup_steps": warmup,
         "peak_lr": scaled_lr(cfg),
+        "lr_scaling": lr_scaling(cfg),
     }

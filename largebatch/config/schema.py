@@ -364,6 +364,11 @@ def _check_rules(cfg: dict[str, Any]) -> None:
     from largebatch.optim import optimizer_kwargs  # the optimizer's own signature
 
     optimizer_kwargs(cfg["optimizer"])
+    if cfg["optimizer"].get("max_grad_norm") is not None and cfg["clip_grad_norm"]:
+        raise ConfigError(
+            f"clips inside the optimizer while clip_grad_norm {cfg['clip_grad_norm']} clips once per step already; set one of them to null",
+            key="optimizer.max_grad_norm",
+        )
     hooks = cfg["hooks"]
     for i, spec in enumerate(hooks):
         if isinstance(spec, str):

@@ -18,9 +18,12 @@ ratio. Where the switches come from:
 * ``max_trust_ratio`` / ``min_trust_ratio``: clamp the ratio. timm ``trust_clip=True`` is
   ``max_trust_ratio=1.0`` (LAMBC). cybertronai / torch-optimizer clamp the *weight norm*
   at 10 instead, which is not offered.
-* per-group ``adapt``: layer adaptation on for every group as in the paper. timm, apex
-  and Habana skip it for groups with zero weight decay unless ``always_adapt`` /
-  ``use_nvlamb`` is set; set ``adapt=False`` on such a group to reproduce that.
+* per-group ``adapt``: layer adaptation on for every group as in the paper; a group with
+  ``adapt=False`` takes plain Adam(W) steps.
+* ``no_decay_adapt=False``: ratio 1 for every group whose ``weight_decay`` is 0, as timm
+  (``always_adapt=False``), NVIDIA apex (``use_nvlamb=False``) and Habana ``FusedLamb``
+  (``use_lamb=False``) do by default: the no-decay group (biases, norms, embeddings)
+  then takes Adam steps.
 * ``adam=True``: ratio 1 everywhere (Colossal-AI / torch-optimizer ``adam=True``), for
   ablations.
 * ``bias_correction``: the paper's ``m_hat`` / ``v_hat``. Colossal-AI and torch-optimizer
@@ -70,11 +73,15 @@ _GROUP_KEYS = (
 )
 
 
+# Optimizer-wide switches (not per group), kept by pickling and deepcopy.
+_OPTIMIZER_KEYS = ("adam", "no_decay_adapt", "max_grad_norm", "foreach", "chunk_elements")
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2019, Algorithm 2) with named switches for the peers' variants.
 
-    Every option except ``adam``, ``max_grad_norm``, ``foreach`` and ``chunk_elements`` is
-    also a per-group key. Groups may carry ``name`` and ``param_names`` (see
+    Every option except ``adam``, ``no_decay_adapt``, ``max_grad_norm``, ``foreach`` and
+    ``chunk_elements`` is also a per-group key. Groups may carry ``name`` and ``param_names`` (see
     ``largebatch.optim.param_groups.build_param_groups``); they are kept and used to
     label statistics. Gradients are read from ``.grad`` as they are (unscale them first
     when using ``torch.amp.GradScaler``); parameters whose ``.grad`` is ``None`` are
@@ -102,6 +109,8 @@ class Lamb(torch.optim.Optimizer):
         max_trust_ratio: upper clamp of the ratio, ``None`` for none.
         min_trust_ratio: lower clamp of the ratio, ``None`` for none.
         adam: ratio 1 for every group, for ablations.
+        no_decay_adapt: apply the trust ratio to groups whose ``weight_decay`` is 0 too
+            (the paper, default); ``False`` gives them ratio 1 (timm, apex, Habana).
         max_grad_norm: clip all gradients by their global norm inside ``step`` (as
             ``torch.nn.utils.clip_grad_norm_`` would, without modifying ``.grad``);
             ``None`` (default) because the engine already clips once per step.
@@ -127,20 +136,17 @@ class Lamb(torch.optim.Optimizer):
         max_trust_ratio: float | None = None,
         min_trust_ratio: float | None = None,
         adam: bool = False,
+        no_decay_adapt: bool = True,
         max_grad_norm: float | None = None,
         foreach: bool = True,
         chunk_elements: int | None = None,
     ) -> None:
         if max_grad_norm is not None and not max_grad_norm > 0:
-            raise UserError(
-                f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}; "
-                "use None to leave clipping to the engine"
-            )
+            raise UserError(f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}; use None to leave clipping to the engine")
         if chunk_elements is not None and chunk_elements < 0:
-            raise UserError(
-                f"chunk_elements must be >= 0 or None, got {chunk_elements!r}"
-            )
+            raise UserError(f"chunk_elements must be >= 0 or None, got {chunk_elements!r}")
         self.adam = adam
+        self.no_decay_adapt = no_decay_adapt
         self.max_grad_norm = max_grad_norm
         self.foreach = foreach
         self.chunk_elements = chunk_elements
@@ -176,39 +182,33 @@ class Lamb(torch.optim.Optimizer):
         if not group["eps"] >= 0:
             raise UserError(f"{where}: eps must be >= 0, got {group['eps']!r}")
         if not group["weight_decay"] >= 0:
-            raise UserError(
-                f"{where}: weight_decay must be >= 0, got {group['weight_decay']!r}"
-            )
+            raise UserError(f"{where}: weight_decay must be >= 0, got {group['weight_decay']!r}")
         betas = group["betas"]
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise UserError(
-                f"{where}: betas must be two numbers in [0, 1), got {betas!r}"
-            )
+            raise UserError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
         names = group.get("param_names")
         if names is not None and len(names) != len(group["params"]):
             raise UserError(
-                f"{where}: param_names has {len(names)} names for {len(group['params'])} "
-                "parameters; give one name per parameter, in order"
+                f"{where}: param_names has {len(names)} names for {len(group['params'])} parameters; give one name per parameter, in order"
             )
         low, high = group["min_trust_ratio"], group["max_trust_ratio"]
         for key, value in (("min_trust_ratio", low), ("max_trust_ratio", high)):
             if value is not None and not value > 0:
                 raise UserError(f"{where}: {key} must be > 0 or None, got {value!r}")
         if low is not None and high is not None and low > high:
-            raise UserError(
-                f"{where}: min_trust_ratio {low} is above max_trust_ratio {high}"
-            )
+            raise UserError(f"{where}: min_trust_ratio {low} is above max_trust_ratio {high}")
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.optim.Optimizer pickles only defaults, state and groups; keep the
         # optimizer-wide switches too (copy.deepcopy, pickling).
         state = super().__getstate__()
-        for key in ("adam", "max_grad_norm", "foreach", "chunk_elements"):
+        for key in _OPTIMIZER_KEYS:
             state[key] = getattr(self, key)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("no_decay_adapt", True)
         self.__dict__.setdefault("last_stats", {})
         self.__dict__.setdefault("_stats_requested", False)
 
@@ -235,9 +235,7 @@ class Lamb(torch.optim.Optimizer):
                 loss = closure()
         record = self._stats_requested
         self._stats_requested = False
-        groups = [
-            self._collect(index, group) for index, group in enumerate(self.param_groups)
-        ]
+        groups = [self._collect(index, group) for index, group in enumerate(self.param_groups)]
         clip = self._clip_coefficient([g for _, _, grads, _ in groups for g in grads])
         stats: dict[str, dict[str, Any]] = {}
         for index, (group, params, grads, names) in enumerate(groups):
@@ -257,9 +255,7 @@ class Lamb(torch.optim.Optimizer):
             self.last_stats = stats
         return loss
 
-    def _collect(
-        self, index: int, group: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[Tensor], list[Tensor], list[str]]:
+    def _collect(self, index: int, group: dict[str, Any]) -> tuple[dict[str, Any], list[Tensor], list[Tensor], list[str]]:
         """The group's parameters with gradients, their gradients and names; inits state."""
         params, grads, names = [], [], []
         given = group.get("param_names")
@@ -269,18 +265,13 @@ class Lamb(torch.optim.Optimizer):
             name = given[i] if given is not None else f"group{index}.{i}"
             if p.grad.is_sparse:
                 raise UserError(
-                    f"Lamb got a sparse gradient for parameter {name!r}; LAMB needs dense "
-                    "gradients (e.g. nn.Embedding(..., sparse=False))"
+                    f"Lamb got a sparse gradient for parameter {name!r}; LAMB needs dense gradients (e.g. nn.Embedding(..., sparse=False))"
                 )
             state = self.state[p]
             if not state:
                 state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(
-                    p, memory_format=torch.preserve_format
-                )
-                state["exp_avg_sq"] = torch.zeros_like(
-                    p, memory_format=torch.preserve_format
-                )
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             params.append(p)
             grads.append(p.grad)
             names.append(name)
@@ -295,6 +286,12 @@ class Lamb(torch.optim.Optimizer):
         total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
         return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
 
+    def _adapts(self, group: dict[str, Any]) -> bool:
+        """Whether the group's step is scaled by the trust ratio."""
+        if self.adam or not group["adapt"]:
+            return False
+        return self.no_decay_adapt or group["weight_decay"] != 0
+
     @staticmethod
     def _ratio_bounds(group: dict[str, Any]) -> tuple[float | None, float | None]:
         return group["min_trust_ratio"], group["max_trust_ratio"]
@@ -303,19 +300,13 @@ class Lamb(torch.optim.Optimizer):
         """Trust ratios ``||x|| / ||u||`` (clamped), 1 where either norm is zero."""
         ratio = w_norm / u_norm
         if group["min_trust_ratio"] is not None or group["max_trust_ratio"] is not None:
-            ratio = ratio.clamp(
-                min=group["min_trust_ratio"], max=group["max_trust_ratio"]
-            )
+            ratio = ratio.clamp(min=group["min_trust_ratio"], max=group["max_trust_ratio"])
         return torch.where((w_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio))
 
-    def _scratch(
-        self, device: torch.device, dtype: torch.dtype, size: int, slot: int = 0
-    ) -> Tensor:
+    def _scratch(self, device: torch.device, dtype: torch.dtype, size: int, slot: int = 0) -> Tensor:
         """A reusable flat buffer of ``size`` elements (not part of the state)."""
         key = (device, dtype, slot)
-        buffers: dict[tuple[Any, ...], Tensor] = self.__dict__.setdefault(
-            "_buffers", {}
-        )
+        buffers: dict[tuple[Any, ...], Tensor] = self.__dict__.setdefault("_buffers", {})
         if key not in buffers or buffers[key].numel() < size:
             buffers[key] = torch.empty(size, device=device, dtype=dtype)
         return buffers[key]
@@ -338,7 +329,7 @@ class Lamb(torch.optim.Optimizer):
         """Algorithm 2 written out per tensor: the reference path."""
         beta1, beta2 = group["betas"]
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-        adapt = group["adapt"] and not self.adam
+        adapt = self._adapts(group)
         ratios, w_norms, u_norms = [], [], []
         for p, g, step in zip(params, grads, self._advance(group, params)):
             state = self.state[p]
@@ -361,11 +352,7 @@ class Lamb(torch.optim.Optimizer):
                     torch.linalg.vector_norm(p),
                     torch.linalg.vector_norm(update),
                 )
-                ratio = (
-                    self._ratio(group, w_norm, u_norm)
-                    if adapt
-                    else torch.ones_like(w_norm)
-                )
+                ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
                 ratios.append(ratio)
                 w_norms.append(w_norm)
                 u_norms.append(u_norm)
@@ -407,10 +394,7 @@ class Lamb(torch.optim.Optimizer):
             return parts[0][1]
         order = torch.tensor([i for idx, _ in parts for i in idx]).argsort()
         device = params[0].device
-        return tuple(
-            torch.cat([r[k].to(device) for _, r in parts])[order.to(device)]
-            for k in range(3)
-        )  # type: ignore[return-value]
+        return tuple(torch.cat([r[k].to(device) for _, r in parts])[order.to(device)] for k in range(3))  # type: ignore[return-value]
 
     def _bucket_foreach(
         self,
@@ -425,7 +409,7 @@ class Lamb(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         lr, wd = group["lr"], group["weight_decay"]
         decoupled = group["decoupled_weight_decay"]
-        adapt = group["adapt"] and not self.adam
+        adapt = self._adapts(group)
         limit = self.chunk_elements
         if limit is None:
             limit = CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
@@ -440,17 +424,11 @@ class Lamb(torch.optim.Optimizer):
             and device.type == "cpu"
             and params[0].dtype in (torch.float32, torch.float64)
             and hasattr(torch, "_fused_adam_")
-            and all(
-                t.is_contiguous()
-                for tensors in (params, grads, exp_avgs, exp_avg_sqs)
-                for t in tensors
-            )
+            and all(t.is_contiguous() for tensors in (params, grads, exp_avgs, exp_avg_sqs) for t in tensors)
         )
         if fused:
             scale, eps = 1.0, group["eps"]
-            step_tensor = torch.tensor(
-                float(step) if group["bias_correction"] else math.inf
-            )
+            step_tensor = torch.tensor(float(step) if group["bias_correction"] else math.inf)
         elif group["bias_correction"]:
             # m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps * sqrt(bc2)):
             # the bias corrections become scalars instead of passes over every tensor.
@@ -474,16 +452,10 @@ class Lamb(torch.optim.Optimizer):
         buffer = None
         if limit:
             buffer = self._scratch(device, dtype, max(w.numel for w in windows))
-        clip_buffer = (
-            self._scratch(device, dtype, limit, slot=1)
-            if limit and clip is not None
-            else None
-        )
+        clip_buffer = self._scratch(device, dtype, limit, slot=1) if limit and clip is not None else None
         offset = 0
 
-        def direction(
-            ps: list[Tensor], ms: list[Tensor], vs: list[Tensor]
-        ) -> list[Tensor]:
+        def direction(ps: list[Tensor], ms: list[Tensor], vs: list[Tensor]) -> list[Tensor]:
             nonlocal offset
             if buffer is None:
                 us = torch._foreach_sqrt(vs)
@@ -502,9 +474,7 @@ class Lamb(torch.optim.Optimizer):
                 torch._foreach_add_(us, ps, alpha=coupled_wd)
             return us
 
-        def apply(
-            ps: list[Tensor], us: list[Tensor], sizes: list[Tensor] | list[float] | None
-        ) -> None:
+        def apply(ps: list[Tensor], us: list[Tensor], sizes: list[Tensor] | list[float] | None) -> None:
             if decay != 1.0:
                 torch._foreach_mul_(ps, decay)
             if sizes is None:
@@ -517,9 +487,7 @@ class Lamb(torch.optim.Optimizer):
 
         # A foreach multiply by a Python number takes a temporary per tensor on the CPU;
         # by a 0-dim tensor it is in place.
-        beta2_scalar: float | Tensor = (
-            torch.tensor(beta2, dtype=dtype) if buffer is not None else beta2
-        )
+        beta2_scalar: float | Tensor = torch.tensor(beta2, dtype=dtype) if buffer is not None else beta2
         results: list[tuple[Tensor, ...]] = []
         on_host = device.type == "cpu" and buffer is not None
         for window in windows:
@@ -555,8 +523,9 @@ class Lamb(torch.optim.Optimizer):
                     torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
                     us = direction(ps, ms, vs)
                 if need_norms:
-                    w_parts.extend(torch._foreach_norm(ps))
-                    u_parts.extend(torch._foreach_norm(us))
+                    norms = torch._foreach_norm([*ps, *us])  # one call for both
+                    w_parts.extend(norms[: len(ps)])
+                    u_parts.extend(norms[len(ps) :])
                     updates.append(us)
                 else:
                     apply(ps, us, None)  # no ratio to wait for: one pass
@@ -578,12 +547,7 @@ class Lamb(torch.optim.Optimizer):
                     scale,
                 )
                 if record:
-                    results.append(
-                        tuple(
-                            torch.tensor(x, dtype=dtype)
-                            for x in (ratios, w_norms, u_norms)
-                        )
-                    )
+                    results.append(tuple(torch.tensor(x, dtype=dtype) for x in (ratios, w_norms, u_norms)))
                 if adapt:
                     sizes = [ratios[i] * (-lr * scale) for i in window.owner]
             else:
@@ -594,11 +558,7 @@ class Lamb(torch.optim.Optimizer):
                     owner = torch.tensor(window.owner, device=device)
                 w_norm = _per_tensor_norm(w_parts, owner, window.count) * abs(decay)
                 u_norm = _per_tensor_norm(u_parts, owner, window.count) * scale
-                ratio = (
-                    self._ratio(group, w_norm, u_norm)
-                    if adapt
-                    else torch.ones_like(w_norm)
-                )
+                ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
                 results.append((ratio, w_norm, u_norm))
                 if adapt:
                     step_size = ratio * (-lr * scale)
@@ -620,9 +580,7 @@ class Lamb(torch.optim.Optimizer):
 class _Window(NamedTuple):
     """Whole tensors whose update is applied as soon as their norms are known."""
 
-    chunks: list[
-        tuple[list[Tensor], ...]
-    ]  # (params, grads, exp_avgs, exp_avg_sqs) pieces
+    chunks: list[tuple[list[Tensor], ...]]  # (params, grads, exp_avgs, exp_avg_sqs) pieces
     owner: list[int]  # for each piece, the index of its tensor within the window
     count: int  # tensors in the window
     numel: int
@@ -645,9 +603,7 @@ def _plan_windows(
     if limit == 0:
         owner = list(range(len(params)))
         numel = sum(p.numel() for p in params)
-        return [
-            _Window([(params, grads, exp_avgs, exp_avg_sqs)], owner, len(params), numel)
-        ]
+        return [_Window([(params, grads, exp_avgs, exp_avg_sqs)], owner, len(params), numel)]
     windows: list[_Window] = []
     current: tuple[list[Tensor], ...] = ([], [], [], [])
     size = 0

@@ -96,15 +96,10 @@ def build_param_groups(
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or weight_decay < 0:
         raise UserError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
     if isinstance(no_weight_decay, str):
-        raise UserError(
-            f"no_weight_decay must be a list of glob patterns, got the string {no_weight_decay!r}; "
-            f"write [{no_weight_decay!r}]"
-        )
+        raise UserError(f"no_weight_decay must be a list of glob patterns, got the string {no_weight_decay!r}; write [{no_weight_decay!r}]")
     for pattern in no_weight_decay:
         if not isinstance(pattern, str) or not pattern:
-            raise UserError(
-                f"no_weight_decay patterns must be non-empty glob strings (fnmatch), got {pattern!r}"
-            )
+            raise UserError(f"no_weight_decay patterns must be non-empty glob strings (fnmatch), got {pattern!r}")
     excluded_names: set[str] = set()
     if use_model_no_weight_decay and hasattr(model, "no_weight_decay"):
         excluded_names = set(model.no_weight_decay())

@@ -224,6 +224,12 @@ def test_fused_lamb_is_chosen_when_present_and_set_up_as_the_papers_lamb(fake_ha
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_fused_lamb_without_adaptation_of_the_no_decay_group(fake_habana):
+    CpuHpuBackend("bf16").build_optimizer(lamb_cfg(no_decay_adapt=False), torch.nn.Linear(2, 2))
+    (name, details), *_ = [e for e in fake_habana.events if e[0] == "FusedLamb"]
+    assert details["use_lamb"] is False
+
+
 def test_fused_lamb_refuses_settings_it_cannot_reproduce(fake_habana):
     pytest.importorskip("largebatch.optim.param_groups", reason="parameter groups not in this tree yet")
     with pytest.raises(UserError, match="cannot reproduce optimizer.decoupled_weight_decay=True"):

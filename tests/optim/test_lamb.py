@@ -9,8 +9,11 @@ import itertools
 import pytest
 import torch
 
-from largebatch.errors import UserError
+from largebatch.config import validate
+from largebatch.errors import ConfigError, UserError
+from largebatch.optim import build_optimizer
 from largebatch.optim.lamb import Lamb
+from tests.conftest import tiny_config
 
 LR, BETAS, EPS = 0.01, (0.9, 0.99), 1e-6
 # (shape, weight scale, gradient scale): a zero weight tensor, a zero gradient, a tensor
@@ -47,18 +50,12 @@ def reference_step(p, g, m, v, t, *, wd, bias_correction, decoupled, adapt, clam
 
 def make_params(seed=0, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(shape, generator=gen, dtype=dtype) * scale).requires_grad_(True)
-        for shape, scale, _ in TENSORS
-    ]
+    return [(torch.randn(shape, generator=gen, dtype=dtype) * scale).requires_grad_(True) for shape, scale, _ in TENSORS]
 
 
 def make_grads(step, dtype=torch.float64):
     gen = torch.Generator().manual_seed(1000 + step)
-    return [
-        torch.randn(shape, generator=gen, dtype=dtype) * scale
-        for shape, _, scale in TENSORS
-    ]
+    return [torch.randn(shape, generator=gen, dtype=dtype) * scale for shape, _, scale in TENSORS]
 
 
 # foreach: default CPU chunking; chunked: tensors split into pieces; unchunked: the path
@@ -74,11 +71,7 @@ MODES = {
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize(
     "bias_correction,decoupled,clamp,adapt_second",
-    list(
-        itertools.product(
-            [True, False], [False, True], [None, (0.01, 0.5)], [True, False]
-        )
-    ),
+    list(itertools.product([True, False], [False, True], [None, (0.01, 0.5)], [True, False])),
 )
 def test_matches_paper_update(mode, bias_correction, decoupled, clamp, adapt_second):
     wd = 0.1
@@ -173,20 +166,14 @@ def test_state_dict_round_trip_is_exact(mode):
     run(10, Lamb([{"params": straight, "name": "all"}], **options), straight)
 
     first = make_params(dtype=torch.float32)
-    optimizer = Lamb(
-        [{"params": first, "name": "all", "param_names": list("abcde")}], **options
-    )
+    optimizer = Lamb([{"params": first, "name": "all", "param_names": list("abcde")}], **options)
     run(5, optimizer, first)
     buffer = io.BytesIO()
-    torch.save(
-        {"params": [p.detach() for p in first], "optim": optimizer.state_dict()}, buffer
-    )
+    torch.save({"params": [p.detach() for p in first], "optim": optimizer.state_dict()}, buffer)
     buffer.seek(0)
     saved = torch.load(buffer)
     resumed = [p.clone().requires_grad_(True) for p in saved["params"]]
-    fresh = Lamb(
-        [{"params": resumed, "name": "all", "param_names": list("abcde")}], **options
-    )
+    fresh = Lamb([{"params": resumed, "name": "all", "param_names": list("abcde")}], **options)
     fresh.load_state_dict(saved["optim"])
     assert fresh.param_groups[0]["param_names"] == list("abcde")
     run(5, fresh, resumed, start=6)
@@ -197,15 +184,17 @@ def test_state_dict_round_trip_is_exact(mode):
 def test_deepcopy_keeps_optimizer_wide_switches():
     params = make_params()
     optimizer = Lamb(
-        params, lr=LR, adam=True, max_grad_norm=1.0, foreach=False, chunk_elements=16
+        params,
+        lr=LR,
+        adam=True,
+        no_decay_adapt=False,
+        max_grad_norm=1.0,
+        foreach=False,
+        chunk_elements=16,
     )
     clone = copy.deepcopy(optimizer)
-    assert (clone.adam, clone.max_grad_norm, clone.foreach, clone.chunk_elements) == (
-        True,
-        1.0,
-        False,
-        16,
-    )
+    switches = ("adam", "no_decay_adapt", "max_grad_norm", "foreach", "chunk_elements")
+    assert [getattr(clone, key) for key in switches] == [True, False, 1.0, False, 16]
     for p, g in zip(clone.param_groups[0]["params"], make_grads(1)):
         p.grad = g
     clone.step()
@@ -216,9 +205,7 @@ def test_stats_are_free_when_not_requested_and_match_direct_computation(mode):
     options = dict(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.1, **MODES[mode])
     names = [f"p{i}" for i in range(len(TENSORS))]
     quiet_params, loud_params = make_params(), make_params()
-    quiet = Lamb(
-        [{"params": quiet_params, "name": "g", "param_names": names}], **options
-    )
+    quiet = Lamb([{"params": quiet_params, "name": "g", "param_names": names}], **options)
     loud = Lamb([{"params": loud_params, "name": "g", "param_names": names}], **options)
     ref = [p.detach().clone() for p in loud_params]
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in ref]
@@ -263,9 +250,7 @@ def test_stats_are_free_when_not_requested_and_match_direct_computation(mode):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_internal_clipping_equals_clipping_first(mode):
     inside_params, outside_params = make_params(), make_params()
-    inside = Lamb(
-        inside_params, lr=LR, weight_decay=0.1, max_grad_norm=1.0, **MODES[mode]
-    )
+    inside = Lamb(inside_params, lr=LR, weight_decay=0.1, max_grad_norm=1.0, **MODES[mode])
     outside = Lamb(outside_params, lr=LR, weight_decay=0.1, **MODES[mode])
     for t in range(1, 6):
         grads = make_grads(t)
@@ -295,11 +280,7 @@ def test_internal_clipping_equals_clipping_first(mode):
 def test_bad_options_are_user_errors(options, match):
     options = dict(options)
     names = options.pop("param_names", None)
-    params = (
-        make_params()
-        if names is None
-        else [{"params": make_params(), "param_names": names}]
-    )
+    params = make_params() if names is None else [{"params": make_params(), "param_names": names}]
     with pytest.raises(UserError, match=match):
         Lamb(params, **options)
 
@@ -334,3 +315,58 @@ def test_non_contiguous_params_match_per_tensor_path(chunk_elements):
         reference.step()
     for p, q in zip(fast, slow):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_no_decay_adapt_off_matches_timm_defaults(mode):
+    # timm (always_adapt=False), apex and Habana give groups without decay ratio 1.
+    from timm.optim import Lamb as TimmLamb
+
+    def groups(params):
+        return [
+            {"params": params[:3], "weight_decay": 0.1},
+            {"params": params[3:], "weight_decay": 0.0},
+        ]
+
+    ours_params, timm_params, paper_params = make_params(), make_params(), make_params()
+    options = dict(lr=LR, betas=BETAS, eps=EPS)
+    ours = Lamb(groups(ours_params), no_decay_adapt=False, **options, **MODES[mode])
+    peer = TimmLamb(groups(timm_params), max_grad_norm=None, **options)
+    paper = Lamb(groups(paper_params), **options, **MODES[mode])
+    for t in range(1, 11):
+        for p, q, r, g in zip(ours_params, timm_params, paper_params, make_grads(t)):
+            p.grad, q.grad, r.grad = g, g.clone(), g.clone()
+        ours.step()
+        peer.step()
+        paper.step()
+    for p, q in zip(ours_params, timm_params):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+    # The paper adapts the no-decay tensors: they end elsewhere.
+    assert (ours_params[4] - paper_params[4]).abs().max() > 1e-3
+
+
+def test_config_refuses_clipping_twice():
+    lamb = {"optimizer.type": "lamb", "optimizer.max_grad_norm": 1.0}
+    with pytest.raises(ConfigError, match="clip_grad_norm 1.0 clips once per step") as info:
+        validate(tiny_config(clip_grad_norm=1.0, **lamb))
+    assert info.value.key == "optimizer.max_grad_norm"
+    assert validate(tiny_config(clip_grad_norm=None, **lamb))["optimizer"]["max_grad_norm"] == 1.0
+
+
+def test_config_builds_lamb_with_its_options_and_groups():
+    overrides = {
+        "optimizer.type": "lamb",
+        "optimizer.weight_decay": 0.1,
+        "optimizer.no_decay_adapt": False,
+        "optimizer.betas": [0.9, 0.99],
+    }
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    optimizer = build_optimizer(validate(tiny_config(**overrides)), model)
+    assert isinstance(optimizer, Lamb) and optimizer.no_decay_adapt is False
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    assert groups["decay"]["param_names"] == ["0.weight"]
+    assert groups["no_decay"]["param_names"] == ["0.bias", "1.weight", "1.bias"]
+    assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
+    assert groups["decay"]["betas"] == (0.9, 0.99)
+    with pytest.raises(ConfigError, match="adamw does not take 'no_decay_adapt'"):
+        validate(tiny_config(**{"optimizer.no_decay_adapt": False}))

@@ -57,18 +57,11 @@ def test_lamb_learns_digits_at_batch_1024():
         batch = train_idx[torch.randint(len(train_idx), (GLOBAL_BATCH,))]
         optimizer.zero_grad(set_to_none=True)
         for micro in batch.split(MICRO_BATCH):
-            loss = torch.nn.functional.cross_entropy(
-                model(images[micro]), labels[micro]
-            )
+            loss = torch.nn.functional.cross_entropy(model(images[micro]), labels[micro])
             (loss / ACCUMULATION).backward()
         optimizer.step()
     model.eval()
     with torch.no_grad():
-        accuracy = (
-            (model(images[test_idx]).argmax(1) == labels[test_idx])
-            .float()
-            .mean()
-            .item()
-        )
+        accuracy = (model(images[test_idx]).argmax(1) == labels[test_idx]).float().mean().item()
     print(f"held-out accuracy {accuracy:.3f}")
     assert accuracy >= MIN_ACCURACY

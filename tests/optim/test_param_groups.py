@@ -36,21 +36,13 @@ def test_vit_base_exclusion_groups():
         "pos_embed",
         "cls_token",
     }
-    expected_decay = {
-        f"blocks.{i}.{m}.weight"
-        for i in range(12)
-        for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
-    }
+    expected_decay = {f"blocks.{i}.{m}.weight" for i in range(12) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}
     expected_decay |= {"patch_embed.proj.weight", "head.weight"}
     assert set(no_decay["param_names"]) == expected_no_decay
     assert set(decay["param_names"]) == expected_decay
     # 12 blocks x 8 (2 norms x 2, 4 biases) + patch bias, final norm x 2, head bias, pos, cls
     assert len(no_decay["params"]) == 102 and len(decay["params"]) == 50
-    assert all(
-        p is names[n]
-        for g in groups.values()
-        for p, n in zip(g["params"], g["param_names"])
-    )
+    assert all(p is names[n] for g in groups.values() for p, n in zip(g["params"], g["param_names"]))
     assert all(names[n].ndim >= 2 for n in decay["param_names"])
 
 
@@ -72,12 +64,7 @@ def test_layer_decay_scales_small_vit():
     groups = build_param_groups(model, weight_decay=0.05, layer_decay=0.5)
     scale = {n: g["lr_scale"] for g in groups for n in g["param_names"]}
     # num_layers = depth + 1 = 3, scale = 0.5 ** (3 - layer_id)
-    assert (
-        scale["cls_token"]
-        == scale["pos_embed"]
-        == scale["patch_embed.proj.weight"]
-        == 0.125
-    )
+    assert scale["cls_token"] == scale["pos_embed"] == scale["patch_embed.proj.weight"] == 0.125
     assert scale["blocks.0.attn.qkv.weight"] == scale["blocks.0.norm1.bias"] == 0.25
     assert scale["blocks.1.mlp.fc2.weight"] == 0.5
     assert scale["norm.weight"] == scale["head.weight"] == scale["head.bias"] == 1.0
@@ -98,9 +85,7 @@ def test_layer_decay_scales_small_vit():
 def test_frozen_params_left_out():
     model = small_vit()
     model.patch_embed.requires_grad_(False)
-    names = [
-        n for g in build_param_groups(model, weight_decay=0.1) for n in g["param_names"]
-    ]
+    names = [n for g in build_param_groups(model, weight_decay=0.1) for n in g["param_names"]]
     assert not any(n.startswith("patch_embed") for n in names)
 
 
