@@ -18,7 +18,7 @@ load before and after each, and each command: ``bench/results/suite.md``, or wit
 The large-batch study (``bench/large_batch_study.py``) trains for an hour or more and is
 not part of the suite.
 
-    python -m bench [--quick] [--only mfu timm_train ...] [--out FILE]
+    python -m bench [--quick] [--only mfu timm_train ...] [--args 'NAME=ARGS' ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -95,9 +95,10 @@ def load() -> str:
         return "load average unknown"
 
 
-def run_bench(name: str, quick: bool, env: dict[str, str]) -> tuple[str, int, str, float]:
+def run_bench(name: str, quick: bool, env: dict[str, str], override: str | None = None) -> tuple[str, int, str, float]:
     script, full, small = BENCHES[name]
-    cmd = [sys.executable, script, *(small if quick else full)]
+    chosen = shlex.split(override) if override is not None else small if quick else full
+    cmd = [sys.executable, script, *chosen]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     output = proc.stdout if proc.returncode == 0 else proc.stdout + proc.stderr[-4000:]
@@ -114,7 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: checks that every benchmark runs")
     parser.add_argument("--only", nargs="+", choices=list(BENCHES), help="run only these")
     parser.add_argument("--out", type=pathlib.Path, help="the Markdown report (default: bench/results/suite.md)")
+    parser.add_argument(
+        "--args",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="run benchmark NAME with these arguments instead, e.g. --args 'mfu=--rounds 2 --depth 4' (repeatable)",
+    )
     args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.args:
+        name, sep, value = item.partition("=")
+        if not sep or name not in BENCHES:
+            parser.error(f"--args {item!r}: expected NAME=ARGS with NAME one of {', '.join(BENCHES)}")
+        overrides[name] = value
     out = args.out or (REPO / "bench" / (".cache/suite-quick.md" if args.quick else "results/suite.md"))
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -126,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         before = load()
         print(f"bench: {name} ...", flush=True)
-        command, status, output, seconds = run_bench(name, args.quick, env)
+        command, status, output, seconds = run_bench(name, args.quick, env, overrides.get(name))
         after = load()
         if status != 0:
             failed.append(name)
@@ -150,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with `python -m bench"
         + (" --quick" if args.quick else "")
         + (f" --only {' '.join(names)}" if args.only else "")
+        + "".join(f" --args {shlex.quote(item)}" for item in args.args)
         + "`.",
         "",
         f"Machine: {machine_description()}.",
