@@ -27,13 +27,15 @@ import argparse
 import datetime
 import os
 import pathlib
-import platform
 import shlex
 import subprocess
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.machine import machine_description  # noqa: E402
 
 # name: (script, arguments for the full run, arguments for --quick)
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
@@ -55,37 +57,6 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "lamb_step": ("bench/lamb_step.py", ["--steps", "5", "--rounds", "2"], ["--steps", "1", "--rounds", "1", "--compare-steps", "1"]),
     "loaders": ("bench/loaders.py", ["--images", "512"], ["--images", "32", "--rounds", "1", "--batch", "8"]),
 }
-
-
-def machine_description() -> str:
-    import torch
-
-    cpu = platform.machine()
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = ""
-    try:
-        kib = int(pathlib.Path("/proc/meminfo").read_text().split()[1])
-        memory = f", {kib / 2**20:.0f} GiB memory"
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import timm
-
-        timm_version = f", timm {timm.__version__}"
-    except ImportError:
-        timm_version = ""
-    gpu = "no GPU" if not torch.cuda.is_available() else f"GPU {torch.cuda.get_device_name(0)}"
-    return (
-        f"{cpu}, {os.cpu_count()} cores{memory}, {gpu}; {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}, torch {torch.__version__}{timm_version}; "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
-    )
 
 
 def load() -> str:

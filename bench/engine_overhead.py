@@ -75,6 +75,22 @@ def make_config(args, steps: int) -> dict:
     }
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="vit_tiny_patch16_224")
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--patch", type=int, default=4)
+    parser.add_argument("--depth", type=int, default=12)
+
+
+def make_batches(args) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps x accumulation`` random micro-batches of 10-class images, seeded."""
+    torch.manual_seed(0)
+    return [
+        (torch.randn(args.micro, 3, args.image_size, args.image_size), torch.randint(10, (args.micro,)))
+        for _ in range(args.steps * args.accumulation)
+    ]
+
+
 def engine_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches) -> float:
     engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
     engine.train_loader = FixedBatches(batches, 10)
@@ -111,16 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--micro", type=int, default=32)
     parser.add_argument("--accumulation", type=int, default=4)
-    parser.add_argument("--model", default="vit_tiny_patch16_224")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--patch", type=int, default=4)
-    parser.add_argument("--depth", type=int, default=12)
+    add_model_arguments(parser)
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    batches = [
-        (torch.randn(args.micro, 3, args.image_size, args.image_size), torch.randint(10, (args.micro,)))
-        for _ in range(args.steps * args.accumulation)
-    ]
+    batches = make_batches(args)
     engine_rates, bare_rates = [], []
     with tempfile.TemporaryDirectory() as tmp:
         config_path = pathlib.Path(tmp) / "bench.yaml"

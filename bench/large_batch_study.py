@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
@@ -123,20 +122,6 @@ def load_results(path: pathlib.Path) -> dict:
     if path.exists():
         return json.loads(path.read_text())
     return {"runs": []}
-
-
-def machine() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
 
 
 def render(results: dict, out: pathlib.Path, stem: str) -> None:
@@ -261,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         import yaml
 
+        from bench.machine import machine_description
         from largebatch.config import load_and_validate
 
         if not results["runs"]:
             model = load_and_validate(str(args.config), [f"{k}={v}" for k, v in DEMO_VIT.items()])["model"]
             results.update(
-                machine=machine(),
+                machine=machine_description(),
                 uptime=subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
                 command="python bench/large_batch_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 model=f"{args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config} "

@@ -28,7 +28,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.engine_overhead import FixedBatches, make_config  # noqa: E402
+from bench.engine_overhead import FixedBatches, add_model_arguments, make_batches, make_config  # noqa: E402
 from largebatch.launch import TrainArgs, build_run  # noqa: E402
 
 
@@ -71,18 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro", type=int, default=64)
     parser.add_argument("--accumulation", type=int, default=2)
-    parser.add_argument("--model", default="vit_tiny_patch16_224")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--patch", type=int, default=4)
-    parser.add_argument("--depth", type=int, default=12)
+    add_model_arguments(parser)
     parser.add_argument("--matmul", type=int, default=2048, help="side of the square fp32 matmul that sets the peak")
     parser.add_argument("--matmul-repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    batches = [
-        (torch.randn(args.micro, 3, args.image_size, args.image_size), torch.randint(10, (args.micro,)))
-        for _ in range(args.steps * args.accumulation)
-    ]
+    batches = make_batches(args)
     train_rates, peaks = [], []
     with tempfile.TemporaryDirectory() as tmp:
         config_path = pathlib.Path(tmp) / "bench.yaml"
