@@ -1,0 +1,10 @@
+# Benchmarks (see README "Benchmarks"): side-by-side comparisons, reported as ratios.
+PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python)
+
+.PHONY: bench bench-quick
+
+bench:  ## the full suite, into bench/results/suite.md
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m bench
+
+bench-quick:  ## every benchmark at smoke sizes, into bench/.cache/suite-quick.md
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m bench --quick

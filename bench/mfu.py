@@ -1,0 +1,107 @@
+"""Model-FLOPs utilisation on the CPU: training FLOP/s over a large matmul's FLOP/s.
+
+The numerator is what the largebatch engine achieves: images/s of a training run (same
+pre-made micro-batches as ``engine_overhead.py``, default hooks) times the model's
+training FLOPs per image, counted by ``torch.utils.flop_counter.FlopCounterMode`` over one
+forward and backward (matmuls, convolutions and attention; the optimizer, norms and
+activations are not counted, as in the usual MFU definition of Chowdhery et al. 2022,
+PaLM, appendix B). The denominator is the machine's attainable peak, measured rather than
+taken from a datasheet: FLOP/s of an ``n x n`` fp32 matmul on the same threads. The two
+alternate in rounds within one process so that load from other jobs hits both.
+
+    python bench/mfu.py [--rounds 3] [--steps 4] [--micro 64] [--matmul 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.engine_overhead import FixedBatches, add_model_arguments, make_batches, make_config  # noqa: E402
+from largebatch.launch import TrainArgs, build_run  # noqa: E402
+
+
+def training_flops_per_image(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """FLOPs of one forward and backward, per image (FlopCounterMode counts 2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / images.shape[0]
+
+
+def matmul_flops_per_second(n: int, repeats: int) -> float:
+    """Best FLOP/s of ``repeats`` fp32 ``n x n`` matmuls (2 n^3 FLOPs each)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    torch.mm(a, b, out=out)  # warm up the kernel selection and the caches
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def engine_images_per_second(config_path: pathlib.Path, run_dir: pathlib.Path, batches) -> tuple[float, torch.nn.Module]:
+    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
+    engine.train_loader = FixedBatches(batches, 10)
+    start = time.perf_counter()
+    engine.run()
+    return engine.state.samples_seen / (time.perf_counter() - start), engine.state.model
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--micro", type=int, default=64)
+    parser.add_argument("--accumulation", type=int, default=2)
+    add_model_arguments(parser)
+    parser.add_argument("--matmul", type=int, default=2048, help="side of the square fp32 matmul that sets the peak")
+    parser.add_argument("--matmul-repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    batches = make_batches(args)
+    train_rates, peaks = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = pathlib.Path(tmp) / "bench.yaml"
+        config_path.write_text(yaml.safe_dump(make_config(args, args.steps)))
+        _, model = engine_images_per_second(config_path, pathlib.Path(tmp) / "warmup", batches)  # warm-up run, discarded
+        flops_per_image = training_flops_per_image(model, *batches[0])
+        matmul_flops_per_second(args.matmul, 1)
+        for i in range(args.rounds):
+            rate, _ = engine_images_per_second(config_path, pathlib.Path(tmp) / f"run{i}", batches)
+            train_rates.append(rate)
+            peaks.append(matmul_flops_per_second(args.matmul, args.matmul_repeats))
+    rate, peak = statistics.median(train_rates), statistics.median(peaks)
+    achieved = rate * flops_per_image
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(
+        f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
+        f"{args.accumulation}, {args.steps} steps x {args.rounds} rounds; matmul {args.matmul}x{args.matmul} fp32"
+    )
+    print("| quantity | value |")
+    print("|---|---:|")
+    print(f"| training FLOPs per image (forward + backward) | {flops_per_image / 1e9:.3f} G |")
+    print(f"| engine images/s (median) | {rate:.1f} |")
+    print(f"| training FLOP/s | {achieved / 1e9:.2f} G |")
+    print(f"| matmul FLOP/s (median of rounds, best of {args.matmul_repeats}) | {peak / 1e9:.2f} G |")
+    print(f"MFU = training FLOP/s / matmul FLOP/s = {achieved / peak:.3f}")
+
+
+if __name__ == "__main__":
+    main()

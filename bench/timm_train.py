@@ -1,0 +1,208 @@
+"""End-to-end CPU training images/s: largebatch against timm's train.py recipe, same images.
+
+Both sides train the same timm model at the same batch, from the same JPEGs, with the
+same augmentation (random-resized-crop 0.08-1, horizontal flip, normalisation), AdamW,
+per-step cosine schedule, clipping at norm 1.0, fp32, one loader worker; each epoch's
+training time is measured from its first batch request to its last optimizer step,
+evaluation excluded. Rounds alternate the two sides within one process, so load from
+other jobs hits both; the first epoch of each round is a warm-up and not counted.
+
+* largebatch: ``build_run`` from a config, the native TFRecord loader over shards
+  converted from the image folder, the engine with its default hooks.
+* timm: the training loop of timm's ``train.py`` built from the same timm calls it
+  makes: ``create_dataset('')`` (ImageFolder), ``create_loader`` (torch DataLoader,
+  ``use_prefetcher=False``), ``create_optimizer_v2``, ``create_scheduler_v2`` with
+  per-update stepping, and ``train_one_epoch``'s per-batch work (forward, loss,
+  backward, ``dispatch_clip_grad``, step, ``zero_grad``, ``loss.item()`` into an
+  ``AverageMeter``, ``lr_scheduler.step_update``). train.py itself is not in timm's
+  wheel, and it assumes CUDA (prefetcher, ``torch.cuda.synchronize``, AMP setup);
+  this runner is its CPU path with those bits left out. timm's default colour jitter
+  (0.4) is turned off, as largebatch has none; interpolation is bilinear on both sides.
+
+    python bench/timm_train.py [--images 256] [--batch 32] [--epochs 3] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.loaders import make_images  # noqa: E402
+from largebatch.data import convert  # noqa: E402
+from largebatch.engine.engine import Engine  # noqa: E402
+from largebatch.engine.hook import Hook  # noqa: E402
+from largebatch.launch import TrainArgs, build_run  # noqa: E402
+
+CLASSES = 8
+
+
+class EpochTimer(Hook):
+    """Wall time of each training epoch, from before_epoch to after_epoch (no evaluation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: list[float] = []
+        self.samples: list[int] = []
+        self._start = 0.0
+        self._seen = 0
+
+    def before_epoch(self, state) -> None:
+        self._start, self._seen = time.perf_counter(), state.samples_seen
+
+    def after_epoch(self, state) -> None:
+        self.seconds.append(time.perf_counter() - self._start)
+        self.samples.append(state.samples_seen - self._seen)
+
+
+def largebatch_config(args, shards: pathlib.Path, images: int) -> dict:
+    return {
+        "seed": 0,
+        "device": "cpu",
+        "epochs": args.epochs,
+        "global_batch_size": args.batch,
+        "micro_batch_size": args.batch,
+        "clip_grad_norm": 1.0,
+        "model": {"name": args.model, "patch_size": args.patch, "depth": args.depth},
+        "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.05},
+        "lr_schedule": {"type": "cosine", "warmup_steps": 0},
+        "data": {
+            "loader": "native",
+            "root": str(shards),
+            "eval_split": "train",  # evaluation is off; the check that the split exists still runs
+            "image_size": args.image_size,
+            "num_classes": CLASSES,
+            "label_offset": 1,
+            "num_workers": args.workers,
+            "scale": [0.08, 1.0],
+            "hflip": 0.5,
+        },
+        "eval": {"interval_epochs": 0, "at_end": False},
+        "log": {"interval": 10, "console": False},
+        "checkpoint": {"interval_epochs": 0, "at_end": False},
+    }
+
+
+def largebatch_round(config_path: pathlib.Path, run_dir: pathlib.Path) -> list[float]:
+    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
+    timer = EpochTimer()
+    engine = Engine(engine.state, [*engine.hooks, timer], engine.train_loader, engine.eval_loader)
+    engine.run()
+    return [n / s for n, s in zip(timer.samples, timer.seconds)]
+
+
+def timm_round(args, folder: pathlib.Path) -> list[float]:
+    """timm train.py's CPU training path (see the module docstring), per-epoch images/s."""
+    import timm
+    from timm.data import create_dataset, create_loader
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import create_scheduler_v2
+    from timm.utils import AverageMeter, dispatch_clip_grad
+
+    torch.manual_seed(0)
+    device = torch.device("cpu")
+    model = timm.create_model(
+        args.model, pretrained=False, num_classes=CLASSES, img_size=args.image_size, patch_size=args.patch, depth=args.depth
+    )
+    dataset = create_dataset("", root=str(folder), split="train", is_training=True, batch_size=args.batch)
+    loader = create_loader(
+        dataset,
+        input_size=(3, args.image_size, args.image_size),
+        batch_size=args.batch,
+        is_training=True,
+        scale=(0.08, 1.0),
+        hflip=0.5,
+        color_jitter=None,
+        interpolation="bilinear",
+        num_workers=args.workers,
+        device=device,
+        use_prefetcher=False,
+    )
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+    updates_per_epoch = len(loader)
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched="cosine", num_epochs=args.epochs, warmup_epochs=0, step_on_epochs=False, updates_per_epoch=updates_per_epoch
+    )
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rates = []
+    num_updates = 0
+    for epoch in range(args.epochs):
+        model.train()
+        losses = AverageMeter()
+        count, start = 0, time.perf_counter()
+        for images, target in loader:
+            images, target = images.to(device), target.to(device)
+            loss = loss_fn(model(images), target)
+            optimizer.zero_grad()
+            loss.backward()
+            dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
+            optimizer.step()
+            num_updates += 1
+            losses.update(loss.item(), images.size(0))
+            scheduler.step_update(num_updates=num_updates, metric=losses.avg)
+            count += images.shape[0]
+        scheduler.step(epoch + 1)
+        rates.append(count / (time.perf_counter() - start))
+    return rates
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=3, help="per round; the first is a warm-up")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--model", default="vit_tiny_patch16_224")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--patch", type=int, default=8)
+    parser.add_argument("--depth", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (the first is a warm-up)")
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        make_images(work / "folder", args.images, classes=CLASSES)
+        convert.convert_image_folder(work / "folder", work / "shards", train_shards=4, progress=False)
+        config_path = work / "bench.yaml"
+        config_path.write_text(yaml.safe_dump(largebatch_config(args, work / "shards", args.images)))
+        for i in range(args.rounds):
+            order = [("largebatch", ours), ("timm", theirs)]
+            for name, rates in order if i % 2 == 0 else order[::-1]:
+                if name == "largebatch":
+                    epoch_rates = largebatch_round(config_path, work / f"run{i}")
+                else:
+                    epoch_rates = timm_round(args, work / "folder")
+                rates.extend(epoch_rates[1:])
+    ours_rate, timm_rate = statistics.median(ours), statistics.median(theirs)
+    import timm
+
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, timm {timm.__version__}"
+    )
+    print(
+        f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, batch {args.batch}, "
+        f"{args.images} JPEGs (~500x375), {args.workers} loader worker(s), {args.epochs} epochs x {args.rounds} rounds "
+        "(first epoch of each round not counted)"
+    )
+    print("| training loop | images/s (median epoch) | epochs |")
+    print("|---|---:|---|")
+    print(f"| timm train.py path (ImageFolder + PIL) | {timm_rate:.1f} | {', '.join(f'{r:.1f}' for r in theirs)} |")
+    print(f"| largebatch (native TFRecord loader, engine) | {ours_rate:.1f} | {', '.join(f'{r:.1f}' for r in ours)} |")
+    print(f"largebatch / timm = {ours_rate / timm_rate:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The benchmarks run, and the numbers they are built on are right.
+
+Speed itself is never asserted here; the scripts run at smoke sizes and must print
+their comparison as a finite positive ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench import large_batch_study as study
+from bench.mfu import training_flops_per_image
+from largebatch.config import derive, load_and_validate
+from tests.conftest import REPO, clean_env
+
+
+def run_script(*args: str, timeout: float = 900) -> str:
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def ratio(output: str, name: str) -> float:
+    match = re.search(rf"{re.escape(name)} = ([0-9.]+)", output)
+    assert match, output
+    value = float(match.group(1))
+    assert math.isfinite(value) and value > 0
+    return value
+
+
+def test_training_flops_count_forward_and_the_backward_that_runs():
+    # A matmul's forward is 2 FLOPs per weight; backward is 2 more for the weight's
+    # gradient and 2 for the input's, except on the first layer, whose input (the
+    # images) needs no gradient.
+    model = torch.nn.Sequential(torch.nn.Linear(24, 16, bias=False), torch.nn.Linear(16, 10, bias=False))
+    images, labels = torch.randn(5, 24), torch.randint(10, (5,))
+    assert training_flops_per_image(model, images, labels) == 4 * 24 * 16 + 6 * 16 * 10
+
+
+@pytest.mark.parametrize("optimizer, scaling", [("lamb", math.sqrt), ("adamw", lambda r: r), ("sgd", lambda r: r)])
+def test_study_scales_each_optimizer_by_its_rule_and_sees_the_same_images(optimizer, scaling, tmp_path):
+    args = argparse.Namespace(epochs=3, micro=256, warmup_epochs=1.0, steps_per_epoch=None, data=REPO / "data/fashion-mnist", set=[])
+    seen = set()
+    for batch, accumulation in [(256, 1), (4096, 16), (16384, 64)]:
+        cfg = load_and_validate(str(study.DEMO_CONFIG), study.run_overrides(optimizer, batch, args))
+        derived = derive(cfg, 1, 60000)  # Fashion-MNIST's training split
+        assert derived["accumulation"] == accumulation
+        assert derived["peak_lr"] == pytest.approx(study.RECIPES[optimizer]["lr"] * scaling(batch / 256))
+        assert cfg["optimizer"]["type"] == optimizer
+        seen.add(derived["samples_per_epoch"])
+    assert seen == {234 * 256}  # every batch size trains on the same 234 micro-batches an epoch
+
+
+def test_study_report_from_results(tmp_path):
+    runs = [
+        {
+            "optimizer": opt,
+            "global_batch_size": batch,
+            "accumulation": batch // 256,
+            "steps": 3,
+            "peak_lr": 0.01,
+            "warmup_steps": 1,
+            "scaling": study.RECIPES[opt]["scaling"],
+            "test_top1_per_epoch": [0.5, top1],
+            "test_loss_per_epoch": [1.0, 0.9],
+            "final_test_top1": top1,
+            "final_train_loss": 0.9,
+            "seconds": 10.0,
+            "overrides": [],
+        }
+        for opt, batch, top1 in [("lamb", 256, 0.81), ("lamb", 4096, 0.72), ("sgd", 256, 0.79)]
+    ]
+    (tmp_path / "s.json").write_text(json.dumps({"runs": runs, "machine": "m"}))
+    study.main(["--report-only", "--out", str(tmp_path), "--stem", "s"])
+    table = (tmp_path / "s.md").read_text()
+    assert "| lamb (sqrt, 0.0025) | 81.0 | 72.0 |" in table
+    assert "| sgd (linear, 0.1) | 79.0 | - |" in table
+    assert (tmp_path / "s.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_engine_overhead_runs():
+    out = run_script("bench/engine_overhead.py", "--rounds", "1", "--steps", "2", "--micro", "8", "--accumulation", "2", "--depth", "1")
+    ratio(out, "engine / bare")
+
+
+@pytest.mark.slow
+def test_mfu_runs():
+    out = run_script(
+        "bench/mfu.py", "--rounds", "1", "--steps", "1", "--micro", "8", "--accumulation", "1", "--depth", "1", "--matmul", "256"
+    )
+    assert ratio(out, "MFU = training FLOP/s / matmul FLOP/s") < 1.5
+
+
+@pytest.mark.slow
+def test_timm_train_runs():
+    out = run_script(
+        "bench/timm_train.py", "--images", "32", "--batch", "8", "--epochs", "2", "--rounds", "1", "--depth", "1", "--image-size", "32"
+    )
+    ratio(out, "largebatch / timm")
+
+
+@pytest.mark.slow
+def test_large_batch_study_runs(tmp_path):
+    run_script(
+        "bench/large_batch_study.py",
+        *("--batches", "16", "32", "--micro", "16", "--epochs", "1", "--steps-per-epoch", "1", "--optimizers", "lamb"),
+        *("--set", "eval.batch_size=2000", "--out", str(tmp_path)),
+    )
+    results = json.loads((tmp_path / "large_batch_study.json").read_text())
+    assert [(r["global_batch_size"], r["accumulation"]) for r in results["runs"]] == [(16, 1), (32, 2)]
+    assert all(0 <= r["final_test_top1"] <= 1 for r in results["runs"])
+    assert (tmp_path / "large_batch_study.png").exists()
+
+
+@pytest.mark.slow
+def test_suite_quick_writes_its_report(tmp_path):
+    out = tmp_path / "suite.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "engine_overhead", "mfu", "--out", str(out)],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = out.read_text()
+    assert "Machine:" in report and "engine / bare = " in report and "MFU = " in report
