@@ -174,6 +174,7 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
 
 def plot(runs: list[dict], batches: list[int], optimizers: list[str], path: pathlib.Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -202,6 +203,7 @@ def plot(runs: list[dict], batches: list[int], optimizers: list[str], path: path
             marker=".",
             label=f"{r['optimizer']} {r['global_batch_size']}",
         )
+    right.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     right.set_xlabel("epoch")
     right.set_ylabel("test top-1 (%)")
     right.set_title("test accuracy per epoch")
