@@ -72,7 +72,9 @@ def run_bench(name: str, quick: bool, env: dict[str, str], override: str | None 
     cmd = [sys.executable, script, *chosen]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    output = proc.stdout if proc.returncode == 0 else proc.stdout + proc.stderr[-4000:]
+    # the engine's own end-of-run line ("done: N steps in ...") is not part of a table
+    stdout = "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("done: "))
+    output = stdout if proc.returncode == 0 else stdout + "\n" + proc.stderr[-4000:]
     return shlex.join(["python", *cmd[1:]]), proc.returncode, output.strip(), time.perf_counter() - start
 
 

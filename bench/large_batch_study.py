@@ -136,7 +136,7 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         "",
         f"Command: `{results.get('command', '?')}`",
         "",
-        f"Model and data: {results.get('model', '?')}; {results.get('epochs', '?')} epochs at every batch size, "
+        f"Model and data: {' '.join(str(results.get('model', '?')).split())}; {results.get('epochs', '?')} epochs at every batch size, "
         f"micro-batch {results.get('micro', '?')}, the larger batches by accumulation; one linear warmup of "
         f"{results.get('warmup_epochs', '?')} epoch(s), then cosine decay; gradient clipping 1.0.",
         "",
@@ -174,6 +174,7 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
 
 def plot(runs: list[dict], batches: list[int], optimizers: list[str], path: pathlib.Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -202,6 +203,7 @@ def plot(runs: list[dict], batches: list[int], optimizers: list[str], path: path
             marker=".",
             label=f"{r['optimizer']} {r['global_batch_size']}",
         )
+    right.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     right.set_xlabel("epoch")
     right.set_ylabel("test top-1 (%)")
     right.set_title("test accuracy per epoch")
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="with --report-only: combine the runs of these JSON files (studies run in parallel, one per optimizer)",
     )
+    parser.add_argument("--reading", type=pathlib.Path, help="a Markdown file with the results' reading, kept in the JSON")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"{args.stem}.json"
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 uptime=subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
                 command="python bench/large_batch_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 model=f"{args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config} "
-                + yaml.safe_dump(model, default_flow_style=True).strip(),
+                + yaml.safe_dump(model, default_flow_style=True, width=1000).strip(),
                 epochs=args.epochs,
                 micro=args.micro,
                 warmup_epochs=args.warmup_epochs,
@@ -271,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                 json_path.write_text(json.dumps(results, indent=1) + "\n")
                 print(f"{opt} batch {batch}: test top-1 {100 * record['final_test_top1']:.1f}% in {record['seconds']:.0f}s", flush=True)
                 render(results, args.out, args.stem)
+    if args.reading:
+        results["reading"] = args.reading.read_text().strip()
+        json_path.write_text(json.dumps(results, indent=1) + "\n")
     if results["runs"]:
         render(results, args.out, args.stem)
     return 0

@@ -7,7 +7,8 @@ forward and backward (matmuls, convolutions and attention; the optimizer, norms 
 activations are not counted, as in the usual MFU definition of Chowdhery et al. 2022,
 PaLM, appendix B). The denominator is the machine's attainable peak, measured rather than
 taken from a datasheet: FLOP/s of an ``n x n`` fp32 matmul on the same threads. The two
-alternate in rounds within one process so that load from other jobs hits both.
+alternate in rounds within one process; both are timed by this process's CPU time by
+default (``--clock cpu``), so load from other jobs on a shared machine cancels out.
 
     python bench/mfu.py [--rounds 3] [--steps 4] [--micro 64] [--matmul 2048]
 """
@@ -20,7 +21,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 import yaml
@@ -28,6 +28,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import engine_overhead  # noqa: E402
 from bench.engine_overhead import FixedBatches, add_model_arguments, make_batches, make_config  # noqa: E402
 from largebatch.launch import TrainArgs, build_run  # noqa: E402
 
@@ -51,18 +52,18 @@ def matmul_flops_per_second(n: int, repeats: int) -> float:
     torch.mm(a, b, out=out)  # warm up the kernel selection and the caches
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = engine_overhead.CLOCK()
         torch.mm(a, b, out=out)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, engine_overhead.CLOCK() - start)
     return 2 * n**3 / best
 
 
 def engine_images_per_second(config_path: pathlib.Path, run_dir: pathlib.Path, batches) -> tuple[float, torch.nn.Module]:
     engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
     engine.train_loader = FixedBatches(batches, 10)
-    start = time.perf_counter()
+    start = engine_overhead.CLOCK()
     engine.run()
-    return engine.state.samples_seen / (time.perf_counter() - start), engine.state.model
+    return engine.state.samples_seen / (engine_overhead.CLOCK() - start), engine.state.model
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matmul", type=int, default=2048, help="side of the square fp32 matmul that sets the peak")
     parser.add_argument("--matmul-repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    engine_overhead.set_clock(args.clock)
     batches = make_batches(args)
     train_rates, peaks = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     rate, peak = statistics.median(train_rates), statistics.median(peaks)
     achieved = rate * flops_per_image
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(f"clock: {'CPU time of this process (FLOP per CPU-second on both sides)' if args.clock == 'cpu' else 'wall time'}")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
         f"{args.accumulation}, {args.steps} steps x {args.rounds} rounds; matmul {args.matmul}x{args.matmul} fp32"
