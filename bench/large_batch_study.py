@@ -39,7 +39,7 @@ DEMO_CONFIG = REPO / "configs" / "demo" / "vit-tiny-fmnist.py"
 
 # Base learning rate at batch 256, scaling rule, and extra optimizer settings.
 RECIPES = {
-    "lamb": dict(lr=2.5e-3, scaling="sqrt", weight_decay=0.05, extra={}),
+    "lamb": dict(lr=1e-2, scaling="sqrt", weight_decay=0.05, extra={}),
     "adamw": dict(lr=1e-3, scaling="linear", weight_decay=0.05, extra={}),
     "sgd": dict(lr=0.1, scaling="linear", weight_decay=1e-4, extra={"momentum": 0.9}),
 }
@@ -217,7 +217,7 @@ def plot(runs: list[dict], batches: list[int], optimizers: list[str], path: path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--warmup-epochs", type=float, default=1.0)
+    parser.add_argument("--warmup-epochs", type=float, default=0.5)
     parser.add_argument("--batches", type=int, nargs="+", default=[256, 4096, 16384])
     parser.add_argument("--optimizers", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--micro", type=int, default=256, help="micro-batch size (the same for every run)")

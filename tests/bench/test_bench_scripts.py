@@ -81,7 +81,7 @@ def test_study_report_from_results(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps({"runs": runs, "machine": "m"}))
     study.main(["--report-only", "--out", str(tmp_path), "--stem", "s"])
     table = (tmp_path / "s.md").read_text()
-    assert "| lamb (sqrt, 0.0025) | 81.0 | 72.0 |" in table
+    assert f"| lamb (sqrt, {study.RECIPES['lamb']['lr']:g}) | 81.0 | 72.0 |" in table
     assert "| sgd (linear, 0.1) | 79.0 | - |" in table
     assert (tmp_path / "s.png").stat().st_size > 0
 
