@@ -18,9 +18,10 @@ Under torchrun (torch >= 2.5) the workers do not host the process group's store:
 elastic agent does, at ``MASTER_ADDR:MASTER_PORT`` (``TORCHELASTIC_USE_AGENT_STORE=True``),
 and the agent keeps that one store, port and contents, across worker restarts. The keys
 the previous attempt's processes wrote stay in it, among them each rank's gloo (or NCCL)
-address, so a restarted rank that reaches ``init_process_group`` before its peer has
-written its new address reads the dead process's one and fails ("Connection refused" in
-gloo's ``connectFullMesh``). ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each
+address: a restarted rank that reaches ``init_process_group`` before its peer has
+written its new address reads the dead process's one, and when gloo makes it the side
+of the pair that connects, it fails ("Connection refused" in ``connectFullMesh``; NCCL
+can likewise read the previous attempt's unique id). ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each
 agent counts its own restarts, and an agent restarted because another node failed does
 not count one. So the ranks of an attempt agree on a fresh generation number through the
 store itself (``_attempt_store``) and the process group keeps its keys under it.
