@@ -13,6 +13,18 @@ Under MPI and Slurm, ``MASTER_ADDR`` defaults to the first host of the job
 (``scontrol show hostnames $SLURM_JOB_NODELIST``) or to 127.0.0.1 on one node, and
 ``MASTER_PORT`` to a port derived from the Slurm job id (so two jobs sharing a node do
 not collide) or 29500. A single process with none of these runs without a process group.
+
+Under torchrun (torch >= 2.5) the workers do not host the process group's store: the
+elastic agent does, at ``MASTER_ADDR:MASTER_PORT`` (``TORCHELASTIC_USE_AGENT_STORE=True``),
+and the agent keeps that one store, port and contents, across worker restarts. The keys
+the previous attempt's processes wrote stay in it, among them each rank's gloo (or NCCL)
+address: a restarted rank that reaches ``init_process_group`` before its peer has
+written its new address reads the dead process's one, and when gloo makes it the side
+of the pair that connects, it fails ("Connection refused" in ``connectFullMesh``; NCCL
+can likewise read the previous attempt's unique id). ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each
+agent counts its own restarts, and an agent restarted because another node failed does
+not count one. So the ranks of an attempt agree on a fresh generation number through the
+store itself (``_attempt_store``) and the process group keeps its keys under it.
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ import dataclasses
 import datetime
 import os
 import subprocess
+import time
+import uuid
 
 import torch
 import torch.distributed as torch_dist
@@ -112,13 +126,61 @@ def init_process_group(info: DistInfo, backend: str, timeout_minutes: float = 30
     if not info.distributed or torch_dist.is_initialized():
         return
     os.environ.update(rendezvous_env(info))
-    torch_dist.init_process_group(
-        backend=backend,
-        init_method="env://",
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=datetime.timedelta(minutes=timeout_minutes),
-    )
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    options = {"backend": backend, "rank": info.rank, "world_size": info.world_size, "timeout": timeout}
+    if info.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        agent_store = torch_dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size, is_master=False, timeout=timeout
+        )
+        torch_dist.init_process_group(store=_attempt_store(agent_store, info.rank, info.world_size, timeout), **options)
+    else:
+        torch_dist.init_process_group(init_method="env://", **options)
+
+
+_ATTEMPTS = "largebatch/attempts"
+
+
+def _attempt_store(store: torch_dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> torch_dist.Store:
+    """A namespace of ``store`` that no earlier attempt of the job has written to.
+
+    Rank 0 draws the next generation number (an atomic ``add``) and hands it to every
+    other rank. It cannot simply publish it under a fixed key: a rank could read the
+    previous attempt's value before rank 0 overwrites it. So each other rank posts a
+    fresh random token under its rank and waits for the number under a key named by that
+    token, which only this attempt's rank 0 can write; rank 0 answers every token it sees
+    (a stale one is answered too, harmlessly) until each rank confirms under a key named
+    by the new number.
+
+    Raises:
+        TimeoutError: when the ranks do not all arrive within ``timeout``.
+    """
+    if rank == 0:
+        generation = store.add(f"{_ATTEMPTS}/generation", 1)
+        answered: set[str] = set()
+        waiting = set(range(1, world_size))
+        deadline = time.monotonic() + timeout.total_seconds()
+        while waiting:
+            for other in sorted(waiting):
+                hello = f"{_ATTEMPTS}/hello/{other}"
+                if store.check([hello]):
+                    token = store.get(hello).decode()
+                    if token not in answered:
+                        store.set(f"{_ATTEMPTS}/answer/{token}", str(generation))
+                        answered.add(token)
+                if store.check([f"{_ATTEMPTS}/{generation}/ready/{other}"]):
+                    waiting.discard(other)
+            if waiting:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks {sorted(waiting)} did not join the process group within {timeout} (dist.timeout_minutes)")
+                time.sleep(0.02)
+    else:
+        token = uuid.uuid4().hex
+        store.set(f"{_ATTEMPTS}/hello/{rank}", token)
+        answer = f"{_ATTEMPTS}/answer/{token}"
+        store.wait([answer], timeout)
+        generation = int(store.get(answer))
+        store.set(f"{_ATTEMPTS}/{generation}/ready/{rank}", "1")
+    return torch_dist.PrefixStore(f"{_ATTEMPTS}/{generation}/", store)
 
 
 def destroy_process_group() -> None:

@@ -88,11 +88,6 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
 
 @pytest.mark.dist
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent on a loaded 2-core machine: after torchrun's restart, gloo's connectFullMesh can fail with "
-    "'Connection refused' (passed once in 21 s, failed twice); cause not yet found",
-)
 def test_killed_rank_under_torchrun_restarts_from_the_last_checkpoint(tmp_path, two_rank_reference):
     """``kill -9`` of rank 1 after step 3; checkpoints every 2 steps; no --run-dir: the
     restarted workers must find the same run directory and resume from step 2."""
