@@ -34,9 +34,10 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # The clock both loops are timed with. On a machine shared with other jobs, wall time
-# moves with their load (rounds differ by 2-4x); the CPU time of this process does not,
-# and with one thread and pre-made batches it is the time the work took. set_clock()
-# switches to wall time where the machine is quiet or threads > 1.
+# moves with their load (rounds differ by 2-4x); the CPU time of this process moves far
+# less, and with one torch thread, pre-made batches and one loop running at a time it is
+# the time the running loop's work took. set_clock() switches to wall time where the
+# machine is quiet or torch threads > 1.
 CLOCK = time.process_time
 
 
