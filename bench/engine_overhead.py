@@ -1,10 +1,17 @@
 """Engine overhead: images/s of the largebatch engine against a hand-written PyTorch loop.
 
 Both run the same model, micro-batch, accumulation, optimizer, schedule and clipping on
-the same pre-made micro-batches (so data generation is not measured), in alternating
-rounds within one process; the engine runs with its default hooks (loss and accuracy,
-throughput, metrics logger writing metrics.jsonl; checkpoints off). Reported: the median
-images/s of each and the ratio engine / bare.
+the same pre-made micro-batches (so data generation is not measured); the engine runs
+with its default hooks (loss and accuracy, throughput with its one FLOP count, gradient
+norms, NaN guard, metrics logger writing metrics.jsonl; checkpoints off). Each round
+builds a fresh engine and a fresh model for the bare loop, and the two take turns one
+optimizer step at a time (two threads, only one of them running at any moment), each
+timed only while it runs. Taking turns at every step puts both loops under the same
+load from other jobs on a shared machine: with whole runs in turn, the load moved
+between runs by more than the difference being measured. Reported: the median images/s
+of each over the rounds, each round's ratio engine / bare, and their median (the
+headline ``engine / bare``: a round's two rates share its load, so its ratio is the
+paired measurement).
 
     python bench/engine_overhead.py [--rounds 5] [--steps 8] [--micro 32] [--accumulation 4]
 """
@@ -18,6 +25,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -26,9 +34,10 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # The clock both loops are timed with. On a machine shared with other jobs, wall time
-# moves with their load (rounds differ by 2-4x); the CPU time of this process does not,
-# and with one thread and pre-made batches it is the time the work took. set_clock()
-# switches to wall time where the machine is quiet or threads > 1.
+# moves with their load (rounds differ by 2-4x); the CPU time of this process moves far
+# less, and with one torch thread, pre-made batches and one loop running at a time it is
+# the time the running loop's work took. set_clock() switches to wall time where the
+# machine is quiet or torch threads > 1.
 CLOCK = time.process_time
 
 
@@ -105,24 +114,51 @@ def make_batches(args) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def engine_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches) -> float:
-    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
-    engine.train_loader = FixedBatches(batches, 10)
-    start = CLOCK()
-    engine.run()
-    elapsed = CLOCK() - start
-    return engine.state.samples_seen / elapsed
+class Turns:
+    """Two loops taking turns: one runs while the other waits, and each adds up the
+    ``CLOCK`` time of its own turns only."""
+
+    def __init__(self, first: str) -> None:
+        self._turn = first
+        self._changed = threading.Condition()
+        self._started: dict[str, float] = {}
+        self.seconds: dict[str, float] = {"engine": 0.0, "bare": 0.0}
+
+    def take(self, name: str) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._turn == name)
+        self._started[name] = CLOCK()
+
+    def give(self, name: str, to: str) -> None:
+        self.seconds[name] += CLOCK() - self._started.pop(name)
+        with self._changed:
+            self._turn = to
+            self._changed.notify_all()
 
 
-def bare_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, accumulation: int) -> float:
-    # Build the same model, optimizer and schedule the engine gets, then train by hand.
-    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
-    state = engine.state
-    model, optimizer, schedule = state.model, state.optimizer, state.schedule
-    steps = len(batches) // accumulation
+class TakingTurns(FixedBatches):
+    """``FixedBatches`` that hands the turn to the bare loop before each optimizer step
+    but the first (at the first micro-batch of its window): the engine's steps and the
+    bare loop's alternate."""
+
+    def __init__(self, batches, num_classes, accumulation: int, turns: Turns) -> None:
+        super().__init__(batches, num_classes)
+        self.accumulation, self.turns = accumulation, turns
+
+    def __iter__(self):
+        for index, batch in enumerate(super().__iter__()):
+            if index and index % self.accumulation == 0:
+                self.turns.give("engine", to="bare")
+                self.turns.take("engine")
+            yield batch
+
+
+def bare_steps(model, optimizer, schedule, batches, accumulation: int, turns: Turns | None = None) -> int:
+    """The hand-written loop (one turn per optimizer step when ``turns`` is given); returns the samples trained on."""
     samples = 0
-    start = CLOCK()
-    for step in range(steps):
+    for step in range(len(batches) // accumulation):
+        if turns is not None:
+            turns.take("bare")
         schedule.apply(optimizer, step)
         optimizer.zero_grad(set_to_none=True)
         for images, labels in batches[step * accumulation : (step + 1) * accumulation]:
@@ -131,8 +167,60 @@ def bare_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, accumu
             samples += images.shape[0]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         optimizer.step()
-    elapsed = CLOCK() - start
-    return samples / elapsed
+        if turns is not None:
+            turns.give("bare", to="engine")
+    return samples
+
+
+class BareWorker:
+    """One thread that runs the bare loop for every round (the same thread each time, so
+    its thread-local caches warm up once, as the engine's main thread's do)."""
+
+    def __init__(self) -> None:
+        self._jobs: list = []
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._num_threads = torch.get_num_threads()
+        self._thread.start()
+
+    def _serve(self) -> None:
+        torch.set_num_threads(self._num_threads)  # intra-op threads are set per thread
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._jobs)
+                job, done = self._jobs.pop(0)
+            try:
+                done["result"] = job()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                done["error"] = exc
+            done["event"].set()
+
+    def submit(self, job) -> dict:
+        done = {"event": threading.Event()}
+        with self._ready:
+            self._jobs.append((job, done))
+            self._ready.notify_all()
+        return done
+
+
+def paired_round(
+    config_path: pathlib.Path, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str
+) -> tuple[float, float]:
+    """One round: a fresh engine and a fresh bare loop taking turns step by step; returns
+    (engine images/s, bare images/s)."""
+    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir / "engine")))
+    # The same model, optimizer and schedule the engine gets, built the same way.
+    bare = build_run(TrainArgs(str(config_path), run_dir=str(run_dir / "bare")))[0].state
+    turns = Turns(first)
+    engine.train_loader = TakingTurns(batches, 10, accumulation, turns)
+    done = worker.submit(lambda: bare_steps(bare.model, bare.optimizer, bare.schedule, batches, accumulation, turns))
+    turns.take("engine")
+    engine.run()
+    turns.give("engine", to="bare")
+    done["event"].wait()
+    if "error" in done:
+        raise done["error"]
+    return engine.state.samples_seen / turns.seconds["engine"], done["result"] / turns.seconds["bare"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,25 +234,19 @@ def main(argv: list[str] | None = None) -> None:
     set_clock(args.clock)
     batches = make_batches(args)
     engine_rates, bare_rates = [], []
+    worker = BareWorker()
     with tempfile.TemporaryDirectory() as tmp:
         config_path = pathlib.Path(tmp) / "bench.yaml"
         config_path.write_text(yaml.safe_dump(make_config(args, args.steps)))
-        # One full untimed round of each first: the first pass through a model pays for
-        # allocator growth and kernel selection, and whichever loop ran first used to
-        # carry that cost, which made the ratio depend on the order.
-        engine_round(config_path, pathlib.Path(tmp) / "warmup-engine", batches)
-        bare_round(config_path, pathlib.Path(tmp) / "warmup-bare", batches, args.accumulation)
+        # One untimed round first: the first pass through a model pays for allocator
+        # growth and kernel selection.
+        paired_round(config_path, pathlib.Path(tmp) / "warmup", batches, args.accumulation, worker, "engine")
         for i in range(args.rounds):
-            # Alternate which goes first so drift in the machine's load hits both.
-            order = [("engine", engine_rates), ("bare", bare_rates)]
-            for name, rates in order if i % 2 == 0 else order[::-1]:
-                run_dir = pathlib.Path(tmp) / f"{name}{i}"
-                rate = (
-                    engine_round(config_path, run_dir, batches)
-                    if name == "engine"
-                    else bare_round(config_path, run_dir, batches, args.accumulation)
-                )
-                rates.append(rate)
+            # Alternate which loop takes the first step of a round.
+            first = "engine" if i % 2 == 0 else "bare"
+            engine_rate, bare_rate = paired_round(config_path, pathlib.Path(tmp) / f"round{i}", batches, args.accumulation, worker, first)
+            engine_rates.append(engine_rate)
+            bare_rates.append(bare_rate)
     engine_rate, bare_rate = statistics.median(engine_rates), statistics.median(bare_rates)
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     print(f"clock: {'CPU time of this process' if args.clock == 'cpu' else 'wall time'}")
@@ -175,7 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---|")
     print(f"| bare PyTorch loop | {bare_rate:.1f} | {', '.join(f'{r:.1f}' for r in bare_rates)} |")
     print(f"| largebatch engine | {engine_rate:.1f} | {', '.join(f'{r:.1f}' for r in engine_rates)} |")
-    print(f"engine / bare = {engine_rate / bare_rate:.3f}")
+    ratios = [e / b for e, b in zip(engine_rates, bare_rates)]
+    print(f"per-round engine / bare: {', '.join(f'{r:.3f}' for r in ratios)}; ratio of the medians {engine_rate / bare_rate:.3f}")
+    print(f"engine / bare = {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bench import large_batch_study as study
+from bench.engine_overhead import BareWorker, TakingTurns, Turns
 from bench.mfu import training_flops_per_image
 from largebatch.config import derive, load_and_validate
 from tests.conftest import REPO, clean_env
@@ -84,6 +85,35 @@ def test_study_report_from_results(tmp_path):
     assert f"| lamb (sqrt, {study.RECIPES['lamb']['lr']:g}) | 81.0 | 72.0 |" in table
     assert "| sgd (linear, 0.1) | 79.0 | - |" in table
     assert (tmp_path / "s.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("first", ["engine", "bare"])
+def test_engine_overhead_loops_take_turns_step_by_step(first):
+    # The engine side draws micro-batches from TakingTurns as the engine does (one window
+    # of `accumulation` per optimizer step); the bare side takes and gives the turn around
+    # each of its steps in the worker thread, as bare_steps does.
+    steps, accumulation, order = 3, 2, []
+    turns = Turns(first)
+    loader = TakingTurns([(torch.zeros(1), torch.zeros(1))] * 2, 10, accumulation, turns)
+
+    def bare():
+        for step in range(steps):
+            turns.take("bare")
+            order.append(("bare", step))
+            turns.give("bare", to="engine")
+
+    done = BareWorker().submit(bare)
+    turns.take("engine")
+    batches = iter(loader)
+    for step in range(steps):
+        for _ in range(accumulation):
+            next(batches)
+        order.append(("engine", step))
+    turns.give("engine", to="bare")
+    assert done["event"].wait(timeout=30) and "error" not in done
+    sides = ["engine", "bare"] if first == "engine" else ["bare", "engine"]
+    assert order == [(side, step) for step in range(steps) for side in sides]
+    assert turns.seconds["engine"] >= 0 and turns.seconds["bare"] >= 0
 
 
 @pytest.mark.slow
