@@ -44,7 +44,7 @@ CEILING = "decode only, 1 core x workers"
 NATIVE, DALI, FOLDER = "native (TFRecord)", "DALI CPU (TFRecord)", "ImageFolder + PIL"
 
 
-def make_images(folder: Path, count: int, subsampling: str, classes: int = 8, seed: int = 0) -> None:
+def make_images(folder: Path, count: int, subsampling: str = "420", classes: int = 8, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     for i in range(count):
         width, height = int(rng.integers(440, 560)), int(rng.integers(330, 420))
