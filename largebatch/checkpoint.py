@@ -33,6 +33,7 @@ import os
 import pathlib
 import random
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -147,29 +148,31 @@ def list_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
     return [p for _, p in sorted(found)]
 
 
-def non_finite_tensors(module: torch.nn.Module) -> list[str]:
-    """Names of the module's floating-point parameters and buffers holding NaN or inf,
-    each with its count of non-finite values."""
+def _non_finite(named: Iterable[tuple[str, Any]]) -> list[str]:
+    """``name (count of numel)`` for each floating-point tensor holding NaN or inf."""
     out = []
-    for name, tensor in module.state_dict().items():
-        if torch.is_floating_point(tensor) or torch.is_complex(tensor):
+    for name, tensor in named:
+        if isinstance(tensor, torch.Tensor) and (torch.is_floating_point(tensor) or torch.is_complex(tensor)):
             bad = int((~torch.isfinite(tensor.detach())).sum())
             if bad:
                 out.append(f"{name} ({bad} of {tensor.numel()})")
     return out
 
 
+def non_finite_tensors(module: torch.nn.Module) -> list[str]:
+    """Names of the module's floating-point parameters and buffers holding NaN or inf,
+    each with its count of non-finite values."""
+    return _non_finite(module.state_dict().items())
+
+
 def non_finite_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[str]:
     """The optimizer's per-parameter state tensors holding NaN or inf (``name.exp_avg``, ...)."""
     names = {id(p): n for n, p in model.named_parameters()}
-    out = []
-    for param, entry in optimizer.state.items():
-        for key, value in entry.items():
-            if isinstance(value, torch.Tensor) and torch.is_floating_point(value):
-                bad = int((~torch.isfinite(value.detach())).sum())
-                if bad:
-                    out.append(f"optimizer {names.get(id(param), '?')}.{key} ({bad} of {value.numel()})")
-    return out
+    return _non_finite(
+        (f"optimizer {names.get(id(param), '?')}.{key}", value)
+        for param, entry in optimizer.state.items()
+        for key, value in entry.items()
+    )
 
 
 def check_finite(state: Any) -> None:

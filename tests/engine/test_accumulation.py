@@ -3,7 +3,6 @@ under 2-process gloo DDP (2 ranks x A=2 against one batch of the same 4 micro-ba
 
 import os
 import pathlib
-import socket
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from largebatch.engine.hook import Hook
+from tests.conftest import free_port
 from tests.engine.helpers import make_engine
 
 MICRO, FEATURES, CLASSES = 5, 7, 3
@@ -97,12 +97,6 @@ def test_partial_window_gradient_is_the_mean_over_its_samples():
             torch.testing.assert_close(captured[name], grad, rtol=0, atol=1e-12)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -137,7 +131,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.dist
 def test_ddp_two_ranks_accumulating_equal_full_batch_gradient(tmp_path):
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     expected = full_batch_gradient(make_micro_batches(4))
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt")  # the body ran: its file exists

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from largebatch.optim.lamb import Lamb
+from tests.conftest import free_port
 
 STEPS, BATCH = 4, 16
 
@@ -74,12 +74,6 @@ def test_grad_scaler_unscaled_gradients_and_skipped_step():
                 assert torch.equal(state["exp_avg_sq"], before_state[key]["exp_avg_sq"])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -99,7 +93,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.dist
 def test_ddp_two_ranks_equal_single_process_on_the_full_batch(tmp_path):
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     model = make_model(torch.float64)
     optimizer = make_lamb(model)
     for step in range(STEPS):
