@@ -1,9 +1,9 @@
 """Checkpoints: atomic save, keep the last K, a ``latest`` pointer, exact resume.
 
 A checkpoint is one file, ``<run_dir>/checkpoints/step-<N>.pt``, written by rank 0:
-model, optimizer, grad scaler, counters, each hook's state, the training loader's
-position, every rank's random generators (Python, NumPy, torch CPU and device, the mixup
-generator: gathered from all ranks), the resolved config and its hash. It is written to
+model, optimizer, grad scaler, counters, each hook's state, the resolved config and its
+hash. No random generator state: every random stream of a run is derived from the seed
+and the counters (``largebatch.randomness``), and so is the loader's position. It is written to
 a temporary file in the same folder, flushed and fsync'ed, then renamed over its final
 name, and the folder is fsync'ed: a crash mid-write leaves the previous checkpoints
 intact and never a half-written file under a checkpoint's name. ``latest`` (a text file
@@ -31,14 +31,11 @@ import hashlib
 import json
 import os
 import pathlib
-import random
 import re
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as torch_dist
 
 from largebatch.errors import UserError
 
@@ -110,33 +107,6 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     a, b = flatten(saved), flatten(current)
     keys = sorted(set(a) | set(b))
     return [k for k in keys if a.get(k) != b.get(k) and not any(k == f or k.startswith(f) for f in RESUME_FREE_KEYS)]
-
-
-def rng_state(backend: Any) -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if backend.device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(backend.device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], backend: Any) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and backend.device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], backend.device)
-
-
-def _gather(obj: Any) -> list[Any]:
-    if not torch_dist.is_initialized():
-        return [obj]
-    out: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(out, obj)
-    return out
 
 
 def list_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -212,7 +182,6 @@ def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) 
             before the collective, so no rank is left waiting).
     """
     check_finite(state)
-    per_rank = _gather({"rng": rng_state(state.backend), "mixup": state.mixup.state_dict()})
     if not state.is_main:
         return None
     folder = state.run_dir / CHECKPOINT_DIR
@@ -229,7 +198,6 @@ def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) 
         "counters": state._counters.state_dict(),
         "hooks": {hook.name: hook.state_dict() for hook in hooks},
         "loader": train_loader.state_dict(),
-        "per_rank": per_rank,
         "world_size": state.world_size,
         "config": state.config,
         "config_hash": config_hash(state.config),
@@ -352,15 +320,6 @@ def load_checkpoint(
     # optimizer-step boundaries, and the samples of each step do not depend on the world
     # size (``largebatch.data.sharding``), so this also holds after a change of world size.
     train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * state.plan.accumulation})
-    per_rank = payload["per_rank"]
-    if payload["world_size"] == state.world_size:
-        set_rng_state(per_rank[state.rank]["rng"], state.backend)
-        state.mixup.load_state_dict(per_rank[state.rank]["mixup"])
-    else:
-        seed = state.config["seed"] + state.rank + 1_000_003 * state.step
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
 
 
 def save_weights(model: torch.nn.Module, path: pathlib.Path) -> None:

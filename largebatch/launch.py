@@ -162,6 +162,7 @@ def train(args: TrainArgs) -> TrainState:
     instead, and with ``slurm.requeue`` rank 0 requeues the Slurm job once every rank is
     done; the caller exits with ``largebatch.preemption.EXIT_REQUEUE``.
     """
+    engine = None
     try:
         engine, _ = build_run(args)
         state = engine.state
@@ -189,4 +190,6 @@ def train(args: TrainArgs) -> TrainState:
                 preemption.requeue_slurm_job()
         return state
     finally:
+        if engine is not None:
+            engine.close()
         destroy_process_group()

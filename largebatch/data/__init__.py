@@ -13,7 +13,17 @@ device)``. A loader:
   both on the device;
 * ``state_dict()`` / ``load_state_dict()`` hold its position in the epoch, so a resumed
   run continues at the next micro-batch;
-* has ``num_samples`` and ``num_classes``.
+* has ``num_samples`` and ``num_classes``;
+* ``close()`` releases worker processes, pipelines and temporary files (idempotent;
+  the run calls it when it ends, however it ends).
+
+**Randomness** (``largebatch.randomness``): a loader draws nothing from global
+generators. Shuffling is a function of ``(seed, epoch)``; each training sample's
+augmentation (crop box, flip) of ``(seed, epoch, sample index)``, the same on every loader,
+rank, world size and worker count; worker seeds of ``(seed, rank)``. So the micro-batches
+a loader yields depend only on the epoch and the position, which is why a checkpoint holds
+no loader state beyond the counters, and a resumed epoch yields exactly the micro-batches
+the uninterrupted one would have.
 """
 
 from __future__ import annotations

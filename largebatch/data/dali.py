@@ -18,11 +18,16 @@ The cost is one index file per run, about one per sample when shards outnumber t
 samples of a micro-batch (ImageNet's 1024 shards), written when an epoch's iteration
 starts (measured here: ~0.1 ms per file; DALI builds a 20,000-run reader in 0.2 s).
 
-**Augmentation**: the same operations (random-resized-crop with the same ``scale`` and
-``ratio`` ranges, fused with decoding as ``fn.decoders.image_random_crop``; flip with
-probability ``hflip``; resize shorter side + centre crop for evaluation; normalise), but
-DALI's own random streams, seeded from ``(seed, epoch, rank)``: reproducible for a given
-world size, not per sample as in the native loader.
+**Augmentation**: the same operations and the same random numbers as the native loader.
+Each training sample's uniforms come from ``(seed, epoch, sample index)``
+(``largebatch.randomness.augmentation_uniforms``) through an ``external_source`` fed in
+the reader's order; the pipeline turns them into the random-resized-crop box with the
+native loader's rule (``largebatch.data.decode.random_resized_crop_box``, written here as
+DALI arithmetic on ``fn.peek_image_shape``), decodes only that box
+(``fn.decoders.image_slice``), resizes it and flips where the sample's flip uniform is
+below ``hflip``. DALI's own random operators are not used, so a sample's crop and flip
+do not depend on the rank, the world size, or where a resumed epoch restarts, and they
+are the boxes the native loader cuts. Evaluation: resize the shorter side, centre crop.
 
 **Devices**: with a CUDA device the JPEGs are decoded with ``device='mixed'`` (nvJPEG) and
 resized on the GPU; otherwise the whole pipeline runs on the CPU (``device_id=None``) and
@@ -50,6 +55,7 @@ from largebatch.data.native import _cfg, _check_channels
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
+from largebatch.randomness import CROP_ATTEMPTS, augmentation_uniforms
 
 __all__ = ["DaliLoader", "build_eval_loader", "build_train_loader", "count_samples"]
 
@@ -97,6 +103,46 @@ def write_run_indexes(
         paths.append(str(shards.paths[shard]))
         index_paths.append(index_path)
     return paths, index_paths
+
+
+def crop_window(jpegs, draws, scale: tuple[float, float], ratio: tuple[float, float]):
+    """DALI nodes for ``random_resized_crop_box`` of each sample: ``(left, top, width, height)``.
+
+    ``draws`` holds each sample's ``augmentation_uniforms`` (float64); the ten tries are
+    evaluated at once and the first that fits is chosen, else the clamped centre crop, as
+    in ``largebatch.data.decode.random_resized_crop_box`` (tested to give the same boxes).
+    DALI's reductions take float32, exact for sizes below 2**24.
+    """
+    fn, _, types, _, _, _ = _import_dali()
+    import nvidia.dali.math as dmath
+
+    shape = fn.cast(fn.peek_image_shape(jpegs), dtype=types.FLOAT64)
+    height, width = shape[0], shape[1]
+    tries = CROP_ATTEMPTS
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    target = height * width * (scale[0] + (scale[1] - scale[0]) * draws[0 : 2 * tries : 2])
+    aspect = dmath.exp(log_lo + (log_hi - log_lo) * draws[1 : 2 * tries : 2])
+    crop_w = dmath.floor(dmath.sqrt(target * aspect) + 0.5)
+    crop_h = dmath.floor(dmath.sqrt(target / aspect) + 0.5)
+    fits = (crop_w > 0) & (crop_w <= width) & (crop_h > 0) & (crop_h <= height)
+    # The first try that fits has the highest score; none fits when the best score is 0.
+    score = fn.cast(fits * types.Constant(np.arange(tries, 0, -1, dtype=np.float32)), dtype=types.FLOAT)
+    best = fn.reductions.max(score)
+    chosen = (score == best) & fits
+    found = best > 0
+
+    def pick(values):
+        return fn.cast(fn.reductions.sum(fn.cast(values * chosen, dtype=types.FLOAT)), dtype=types.FLOAT64)
+
+    narrow, wide = width / height < ratio[0], width / height > ratio[1]
+    within = ~(narrow | wide)
+    fallback_w = narrow * width + wide * dmath.floor(height * ratio[1] + 0.5) + within * width
+    fallback_h = narrow * dmath.floor(width / ratio[0] + 0.5) + wide * height + within * height
+    crop_w = found * pick(crop_w) + (~found) * fallback_w
+    crop_h = found * pick(crop_h) + (~found) * fallback_h
+    top = found * dmath.floor(draws[2 * tries] * (height - crop_h + 1)) + (~found) * dmath.floor((height - crop_h) / 2)
+    left = found * dmath.floor(draws[2 * tries + 1] * (width - crop_w + 1)) + (~found) * dmath.floor((width - crop_w) / 2)
+    return left, top, crop_w, crop_h
 
 
 class DaliLoader:
@@ -165,7 +211,7 @@ class DaliLoader:
         self.epoch = int(state["epoch"])
         self._start = self._position = min(int(state["micro_batch"]), len(self))
 
-    def _pipeline(self, paths: list[str], index_paths: list[str], batch_size: int):
+    def _pipeline(self, paths: list[str], index_paths: list[str], batches: list[np.ndarray]):
         fn, tfrec, types, pipeline_def, _, _ = self._dali
         cfg = self._cfg
         size = int(cfg["image_size"])
@@ -183,16 +229,20 @@ class DaliLoader:
         )
         decode_device = "mixed" if self._use_gpu else "cpu"
         ops_device = "gpu" if self._use_gpu else "cpu"
-        seed = (
-            zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF
-        )
         output_type = types.GRAY if gray else types.RGB
+        epoch, sorted_batches = self.epoch, [np.sort(b) for b in batches]
+
+        def sample_draws(info):
+            # The reader yields each micro-batch's records in index order (write_run_indexes).
+            if info.iteration >= len(sorted_batches):
+                raise StopIteration
+            return augmentation_uniforms(self._seed, epoch, sorted_batches[info.iteration])
 
         @pipeline_def(
-            batch_size=batch_size,
+            batch_size=max(len(b) for b in batches),
             num_threads=max(1, int(cfg.get("num_workers", 1))),
             device_id=device_id,
-            seed=seed,
+            seed=zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF,
             prefetch_queue_depth=max(1, int(cfg.get("prefetch", 2))),
         )
         def pipeline():
@@ -208,18 +258,26 @@ class DaliLoader:
             )
             jpegs, labels = record["image/encoded"], record["image/class/label"]
             if self._train:
-                images = fn.decoders.image_random_crop(
+                draws = fn.external_source(
+                    source=sample_draws, batch=True, batch_info=True, dtype=types.FLOAT64
+                )
+                left, top, crop_w, crop_h = crop_window(
+                    jpegs, draws, tuple(cfg.get("scale", (0.08, 1.0))), tuple(cfg.get("ratio", (3 / 4, 4 / 3)))
+                )
+                images = fn.decoders.image_slice(
                     jpegs,
+                    fn.cast(fn.stack(left, top), dtype=types.FLOAT),
+                    fn.cast(fn.stack(crop_w, crop_h), dtype=types.FLOAT),
                     device=decode_device,
                     output_type=output_type,
-                    random_area=list(cfg.get("scale", (0.08, 1.0))),
-                    random_aspect_ratio=list(cfg.get("ratio", (3 / 4, 4 / 3))),
-                    num_attempts=10,
+                    axis_names="WH",
+                    normalized_anchor=False,
+                    normalized_shape=False,
                 )
                 images = fn.resize(
                     images, device=ops_device, resize_x=size, resize_y=size
                 )
-                mirror = fn.random.coin_flip(probability=float(cfg.get("hflip", 0.5)))
+                mirror = fn.cast(draws[2 * CROP_ATTEMPTS + 2] < float(cfg.get("hflip", 0.5)), dtype=types.INT32)
                 crop = None
             else:
                 images = fn.decoders.image(
@@ -274,8 +332,7 @@ class DaliLoader:
         for name in os.listdir(self._folder):
             os.unlink(os.path.join(self._folder, name))
         paths, index_paths = write_run_indexes(self.shards, batches, self._folder)
-        batch_size = max(len(b) for b in batches)
-        pipe = self._pipeline(paths, index_paths, batch_size)
+        pipe = self._pipeline(paths, index_paths, batches)
         iterator = iterator_class(
             [pipe],
             ["images", "labels"],
@@ -314,8 +371,12 @@ class DaliLoader:
             self._start = 0
             del iterator, pipe
 
-    def __del__(self) -> None:
+    def close(self) -> None:
+        """Remove the epoch's index files (idempotent)."""
         shutil.rmtree(getattr(self, "_folder", ""), ignore_errors=True)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class _TrainBatches:

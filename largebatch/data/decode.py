@@ -25,6 +25,8 @@ import simplejpeg
 import torch
 import torch.nn.functional as F
 
+from largebatch.randomness import CROP_ATTEMPTS
+
 Box = tuple[float, float, float, float]  # left, top, width, height in source pixels
 
 DCT_SCALES = (8, 4, 2, 1)  # decode at 1/k of full size, tried largest k first
@@ -33,27 +35,41 @@ DCT_SCALES = (8, 4, 2, 1)  # decode at 1/k of full size, tried largest k first
 def random_resized_crop_box(
     height: int,
     width: int,
-    rng: np.random.Generator,
+    draws: np.ndarray,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
 ) -> Box:
-    """A random crop box, sampled as torchvision's ``RandomResizedCrop.get_params``."""
+    """A random crop box, sampled by torchvision's ``RandomResizedCrop.get_params`` rule
+    from pre-drawn uniforms, so the box is a function of the sample, not of a stream.
+
+    Args:
+        height, width: the image's size.
+        draws: at least ``2 * CROP_ATTEMPTS + 2`` uniforms in [0, 1): the area fraction
+            and log-aspect of each try, then the top and left position
+            (``largebatch.randomness.augmentation_uniforms``).
+        scale: range of the crop's area as a fraction of the image's.
+        ratio: range of the crop's aspect ratio (width / height).
+
+    Returns:
+        ``(left, top, width, height)`` in whole pixels. Sizes round half up and positions
+        are ``floor(u * (free + 1))``, the rule the DALI loader's graph computes too.
+    """
     area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(*log_ratio))
-        crop_w = round(math.sqrt(target_area * aspect))
-        crop_h = round(math.sqrt(target_area / aspect))
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for attempt in range(CROP_ATTEMPTS):
+        target_area = area * (scale[0] + (scale[1] - scale[0]) * draws[2 * attempt])
+        aspect = math.exp(log_lo + (log_hi - log_lo) * draws[2 * attempt + 1])
+        crop_w = math.floor(math.sqrt(target_area * aspect) + 0.5)
+        crop_h = math.floor(math.sqrt(target_area / aspect) + 0.5)
         if 0 < crop_w <= width and 0 < crop_h <= height:
-            top = int(rng.integers(0, height - crop_h + 1))
-            left = int(rng.integers(0, width - crop_w + 1))
+            top = math.floor(draws[2 * CROP_ATTEMPTS] * (height - crop_h + 1))
+            left = math.floor(draws[2 * CROP_ATTEMPTS + 1] * (width - crop_w + 1))
             return left, top, crop_w, crop_h
     in_ratio = width / height
     if in_ratio < ratio[0]:
-        crop_w, crop_h = width, round(width / ratio[0])
+        crop_w, crop_h = width, math.floor(width / ratio[0] + 0.5)
     elif in_ratio > ratio[1]:
-        crop_h, crop_w = height, round(height * ratio[1])
+        crop_h, crop_w = height, math.floor(height * ratio[1] + 0.5)
     else:
         crop_w, crop_h = width, height
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h

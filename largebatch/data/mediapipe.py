@@ -285,6 +285,9 @@ class MediaPipeLoader:
         self.epoch = int(state["epoch"])
         self._start = self._position = min(int(state["micro_batch"]), len(self))
 
+    def close(self) -> None:
+        """Pipelines live only while an epoch is iterated: nothing to release."""
+
     def __iter__(self):
         batches = self._batches_for_epoch(self.epoch)[self._start :]
         self._position = self._start

@@ -6,8 +6,10 @@ one ``lam`` is drawn per batch and each image is mixed with the batch reversed; 
 CutMix, ``lam`` is corrected to the pasted box's true area. Label smoothing spreads
 ``label_smoothing`` of each target's mass evenly over all classes.
 
-Randomness comes from a NumPy generator owned by this object (seeded per rank, saved
-in checkpoints), so mixing is reproducible and resumable.
+Randomness comes from the NumPy generator passed with each batch (the engine makes one
+per micro-batch from ``(seed, rank, step, micro-batch)``, see ``largebatch.randomness``),
+so mixing is reproducible and resumable without saving any state; without one, from the
+object's own generator.
 """
 
 from __future__ import annotations
@@ -76,29 +78,31 @@ class MixupCutmix:
         """Whether targets are soft (any mixing or smoothing configured)."""
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0 or self.label_smoothing > 0
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> MixedBatch:
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator | None = None) -> MixedBatch:
+        """Mix a batch, drawing from ``rng`` (default: this object's generator)."""
         if not self.active:
             return MixedBatch(images, labels, labels)
+        rng = self.rng if rng is None else rng
         lam, use_cutmix = 1.0, False
-        if (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.rng.random() < self.prob:
-            use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha == 0 or self.rng.random() < self.switch_prob)
+        if (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and rng.random() < self.prob:
+            use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha == 0 or rng.random() < self.switch_prob)
             alpha = self.cutmix_alpha if use_cutmix else self.mixup_alpha
-            lam = float(self.rng.beta(alpha, alpha))
+            lam = float(rng.beta(alpha, alpha))
         labels_b = labels.flip(0)
         if lam < 1.0:
             if use_cutmix:
-                images, lam = self._cutmix(images, lam)
+                images, lam = self._cutmix(images, lam, rng)
             else:
                 images = images.mul(lam).add_(images.flip(0), alpha=1.0 - lam)
         targets = self.soft_targets(labels, labels_b, lam, images.dtype)
         return MixedBatch(images, targets, labels, labels_b if lam < 1.0 else None, lam)
 
-    def _cutmix(self, images: torch.Tensor, lam: float) -> tuple[torch.Tensor, float]:
+    def _cutmix(self, images: torch.Tensor, lam: float, rng: np.random.Generator) -> tuple[torch.Tensor, float]:
         height, width = images.shape[-2:]
         cut = math.sqrt(1.0 - lam)
         box_h, box_w = int(height * cut), int(width * cut)
-        cy = int(self.rng.integers(height))
-        cx = int(self.rng.integers(width))
+        cy = int(rng.integers(height))
+        cx = int(rng.integers(width))
         y0, y1 = max(cy - box_h // 2, 0), min(cy + box_h // 2, height)
         x0, x1 = max(cx - box_w // 2, 0), min(cx + box_w // 2, width)
         images = images.clone()
@@ -117,12 +121,6 @@ class MixupCutmix:
         if lam < 1.0:
             targets = targets.mul_(lam).add_(one_hot(labels_b), alpha=1.0 - lam)
         return targets
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

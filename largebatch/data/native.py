@@ -9,8 +9,10 @@ index gives, CRC-checked, its Example parsed, its JPEG decoded at reduced DCT sc
 the crop allows (``largebatch.data.decode``), cropped, resized and flipped on the CPU;
 the contiguous uint8 NCHW batch is pinned, copied to the device and normalised there.
 
-Augmentation randomness comes from ``(seed, epoch, sample index)`` alone, so a sample's
-crop does not depend on the number of workers, ranks, or on a resume.
+Augmentation randomness comes from ``(seed, epoch, sample index)`` alone
+(``largebatch.randomness.augmentation_uniforms``), so a sample's crop and flip do not
+depend on the number of workers, ranks, or on a resume; the DataLoader's base seed comes
+from a generator of its own, so creating an iterator never draws from the global one.
 
 ``state_dict()`` holds ``{'epoch', 'micro_batch'}`` (micro-batches already yielded this
 epoch); after ``load_state_dict`` the next iteration starts at that micro-batch without
@@ -36,6 +38,7 @@ from largebatch.data.example import ExampleDecodeError, decode_example
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
+from largebatch.randomness import AUGMENTATION_DRAWS, augmentation_uniforms, worker_generator
 
 __all__ = ["NativeLoader", "build_eval_loader", "build_train_loader", "count_samples"]
 
@@ -98,7 +101,7 @@ class _MicroBatchDataset(Dataset):
     def __len__(self) -> int:  # pragma: no cover - the sampler drives indexing
         return len(self._batches)
 
-    def _load(self, index: int) -> tuple[torch.Tensor, int]:
+    def _load(self, index: int, draws: np.ndarray | None) -> tuple[torch.Tensor, int]:
         data = self.shards.read(index)
         try:
             features = decode_example(data, _KEYS)
@@ -118,14 +121,11 @@ class _MicroBatchDataset(Dataset):
         try:
             height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
             flip = False
-            if self.train:
-                rng = np.random.Generator(
-                    np.random.PCG64([self.seed, self._epoch, int(index)])
-                )
+            if draws is not None:
                 box = random_resized_crop_box(
-                    height, width, rng, self.scale, self.ratio
+                    height, width, draws, self.scale, self.ratio
                 )
-                flip = rng.random() < self.hflip
+                flip = bool(draws[AUGMENTATION_DRAWS - 1] < self.hflip)
             else:
                 box = center_crop_box(height, width, self.size, self.crop_ratio)
             pixels = decode_crop_resize(
@@ -149,9 +149,14 @@ class _MicroBatchDataset(Dataset):
             (len(indices), self.channels, self.size, self.size), dtype=torch.uint8
         )
         labels = torch.empty(len(indices), dtype=torch.int64)
+        draws = (
+            augmentation_uniforms(self.seed, epoch, indices) if self.train else None
+        )
         try:
             for j, index in enumerate(indices.tolist()):
-                images[j], labels[j] = self._load(index)
+                images[j], labels[j] = self._load(
+                    index, None if draws is None else draws[j]
+                )
         except DataError as err:
             return err.render()
         return images, labels
@@ -188,6 +193,7 @@ class NativeLoader:
         train: bool,
         data_cfg: dict,
         seed: int,
+        rank: int,
         device: torch.device,
     ) -> None:
         self.shards = shards
@@ -228,6 +234,7 @@ class NativeLoader:
             sampler=_EpochSampler(self),
             num_workers=workers,
             pin_memory=self.device.type == "cuda",
+            generator=worker_generator(seed, rank),
             **kwargs,
         )
 
@@ -248,6 +255,14 @@ class NativeLoader:
         """Continue ``state['epoch']`` at micro-batch ``state['micro_batch']``."""
         self.epoch = int(state["epoch"])
         self._start = self._position = min(int(state["micro_batch"]), len(self))
+
+    def close(self) -> None:
+        """Stop the worker processes now (idempotent). Left to the garbage collector, a
+        loader stopped mid-epoch can take seconds to let its workers go."""
+        iterator = getattr(self._loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self._loader._iterator = None
 
     def _to_device(self, batch):
         if isinstance(batch, str):
@@ -332,6 +347,7 @@ def build_train_loader(
         train=True,
         data_cfg=data_cfg,
         seed=seed,
+        rank=rank,
         device=device,
     )
 
@@ -358,5 +374,6 @@ def build_eval_loader(
         train=False,
         data_cfg=data_cfg,
         seed=0,
+        rank=rank,
         device=device,
     )

@@ -92,6 +92,9 @@ class SyntheticLoader:
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "micro_batch": self._position}
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.set_epoch(int(state["epoch"]))
         self._position = int(state["micro_batch"])

@@ -86,6 +86,13 @@ class Engine:
                     exc.add_note(f"hook {hook.name} also failed in on_exception: {hook_exc!r}")
             raise
 
+    def close(self) -> None:
+        """Release the loaders' workers, pipelines and temporary files."""
+        for loader in (self.train_loader, self.eval_loader):
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+
     def _eval_if_requested(self) -> None:
         state = self.state
         if state.eval_requested and not state.interrupted and self._last_eval_step != state.step:
@@ -128,9 +135,10 @@ class Engine:
         for micro in range(window):
             state.micro_in_window = micro
             images, labels = self._next_batch(batches)
-            state.batch = state.mixup(images, labels)
+            state.batch = state.mixup(images, labels, rng=state.random.mixup_generator(state.step, micro))
             self.fire(Event.BEFORE_MICRO_STEP)
             with sync_context(state.train_model, micro, window):
+                state.random.seed_forward(state.step, micro)  # dropout: a function of (seed, rank, step, micro)
                 with state.backend.autocast():
                     state.outputs = state.train_model(state.batch.images)
                     state.loss = soft_cross_entropy(state.outputs, state.batch.targets)

@@ -25,6 +25,7 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.dist import DistInfo
+from largebatch.randomness import RandomStreams
 
 
 @dataclasses.dataclass
@@ -79,6 +80,8 @@ class TrainState:
         train_model: what the forward pass calls (the DDP wrapper when distributed).
         optimizer, schedule, scaler, mixup: as built from the config (scaler may be None).
         run_dir: the run directory.
+        random: the run's random streams (``largebatch.randomness``); the engine reseeds
+            the model's generators from it before every forward pass.
         batch: the current micro-batch (``MixedBatch``) in micro events.
         outputs / loss: the current micro-batch's logits and mean loss (``after_forward`` on).
         window_size / micro_in_window: micro-batches in this step's window, and the
@@ -117,6 +120,7 @@ class TrainState:
         scaler: torch.amp.GradScaler | None,
         mixup: Any,
         run_dir: pathlib.Path,
+        random: RandomStreams | None = None,
     ) -> None:
         self.config = config
         self.derived = derived
@@ -130,6 +134,7 @@ class TrainState:
         self.scaler = scaler
         self.mixup = mixup
         self.run_dir = run_dir
+        self.random = random or RandomStreams(config.get("seed", 0), dist.rank, backend)
         self._counters = Counters()
         self.batch = None
         self.outputs: torch.Tensor | None = None

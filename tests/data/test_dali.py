@@ -122,3 +122,38 @@ def test_missing_dali_is_a_user_error(monkeypatch, unique_shards):
         dali.build_train_loader(
             data_cfg(unique_shards, 48), plan(), rank=0, seed=0, device=CPU
         )
+
+
+@needs_dali
+@pytest.mark.parametrize(("scale", "ratio"), [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 1.0), (0.2, 5.0))])
+def test_crop_boxes_are_the_native_loaders_boxes(scale, ratio):
+    """The DALI graph's random-resized-crop boxes equal ``random_resized_crop_box`` exactly,
+    on shapes that take every branch: a try fits; no try can fit (1000x50 and 30x400 at
+    the default scale: every try is wider or taller than the image), so the centre crop
+    clamped to the ratio range is taken."""
+    import numpy as np
+    import simplejpeg
+    from nvidia.dali import fn, pipeline_def, types
+
+    from largebatch.data.dali import crop_window
+    from largebatch.data.decode import random_resized_crop_box
+    from largebatch.randomness import augmentation_uniforms
+
+    sizes = [(375, 500), (500, 375), (64, 64), (30, 400), (400, 30), (1000, 50), (17, 19), (480, 640)] * 4
+    pixels = np.random.default_rng(0)
+    jpegs = [np.frombuffer(simplejpeg.encode_jpeg(pixels.integers(0, 256, (h, w, 3), dtype=np.uint8)), np.uint8) for h, w in sizes]
+    draws = augmentation_uniforms(SEED, 3, np.arange(len(sizes)))
+
+    @pipeline_def(batch_size=len(sizes), num_threads=1, device_id=None)
+    def boxes():
+        encoded = fn.external_source(source=lambda: jpegs, batch=True)
+        uniforms = fn.external_source(source=lambda: list(draws), batch=True, dtype=types.FLOAT64)
+        return crop_window(encoded, uniforms, scale, ratio)
+
+    pipe = boxes()
+    pipe.build()
+    outputs = pipe.run()
+    for i, (height, width) in enumerate(sizes):
+        got = tuple(float(np.asarray(out[i])) for out in outputs)
+        want = random_resized_crop_box(height, width, draws[i], scale, ratio)
+        assert got == tuple(float(v) for v in want), (height, width)

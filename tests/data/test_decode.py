@@ -27,6 +27,7 @@ from largebatch.data.decode import (
     decode_crop_resize,
     random_resized_crop_box,
 )
+from largebatch.randomness import AUGMENTATION_DRAWS
 
 
 def _package_file(package: str, relative: str) -> Path | None:
@@ -130,7 +131,7 @@ def test_full_scale_decode_matches_pillow(photos):
     for jpeg in photos:
         height, width = header(jpeg)
         for _ in range(8):
-            box = random_resized_crop_box(height, width, rng)
+            box = random_resized_crop_box(height, width, rng.random(AUGMENTATION_DRAWS))
             if dct_scale(box, 224) != 1:
                 continue
             checked += 1
@@ -150,7 +151,7 @@ def test_reduced_scale_decode_is_close_to_full_decode(photos, size):
     for jpeg in photos:
         height, width = header(jpeg)
         for _ in range(12):
-            box = random_resized_crop_box(height, width, rng)
+            box = random_resized_crop_box(height, width, rng.random(AUGMENTATION_DRAWS))
             scale = dct_scale(box, size)
             if scale == 1:
                 continue
@@ -191,7 +192,7 @@ def test_random_crop_boxes_follow_torchvision_random_resized_crop():
     scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
     rng = np.random.default_rng(0)
     ours = np.array(
-        [random_resized_crop_box(height, width, rng, scale, ratio) for _ in range(n)],
+        [random_resized_crop_box(height, width, rng.random(AUGMENTATION_DRAWS), scale, ratio) for _ in range(n)],
         dtype=float,
     )
     torch.manual_seed(0)

@@ -128,9 +128,9 @@ def test_resume_continues_at_next_micro_batch_without_decoding_skipped(
     decoded = []
     original = native._MicroBatchDataset._load
 
-    def counting(self, index):
+    def counting(self, index, draws):
         decoded.append(index)
-        return original(self, index)
+        return original(self, index, draws)
 
     monkeypatch.setattr(native._MicroBatchDataset, "_load", counting)
     resumed = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
