@@ -182,9 +182,10 @@ def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
     import torch.nn.functional as F
 
     from largebatch.data.decode import random_resized_crop_box
+    from largebatch.randomness import AUGMENTATION_DRAWS
 
     rng = np.random.default_rng(0)
-    boxes = [random_resized_crop_box(*simplejpeg.decode_jpeg_header(j)[:2], rng) for j in jpegs]
+    boxes = [random_resized_crop_box(*simplejpeg.decode_jpeg_header(j)[:2], rng.random(AUGMENTATION_DRAWS)) for j in jpegs]
     decoded = [simplejpeg.decode_jpeg(j) for j in jpegs]
     pil = [Image.fromarray(d) for d in decoded]
 
