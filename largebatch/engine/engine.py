@@ -170,40 +170,57 @@ class Engine:
         state.lr = state.schedule.lr_at(state.step)
         self._eval_if_requested()
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Top-1, top-5 and loss over the evaluation split (every sample once across ranks)."""
         state = self.state
         if self.eval_loader is None:
             return {}
         self.fire(Event.BEFORE_EVAL)
-        state.model.eval()
-        sums = torch.zeros(4, dtype=torch.float64, device=state.backend.device)  # loss, top1, top5, count
+
+        def after_batch(images: torch.Tensor, labels: torch.Tensor, logits: torch.Tensor) -> None:
+            state.eval_batch = (images, labels, logits)
+            self.fire(Event.AFTER_EVAL_BATCH)
+
         try:
-            for images, labels in self.eval_loader:
-                with state.backend.autocast():
-                    logits = state.model(images)
-                loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-                k = min(5, logits.shape[-1])
-                top = logits.topk(k, dim=-1).indices
-                hits = top.eq(labels.unsqueeze(1))
-                sums += torch.stack(
-                    [
-                        loss.double(),
-                        hits[:, 0].sum().double(),
-                        hits.any(1).sum().double(),
-                        torch.tensor(float(labels.numel()), dtype=torch.float64, device=sums.device),
-                    ]
-                )
-                state.eval_batch = (images, labels, logits)
-                self.fire(Event.AFTER_EVAL_BATCH)
+            state.eval_metrics = evaluate_loader(state.model, self.eval_loader, state.backend, prefix="eval", on_batch=after_batch)
         finally:
-            state.model.train()
             state.eval_batch = None
-        all_reduce_sum(sums)
-        loss, top1, top5, count = sums.tolist()
-        count = max(count, 1.0)
-        state.eval_metrics = {"eval/loss": loss / count, "eval/top1": top1 / count, "eval/top5": top5 / count, "eval/samples": count}
         self._last_eval_step = state.step
         self.fire(Event.AFTER_EVAL)
         return state.eval_metrics
+
+
+@torch.no_grad()
+def evaluate_loader(model: torch.nn.Module, loader: Any, backend: Any, *, prefix: str = "eval", on_batch: Any = None) -> dict[str, float]:
+    """Loss, top-1 and top-5 of ``model`` over ``loader``, summed over ranks.
+
+    Every rank must call it (it all-reduces once at the end). The model is put in eval
+    mode for the pass and back in train mode after it. ``on_batch(images, labels,
+    logits)`` is called after each batch. Returns ``{prefix}/loss``, ``/top1``, ``/top5``
+    and ``/samples``.
+    """
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=backend.device)  # loss, top1, top5, count
+    try:
+        for images, labels in loader:
+            with backend.autocast():
+                logits = model(images)
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            k = min(5, logits.shape[-1])
+            hits = logits.topk(k, dim=-1).indices.eq(labels.unsqueeze(1))
+            sums += torch.stack(
+                [
+                    loss.double(),
+                    hits[:, 0].sum().double(),
+                    hits.any(1).sum().double(),
+                    torch.tensor(float(labels.numel()), dtype=torch.float64, device=sums.device),
+                ]
+            )
+            if on_batch is not None:
+                on_batch(images, labels, logits)
+    finally:
+        model.train()
+    all_reduce_sum(sums)
+    loss, top1, top5, count = sums.tolist()
+    count = max(count, 1.0)
+    return {f"{prefix}/loss": loss / count, f"{prefix}/top1": top1 / count, f"{prefix}/top5": top5 / count, f"{prefix}/samples": count}

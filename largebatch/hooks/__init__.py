@@ -87,11 +87,12 @@ def load_hook_class(spec: str, key: str, config_path: pathlib.Path | None = None
     if module is None:
         module_spec = importlib.util.spec_from_file_location(module_name, found)
         module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module  # before running it, as an import does: dataclasses and pickle look it up
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:
+            del sys.modules[module_name]
             raise ConfigError(f"importing {found} raised {type(exc).__name__}: {exc}", key=key) from exc
-        sys.modules[module_name] = module
     cls = getattr(module, class_name, None)
     if cls is None:
         classes = [n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, Hook) and v is not Hook]

@@ -264,6 +264,32 @@ def test_bad_custom_hook_is_one_error_line_naming_its_index(tmp_path, capsys, cl
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
+DATACLASS_HOOK_FILE = """
+from __future__ import annotations
+
+import dataclasses
+from largebatch.engine.hook import Hook
+
+@dataclasses.dataclass
+class Window:
+    size: int = 3
+
+class Windowed(Hook):
+    def __init__(self, size: int = 3):
+        super().__init__()
+        self.window = Window(size)
+"""
+
+
+def test_custom_hook_file_may_define_dataclasses(tmp_path):
+    # with string annotations, dataclasses look the defining module up in sys.modules while the file runs
+    from largebatch.hooks import load_hook_class
+
+    (tmp_path / "windowed.py").write_text(DATACLASS_HOOK_FILE)
+    cls = load_hook_class(f"{tmp_path}/windowed.py:Windowed", "hooks[0]")
+    assert cls(size=5).window.size == 5
+
+
 def test_readme_example_is_hooks_loss_spike():
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("### Write your first debugging hook") :]

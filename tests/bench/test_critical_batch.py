@@ -1,0 +1,166 @@
+"""The critical-batch study's bookkeeping: evaluation steps, the tuning rule, the
+choice of learning rate on the held-out split, scaling efficiency and the knee, the
+data split; and a smoke run of the whole study through ``largebatch train``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from bench import critical_batch as cb
+from largebatch.config import load_and_validate
+from largebatch.data import count_samples
+from tests.bench.test_bench_scripts import run_script
+from tests.conftest import REPO
+
+FMNIST = REPO / "data" / "fashion-mnist"
+
+
+def study_args(**overrides) -> argparse.Namespace:
+    args = cb.parse_args([])
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def trial(optimizer="lamb", batch=256, lr=0.01, heldout_steps=None, test_steps=None, final=0.8, curve=None, noise=()):
+    return {
+        "optimizer": optimizer,
+        "batch": batch,
+        "lr": lr,
+        "steps": 3000,
+        "curve": curve or [],
+        "noise_scale": [{"step": s, "b_simple": v} for s, v in noise],
+        "final_heldout": final,
+        "final_test": final - 0.01,
+        "steps_to_target_heldout": heldout_steps,
+        "steps_to_target_test": test_steps,
+        "diverged": False,
+    }
+
+
+def test_eval_schedule_is_geometric_distinct_and_ends_at_the_last_step():
+    steps = cb.eval_schedule(100, 1.5, first=2)
+    assert steps == [2, 3, 5, 7, 11, 16, 23, 35, 52, 77, 100]
+    assert cb.eval_schedule(5, 1.2) == [1, 2, 3, 4, 5]  # ceil(1.2)=2, ceil(1.44)=2 only once
+    assert cb.eval_schedule(1, 2.0) == [1]
+
+
+def test_steps_to_target_is_the_first_evaluation_at_or_above_it():
+    curve = [{"step": 10, "heldout": 0.5}, {"step": 20, "heldout": 0.85}, {"step": 30, "heldout": 0.84}, {"step": 40, "heldout": 0.9}]
+    assert cb.steps_to(curve, "heldout", 0.85) == 20
+    assert cb.steps_to(curve, "heldout", 0.95) is None
+
+
+def test_grid_centres_on_each_optimizers_scaling_rule():
+    args = study_args(initial=3, grid_factor=2.0)
+    assert cb.initial_grid("lamb", 256, args) == [0.005, 0.01, 0.02]
+    assert cb.initial_grid("lamb", 4096, args) == pytest.approx([0.02, 0.04, 0.08])  # sqrt(16) = 4
+    assert cb.initial_grid("sgd", 4096, args) == pytest.approx([0.8, 1.6, 3.2])  # linear: 16
+    assert cb.initial_grid("lars", 1024, args) == pytest.approx([2.0, 4.0, 8.0])
+
+
+def test_tuning_extends_the_grid_only_while_the_best_is_at_an_edge():
+    args = study_args(initial=3, max_trials=5, grid_factor=2.0)
+    assert cb.next_lrs([], "lamb", 256, args) == [0.005, 0.01, 0.02]
+    interior = [trial(lr=0.005, heldout_steps=900), trial(lr=0.01, heldout_steps=500, final=0.9), trial(lr=0.02, heldout_steps=700)]
+    assert cb.next_lrs(interior, "lamb", 256, args) == []
+    upper = [trial(lr=0.005, heldout_steps=900), trial(lr=0.01, heldout_steps=700), trial(lr=0.02, heldout_steps=500, final=0.9)]
+    assert cb.next_lrs(upper, "lamb", 256, args) == [0.04]
+    # steps favour the top, final accuracy the bottom: both edges, within the budget
+    split = [trial(lr=0.005, final=0.9), trial(lr=0.01, final=0.85), trial(lr=0.02, heldout_steps=400, final=0.86)]
+    assert cb.next_lrs(split, "lamb", 256, args) == [0.04, 0.0025]
+    full = upper + [trial(lr=0.04, heldout_steps=450, final=0.9), trial(lr=0.08, heldout_steps=300, final=0.9)]
+    assert cb.next_lrs(full, "lamb", 256, args) == []  # budget spent, even at an edge
+
+
+def test_learning_rate_is_chosen_on_held_out_and_efficiency_against_batch_256():
+    trials = [
+        # batch 256: the held-out split prefers 0.01 (it reaches the target first there),
+        # although 0.02 reaches it first on the test set; the test number is only reported
+        trial(batch=256, lr=0.01, heldout_steps=800, test_steps=800),
+        trial(batch=256, lr=0.02, heldout_steps=900, test_steps=600),
+        trial(batch=1024, lr=0.02, heldout_steps=200, test_steps=200),
+        trial(batch=4096, lr=0.04, heldout_steps=100, test_steps=100),
+        trial(batch=16384, lr=0.08, heldout_steps=90, test_steps=90),
+        trial(optimizer="sgd", batch=256, lr=0.1, heldout_steps=None, test_steps=1000, final=0.7),
+        trial(optimizer="sgd", batch=1024, lr=0.4, heldout_steps=300, test_steps=300),
+    ]
+    s = cb.summarise({"trials": trials})
+    lamb = {b: s["cells"][("lamb", b)] for b in (256, 1024, 4096, 16384)}
+    assert lamb[256]["lr_steps"] == 0.01 and lamb[256]["steps_to_target"] == 800
+    assert lamb[1024]["efficiency"] == pytest.approx((800 / 200) / 4)
+    assert lamb[4096]["efficiency"] == pytest.approx(0.5)  # not below 0.5
+    assert lamb[16384]["efficiency"] == pytest.approx((800 / 90) / 64)
+    assert lamb[16384]["samples_to_target"] == 90 * 16384
+    assert s["per_optimizer"]["lamb"]["knee"] == 16384
+    # a cell whose chosen trial never reaches the held-out target has no steps, so no knee
+    assert s["cells"][("sgd", 256)]["steps_to_target"] is None
+    assert s["per_optimizer"]["sgd"]["knee"] is None
+
+
+def test_b_simple_is_read_near_the_target_of_the_chosen_small_batch_trial():
+    noise = [(100, 50.0), (200, 60.0), (400, 100.0), (500, 120.0), (700, 140.0), (800, 160.0), (1000, 400.0)]
+    trials = [trial(lr=0.01, heldout_steps=800, test_steps=800, noise=noise), trial(lr=0.02, heldout_steps=900, noise=[(100, 1e9)])]
+    b = cb.summarise({"trials": trials})["per_optimizer"]["lamb"]["b_simple"]
+    assert b["near_target"] == pytest.approx(130.0)  # median of steps 400..800: 100, 120, 140, 160
+    assert b["whole_run"] == pytest.approx(120.0)
+
+
+def test_report_renders_from_results(tmp_path):
+    trials = [
+        trial(batch=256, lr=0.01, heldout_steps=800, test_steps=800, noise=[(400, 300.0)]),
+        trial(batch=1024, lr=0.02, heldout_steps=250, test_steps=240),
+        {**trial(batch=1024, lr=0.04), "diverged": True, "final_heldout": None, "final_test": None},
+    ]
+    cb.render({"trials": trials, "settings": {"target": 0.85, "epochs": 15}}, tmp_path, "cb")
+    report = (tmp_path / "cb.md").read_text()
+    assert "| lamb | 800 (1.00) | 240 (0.83)* |" in report  # 0.02 of {0.02, 0.04}: at the grid's edge
+    assert "| lamb | none up to 1024 | 300 | 300 |" in report
+    assert (tmp_path / "cb.png").stat().st_size > 0
+
+
+def test_trial_config_validates_with_the_warmup_grown_with_the_batch():
+    args = study_args(train_samples=52500, study_data=FMNIST)
+    for batch, warmup in [(256, 0.05), (4096, 0.8), (16384, 3.0)]:  # 16384: 3.2 epochs, capped at a fifth of 15
+        text = cb.trial_config("lamb", batch, 0.01, args)
+        path = (REPO / "bench" / ".cache").joinpath(f"trial-{batch}.py")
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        cfg = load_and_validate(str(path), [])
+        assert cfg["lr_schedule"]["warmup_epochs"] == pytest.approx(warmup)
+        assert cfg["global_batch_size"] == batch and cfg["micro_batch_size"] == 128
+        assert cfg["optimizer"]["lr"] == 0.01 and cfg["lr_schedule"]["scaling"] == "none"
+        assert cfg["data"]["eval_split"] == "heldout" and cfg["partial_window"] == "drop"
+        assert [h["type"] for h in cfg["hooks"]][0] == "noise_scale"
+
+
+@pytest.mark.skipif(not (FMNIST / "dataset.json").exists(), reason="needs data/fashion-mnist (python data/prepare_fmnist.py)")
+def test_study_data_holds_out_the_last_training_shard(tmp_path):
+    counts = cb.prepare_study_data(FMNIST, tmp_path / "study")
+    assert counts == {"train": 52500, "heldout": 7500, "validation": 10000}
+    meta = json.loads((tmp_path / "study" / "dataset.json").read_text())
+    assert meta["splits"]["heldout"] == {"records": 7500, "shards": 1}
+    data_cfg = {"loader": "native", "root": str(tmp_path / "study"), "train_split": "train", "eval_split": "heldout"}
+    assert count_samples(data_cfg, "train") == 52500 and count_samples(data_cfg, "eval") == 7500
+    held = (tmp_path / "study" / "heldout-00000-of-00001").resolve()
+    assert held == sorted(p for p in FMNIST.glob("train-*") if p.suffix != ".idx")[-1].resolve()
+    assert held not in {p.resolve() for p in (tmp_path / "study").glob("train-*")}
+    assert cb.prepare_study_data(FMNIST, tmp_path / "study") == counts  # again: the same links
+
+
+@pytest.mark.slow
+def test_quick_study_runs_every_optimizer(tmp_path):
+    run_script("bench/critical_batch.py", "--quick", "--jobs", "2", "--out", str(tmp_path), "--study-data", str(tmp_path / "data"))
+    results = json.loads((tmp_path / "critical_batch.json").read_text())
+    cells = {(t["optimizer"], t["batch"]) for t in results["trials"]}
+    assert cells == {(o, b) for o in cb.RECIPES for b in (64, 128)}
+    for t in results["trials"]:
+        assert not t["diverged"]
+        assert [p["step"] for p in t["curve"]] == [1, 2, 3]  # spaced evaluations, the last one at the end
+        assert all(0 <= p["heldout"] <= 1 and 0 <= p["test"] <= 1 for p in t["curve"])
+        assert t["noise_scale"] and all(math.isfinite(p["b_simple"]) or p["b_simple"] is None for p in t["noise_scale"])
+    assert (tmp_path / "critical_batch.md").exists() and (tmp_path / "critical_batch.png").exists()
