@@ -83,7 +83,7 @@ SCHEMA = Section(
         ),
         "optimizer": Section(
             {
-                "type": Field(str, "adamw", "optimizer", choices=("adamw", "sgd", "lamb")),
+                "type": Field(str, "adamw", "optimizer", choices=("adamw", "sgd", "lamb", "lars")),
                 "lr": Field(float, REQUIRED, "peak learning rate (before lr_schedule.scaling)", low=0, low_open=True),
                 "weight_decay": Field(float, 0.0, "weight decay for the decayed group", low=0),
                 "no_weight_decay": Field(

@@ -1,9 +1,10 @@
-"""LAMB trust ratios per parameter group, and the layers with the most extreme ones.
+"""LAMB or LARS trust ratios per parameter group, and the layers with the most extreme ones.
 
 LAMB (You et al. 2019, arXiv:1904.00962) scales each tensor's update by
-``||w|| / ||u||``; a ratio far from its neighbours' is often the first sign of a layer
-going wrong in a large-batch run. The optimizer records the ratios only when asked
-(``Lamb.request_stats()``, see ``largebatch.optim.lamb``): this hook asks in
+``||w|| / ||u||``, LARS (You et al. 2017) by ``eta ||w|| / (||g|| + wd ||w||)``; a ratio
+far from its neighbours' is often the first sign of a layer going wrong in a large-batch
+run. The optimizer records the ratios only when asked (``request_stats()``, see
+``largebatch.optim.lamb`` and ``largebatch.optim.lars``): this hook asks in
 ``before_optimizer_step`` of the steps that will be logged, so other steps cost nothing.
 
 Published per group: ``trust_ratio/<group>/min``, ``/median`` (``torch.median``: the lower
@@ -41,8 +42,8 @@ class TrustRatioHook(Hook):
     def before_run(self, state) -> None:
         if not callable(getattr(state.optimizer, "request_stats", None)):
             raise UserError(
-                f"the trust_ratio hook needs LAMB's statistics, but the optimizer is {type(state.optimizer).__name__}; "
-                "set optimizer.type='lamb' (on an HPU also hpu.fused_lamb=False), or drop the hook",
+                f"the trust_ratio hook needs LAMB's or LARS's statistics, but the optimizer is {type(state.optimizer).__name__}; "
+                "set optimizer.type='lamb' or 'lars' (on an HPU with lamb also hpu.fused_optimizer=False), or drop the hook",
                 key="hooks",
             )
 

@@ -1,4 +1,4 @@
-"""Optimizers by name (``adamw``, ``sgd``, ``lamb``), their parameter groups and schedules."""
+"""Optimizers by name (``adamw``, ``sgd``, ``lamb``, ``lars``), their parameter groups and schedules."""
 
 from __future__ import annotations
 
@@ -24,7 +24,11 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
         from largebatch.optim.lamb import Lamb
 
         return Lamb
-    raise ConfigError(f"unknown optimizer {name!r}; use adamw, sgd or lamb", key="optimizer.type")
+    if name == "lars":
+        from largebatch.optim.lars import Lars
+
+        return Lars
+    raise ConfigError(f"unknown optimizer {name!r}; use adamw, sgd, lamb or lars", key="optimizer.type")
 
 
 def optimizer_kwargs(section: dict[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,10 @@ def build(
         from largebatch.optim.lamb import Lamb
 
         opt = Lamb(groups, lr=0.05, weight_decay=0.1)
+    elif optimizer == "lars":
+        from largebatch.optim.lars import Lars
+
+        opt = Lars(groups, lr=1.0, weight_decay=0.1, eta=1e-3)
     else:
         opt = torch.optim.SGD(groups, lr=0.1)
     records = Records()

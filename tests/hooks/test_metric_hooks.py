@@ -191,6 +191,33 @@ def test_trust_ratios_against_one_lamb_step_by_hand(tmp_path):
     assert record["trust_ratio/highest"].startswith(f"{highest}=")
 
 
+def test_trust_ratios_of_lars_against_its_rule_by_hand(tmp_path):
+    class LarsByHand(Hook):
+        priority = 100
+
+        def __init__(self):
+            super().__init__()
+            self.ratios = {}
+
+        def before_optimizer_step(self, state):
+            for group in state.optimizer.param_groups:
+                wd = group["weight_decay"]
+                for name, p in zip(group["param_names"], group["params"]):
+                    w, g = torch.linalg.vector_norm(p.detach().double()), torch.linalg.vector_norm(p.grad.double())
+                    # biases and norms (weight decay 0) keep ratio 1: LARS's usual exclusion
+                    self.ratios[name] = (1e-3 * w / (g + wd * w + 1e-8)).item() if wd else 1.0
+
+    by_hand = LarsByHand()
+    engine, records = build(tmp_path, [TrustRatioHook(top_k=1), by_hand], steps=1, optimizer="lars")
+    engine.run()
+    (record,) = records.logged
+    for group in engine.state.optimizer.param_groups:
+        values = sorted(by_hand.ratios[n] for n in group["param_names"])
+        assert record[f"trust_ratio/{group['name']}/min"] == pytest.approx(values[0], rel=1e-4)
+        assert record[f"trust_ratio/{group['name']}/max"] == pytest.approx(values[-1], rel=1e-4)
+    assert record["trust_ratio/no_decay/max"] == 1.0 and record["trust_ratio/decay/max"] < 0.01
+
+
 def test_trust_ratio_with_a_non_lamb_optimizer_is_a_clear_error(tmp_path):
     engine, _ = build(tmp_path, [TrustRatioHook()], steps=1)
     with pytest.raises(Exception) as error:

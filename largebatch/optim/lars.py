@@ -1,0 +1,227 @@
+"""LARS: layer-wise adaptive rate scaling for momentum SGD.
+
+Paper: You, Gitman and Ginsburg, "Large Batch Training of Convolutional Networks",
+arXiv:1708.03888 (2017), Algorithm 1, in the form large-batch ImageNet recipes use
+(Goyal et al. 2017's momentum SGD with the layer-wise ratio; MLPerf's and timm's
+``Lars``). Per parameter tensor ``x`` with gradient ``g``:
+
+    ratio = eta * ||x|| / (||g|| + wd * ||x|| + eps)     (1 when ||x|| or ||g|| is 0)
+    d = ratio * (g + wd * x)
+    b = momentum * b + d                                  (b = d at the first step)
+    x = x - lr * (d + momentum * b  if nesterov  else  b)
+
+Weight decay sits inside the ratio's denominator and inside the update, as in the paper;
+a group without the ratio takes ``d = g + wd * x``.
+Biases, norms and the other tensors the parameter-group machinery
+(``largebatch.optim.param_groups``) excludes from weight decay get neither decay nor the
+ratio by default (``no_decay_adapt=False``): they take plain momentum-SGD steps, the
+usual exclusion of LARS recipes and timm's default (``always_adapt=False``). A group with
+``adapt=False`` does the same; ``no_decay_adapt=True`` adapts every group.
+
+Options match timm's ``Lars`` (``trust_coeff`` is ``eta`` here); ``dampening`` and
+``trust_clip`` (LARC) are not offered. Implementation: the foreach path computes all
+norms of a group with ``torch._foreach_norm``, the ratios in one vectorised op, and the
+update with ``torch._foreach_*`` ops, never reading a value back to the host; the
+per-tensor path (``foreach=False``) writes the algorithm out literally and is the
+reference the foreach path is tested against.
+
+Statistics API (for the ``trust_ratio`` hook), as ``Lamb``'s: ``request_stats()`` makes
+the next ``step()`` record per group the trust ratios, weight norms and gradient norms
+(``update_norm``) in ``last_stats``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from largebatch.errors import UserError
+
+
+class Lars(torch.optim.Optimizer):
+    """LARS (You et al. 2017) over momentum SGD, multi-tensor.
+
+    Args:
+        params: parameters or parameter-group dicts (groups may carry ``name`` and
+            ``param_names``, used to label statistics).
+        lr: learning rate (the global one; the ratio scales it per tensor).
+        momentum: momentum coefficient (0: none).
+        weight_decay: decay coefficient ``wd``, inside the ratio and the update.
+        eta: trust coefficient.
+        eps: added to the ratio's denominator.
+        nesterov: Nesterov momentum.
+        adapt: apply the layer-wise ratio (per group).
+        no_decay_adapt: apply the ratio to groups whose ``weight_decay`` is 0 too.
+        foreach: multi-tensor path (default) or the per-tensor reference path.
+
+    Raises:
+        UserError: an option is out of range.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eta: float = 1e-3,
+        eps: float = 1e-8,
+        nesterov: bool = False,
+        *,
+        adapt: bool = True,
+        no_decay_adapt: bool = False,
+        foreach: bool = True,
+    ) -> None:
+        self.no_decay_adapt = no_decay_adapt
+        self.foreach = foreach
+        self.last_stats: dict[str, dict[str, Any]] = {}
+        self._stats_requested = False
+        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta, "eps": eps, "nesterov": nesterov, "adapt": adapt}
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group and check its options (``UserError`` when one is out of range)."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        where = f"param group {group.get('name', len(self.param_groups) - 1)!r}"
+        for key in ("lr", "weight_decay", "eps"):
+            if not group[key] >= 0:
+                raise UserError(f"{where}: {key} must be >= 0, got {group[key]!r}")
+        if not 0 <= group["momentum"] < 1:
+            raise UserError(f"{where}: momentum must be in [0, 1), got {group['momentum']!r}")
+        if not group["eta"] > 0:
+            raise UserError(f"{where}: eta must be > 0, got {group['eta']!r}")
+        if group["nesterov"] and group["momentum"] == 0:
+            raise UserError(f"{where}: nesterov needs momentum > 0; set optimizer.momentum (e.g. 0.9) or nesterov=False")
+        names = group.get("param_names")
+        if names is not None and len(names) != len(group["params"]):
+            raise UserError(f"{where}: param_names has {len(names)} names for {len(group['params'])} parameters")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["no_decay_adapt"], state["foreach"] = self.no_decay_adapt, self.foreach
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("last_stats", {})
+        self.__dict__.setdefault("_stats_requested", False)
+
+    def request_stats(self) -> None:
+        """Record trust ratios and norms during the next ``step()`` into ``last_stats``."""
+        self._stats_requested = True
+
+    def _adapts(self, group: dict[str, Any]) -> bool:
+        return group["adapt"] and (self.no_decay_adapt or group["weight_decay"] != 0)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Take one LARS step on every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        record, self._stats_requested = self._stats_requested, False
+        stats: dict[str, dict[str, Any]] = {}
+        for index, group in enumerate(self.param_groups):
+            given = group.get("param_names")
+            pairs = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
+            if not pairs:
+                continue
+            for i, p in pairs:
+                if p.grad.is_sparse:
+                    name = given[i] if given is not None else f"group{index}.{i}"
+                    raise UserError(f"Lars got a sparse gradient for parameter {name!r}; LARS needs dense gradients")
+            params = [p for _, p in pairs]
+            fn = self._group_foreach if self.foreach else self._group_per_tensor
+            ratio, w_norm, g_norm = fn(group, params, [p.grad for p in params], record)
+            if record:
+                names = [given[i] if given is not None else f"group{index}.{i}" for i, _ in pairs]
+                stats[group.get("name", f"group{index}")] = {
+                    "param_names": names,
+                    "trust_ratio": ratio,
+                    "weight_norm": w_norm,
+                    "update_norm": g_norm,
+                }
+        if record:
+            self.last_stats = stats
+        return loss
+
+    def _ratios(self, group: dict[str, Any], w_norm: Tensor, g_norm: Tensor) -> Tensor:
+        """``eta * ||x|| / (||g|| + wd * ||x|| + eps)``, 1 where either norm is zero."""
+        wd = group["weight_decay"]
+        ratio = group["eta"] * w_norm / (g_norm + wd * w_norm + group["eps"])
+        return torch.where((w_norm > 0) & (g_norm > 0), ratio, torch.ones_like(ratio))
+
+    def _group_per_tensor(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], record: bool):
+        """The algorithm written out per tensor: the reference path."""
+        lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+        adapt = self._adapts(group)
+        ratios, w_norms, g_norms = [], [], []
+        for p, g in zip(params, grads):
+            w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
+            ratio = self._ratios(group, w_norm, g_norm) if adapt else torch.ones_like(w_norm)
+            ratios.append(ratio)
+            w_norms.append(w_norm)
+            g_norms.append(g_norm)
+            d = g + wd * p
+            if adapt:
+                d = d * ratio
+            if momentum != 0:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = d.clone()
+                else:
+                    state["momentum_buffer"].mul_(momentum).add_(d)
+                b = state["momentum_buffer"]
+                d = d + momentum * b if group["nesterov"] else b
+            p.add_(d, alpha=-lr)
+        if not record:
+            return None, None, None
+        return torch.stack(ratios), torch.stack(w_norms), torch.stack(g_norms)
+
+    def _group_foreach(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], record: bool):
+        """Multi-tensor step; buckets tensors by device and dtype."""
+        buckets: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, p in enumerate(params):
+            buckets.setdefault((p.device, p.dtype), []).append(i)
+        parts = [(idx, self._bucket_foreach(group, [params[i] for i in idx], [grads[i] for i in idx], record)) for idx in buckets.values()]
+        if not record:
+            return None, None, None
+        if len(parts) == 1:
+            return parts[0][1]
+        device = params[0].device
+        order = torch.tensor([i for idx, _ in parts for i in idx]).argsort().to(device)
+        return tuple(torch.cat([r[k].to(device) for _, r in parts])[order] for k in range(3))
+
+    def _bucket_foreach(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], record: bool):
+        lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+        adapt = self._adapts(group)
+        ratio = w_norm = g_norm = None
+        if adapt or record:
+            w_norm = torch.stack(torch._foreach_norm(params))
+            g_norm = torch.stack(torch._foreach_norm(grads))
+            ratio = self._ratios(group, w_norm, g_norm) if adapt else torch.ones_like(w_norm)
+        updates = torch._foreach_add(grads, params, alpha=wd) if wd != 0 else torch._foreach_mul(grads, 1.0)
+        if adapt:
+            torch._foreach_mul_(updates, list(ratio.to(params[0].dtype).unbind()))
+        if momentum != 0:
+            fresh = [i for i, p in enumerate(params) if "momentum_buffer" not in self.state[p]]
+            for i in fresh:
+                self.state[params[i]]["momentum_buffer"] = updates[i].clone()
+            fresh_set = set(fresh)
+            old = [i for i in range(len(params)) if i not in fresh_set]
+            if old:
+                bufs = [self.state[params[i]]["momentum_buffer"] for i in old]
+                torch._foreach_mul_(bufs, momentum)
+                torch._foreach_add_(bufs, [updates[i] for i in old])
+            bufs = [self.state[p]["momentum_buffer"] for p in params]
+            if group["nesterov"]:
+                torch._foreach_add_(updates, bufs, alpha=momentum)
+            else:
+                updates = bufs
+        torch._foreach_add_(params, updates, alpha=-lr)
+        return ratio, w_norm, g_norm
