@@ -34,6 +34,7 @@ BUILTIN_HOOKS = {
     "memory": "largebatch.hooks.memory:MemoryHook",
     "grad_norm": "largebatch.hooks.grad_norm:GradNormHook",
     "trust_ratio": "largebatch.hooks.trust_ratio:TrustRatioHook",
+    "noise_scale": "largebatch.hooks.noise_scale:NoiseScaleHook",
     "nan_guard": "largebatch.hooks.nan_guard:NanGuardHook",
     "logger": "largebatch.hooks.logger:MetricsLogger",
     "progress": "largebatch.hooks.progress:ProgressBar",

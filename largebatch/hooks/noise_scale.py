@@ -1,0 +1,152 @@
+"""The gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018).
+
+"An Empirical Model of Large-Batch Training" (arXiv:1812.06162) predicts the critical
+batch size, beyond which a larger batch no longer cuts the steps to a given loss in
+proportion, from the noise scale ``B_simple = tr(Sigma) / |G|^2``: the per-sample
+gradient covariance's trace over the true gradient's squared norm. Its Appendix A
+estimates both, without bias, from the squared norms of gradients measured at two batch
+sizes ``B_small < B_big``: since ``E|g_B|^2 = |G|^2 + tr(Sigma) / B``,
+
+    |G|^2     ~ (B_big |g_big|^2 - B_small |g_small|^2) / (B_big - B_small)
+    tr(Sigma) ~ (|g_small|^2 - |g_big|^2) / (1 / B_small - 1 / B_big)
+
+This hook uses the two gradients every accumulating step already has:
+
+* ``g_small``: the first micro-batch's gradient on each rank, read right after its
+  backward (``after_backward`` of micro-batch 0), before any other micro-batch is added
+  and before any synchronisation (DDP does not synchronise inside the accumulation
+  window). ``B_small`` is the micro-batch size. With several ranks the estimate uses the
+  mean of the ranks' ``|g_small|^2`` (one all-reduce of one number per step).
+* ``g_big``: the step's complete gradient, accumulated over the window and averaged
+  over ranks, unscaled and before clipping (``before_optimizer_step``, the norms
+  ``state.compute_grad_norms()`` computes for clipping and logging anyway). ``B_big`` is
+  the step's global batch: micro-batch x window x world size.
+
+Both are corrected for the engine's loss weight (``1 / window``) and the fp16 grad
+scaler's scale. The two estimates are smoothed separately with exponential moving
+averages (``beta``, bias-corrected as Adam's moments), as the paper advises, and their
+ratio is B_simple. Logged on logging steps: ``noise_scale/grad_sq``,
+``noise_scale/trace_sigma`` and ``noise_scale/b_simple`` (NaN until the smoothed
+``|G|^2`` is positive; single-step estimates are noisy and may be negative).
+
+Unavailable, a ``UserError`` at the start, when ``B_small == B_big``: accumulation 1
+(micro-batch = global batch / world size), where the first micro-batch's gradient is
+the step's. A step whose window has a single micro-batch (a trailing partial window)
+is left out of the averages, as is a step with non-finite gradients.
+
+Cost: one ``torch._foreach_norm`` over the gradients per step (reading them once), no
+host sync; measured in ``bench/hook_cost.py``. The smoothed values are saved in
+checkpoints, so a resumed run continues the same averages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from largebatch.dist import all_reduce_sum
+from largebatch.engine.accumulation import micro_loss_weight
+from largebatch.engine.hook import Hook, Priority
+from largebatch.errors import UserError
+
+
+class NoiseScaleHook(Hook):
+    """Estimate |G|^2, tr(Sigma) and B_simple from the first micro-batch's gradient and the step's.
+
+    Args:
+        beta: EMA coefficient of the two estimates (0: no smoothing).
+    """
+
+    priority = Priority.ABOVE_NORMAL  # before clipping (NORMAL): the norms before clipping
+
+    def __init__(self, beta: float = 0.99, priority: int | str | None = None) -> None:
+        super().__init__(priority)
+        if not 0 <= beta < 1:
+            raise ValueError(f"beta must be in [0, 1), got {beta}")
+        self.beta = float(beta)
+        # sums (|G|^2, tr(Sigma), weight): the averages are the first two over the third,
+        # which is 1 - beta^n after n finite steps (Adam's bias correction)
+        self._ema: torch.Tensor | None = None
+        self._loaded: dict[str, Any] | None = None
+        self._small_sq: torch.Tensor | None = None
+        self._b_small = 0
+
+    def before_run(self, state) -> None:
+        if state.accumulation < 2:
+            raise UserError(
+                f"the noise_scale hook compares the first micro-batch's gradient with the step's, which are the same with "
+                f"accumulation 1 (micro_batch_size {state.config['micro_batch_size']} x {state.world_size} rank(s) = "
+                f"global_batch_size {state.config['global_batch_size']}); set micro_batch_size to at most half of "
+                f"{state.config['global_batch_size'] // state.world_size}, or drop the hook",
+                key="hooks",
+            )
+        self._ema = torch.zeros(3, dtype=torch.float64, device=state.backend.device)
+        if self._loaded is not None:
+            self._ema.copy_(torch.tensor(self._loaded["ema"], dtype=torch.float64))
+
+    def before_step(self, state) -> None:
+        self._small_sq = None
+
+    def after_backward(self, state) -> None:
+        if state.micro_in_window != 0 or state.window_size < 2:
+            return
+        grads = [p.grad for p in state.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        factor = 1.0 / micro_loss_weight(state.window_size)
+        sq = torch.stack(torch._foreach_norm(grads)).double().square().sum() * factor**2
+        scale = getattr(state.scaler, "_scale", None) if state.scaler is not None else None
+        if scale is not None:
+            sq = sq / scale.double().square().reshape(())
+        self._small_sq = sq
+        self._b_small = state.batch.images.shape[0]
+
+    def before_optimizer_step(self, state) -> None:
+        if self._small_sq is None:
+            return
+        big_sq = state.compute_grad_norms().total.double().square()
+        small_sq = self._small_sq
+        if state.world_size > 1:
+            small_sq = all_reduce_sum(small_sq.reshape(1).clone())[0] / state.world_size
+        b_small = float(self._b_small)
+        b_big = b_small * state.window_size * state.world_size
+        grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+        trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
+        estimate = torch.stack([grad_sq, trace, torch.ones_like(grad_sq)]).to(self._ema.device)
+        updated = self.beta * self._ema + (1.0 - self.beta) * estimate
+        self._ema = torch.where(torch.isfinite(estimate).all(), updated, self._ema)  # no host sync
+
+    def _averages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        grad_sq, trace, weight = self._ema.unbind()
+        weight = torch.where(weight > 0, weight, torch.ones_like(weight))
+        return grad_sq / weight, trace / weight
+
+    def after_step(self, state) -> None:
+        if not state.is_log_step or self._ema is None:
+            return
+        grad_sq, trace = self._averages()
+        state.metrics["noise_scale/grad_sq"] = grad_sq
+        state.metrics["noise_scale/trace_sigma"] = trace
+        state.metrics["noise_scale/b_simple"] = _ratio(trace, grad_sq)
+
+    def estimates(self) -> dict[str, float]:
+        """The current bias-corrected averages as floats (one host sync): grad_sq,
+        trace_sigma, b_simple."""
+        if self._ema is None or float(self._ema[2]) == 0:
+            return {"grad_sq": float("nan"), "trace_sigma": float("nan"), "b_simple": float("nan")}
+        grad_sq, trace = self._averages()
+        return {"grad_sq": float(grad_sq), "trace_sigma": float(trace), "b_simple": float(_ratio(trace, grad_sq))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ema": self._ema.tolist() if self._ema is not None else [0.0, 0.0, 0.0], "beta": self.beta}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._loaded = dict(state)
+        if self._ema is not None:
+            self._ema.copy_(torch.tensor(state["ema"], dtype=torch.float64))
+
+
+def _ratio(trace: torch.Tensor, grad_sq: torch.Tensor) -> torch.Tensor:
+    """B_simple, NaN while the averaged |G|^2 is not positive."""
+    return torch.where(grad_sq > 0, trace / grad_sq, torch.full_like(grad_sq, float("nan")))

@@ -1,0 +1,119 @@
+"""The noise_scale hook against the true |G|^2 and tr(Sigma) of a problem whose per-sample
+gradients are all known: softmax regression with fixed weights over a finite data set,
+batches drawn with replacement (so the two-batch-size estimator of McCandlish et al.
+2018, Appendix A, is unbiased)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from largebatch.errors import UserError
+from largebatch.hooks.logger import MetricsLogger
+from largebatch.hooks.noise_scale import NoiseScaleHook
+from tests.engine.helpers import make_engine
+from tests.hooks.common import Records
+
+SAMPLES, FEATURES, CLASSES = 2048, 6, 7
+
+
+def problem(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(SAMPLES, FEATURES, generator=gen)
+    teacher = torch.randn(FEATURES, CLASSES, generator=gen) * 2.0
+    y = (x @ teacher + torch.randn(SAMPLES, CLASSES, generator=gen)).argmax(1)  # a noisy teacher's labels
+    model = torch.nn.Linear(FEATURES, CLASSES)
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(CLASSES, FEATURES, generator=gen) * 0.3)
+        model.bias.zero_()
+    return x, y, model
+
+
+def true_noise(x, y, model):
+    """|G|^2 and tr(Sigma) from every sample's gradient (the data set is the population)."""
+    grads = []
+    for i in range(SAMPLES):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double())
+    model.zero_grad()
+    per_sample = torch.stack(grads)
+    mean = per_sample.mean(0)
+    return float(mean.square().sum()), float((per_sample - mean).square().sum(1).mean())
+
+
+def with_replacement(x, y, count: int, micro: int, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        idx = torch.randint(SAMPLES, (micro,), generator=gen)
+        out.append((x[idx], y[idx]))
+    return out
+
+
+def run(tmp_path, *, steps: int, micro: int, accumulation: int, beta: float, log_interval: int = 10):
+    x, y, model = problem()
+    hook = NoiseScaleHook(beta=beta)
+    records = Records()
+    engine = make_engine(
+        model,
+        with_replacement(x, y, steps * accumulation, micro),
+        global_batch_size=micro * accumulation,
+        micro_batch_size=micro,
+        num_samples=micro * accumulation * steps,
+        hooks=[hook, MetricsLogger(console=False), records],
+        optimizer=torch.optim.SGD(model.parameters(), lr=1e-12),  # the weights, and so the truth, stay put
+        run_dir=tmp_path,
+        **{"data.num_classes": CLASSES, "optimizer.lr": 1e-12, "log.interval": log_interval},
+    )
+    engine.run()
+    return hook, records, (x, y, model)
+
+
+def test_estimates_match_the_true_gradient_noise_within_ten_percent(tmp_path):
+    hook, records, (x, y, model) = run(tmp_path, steps=1500, micro=8, accumulation=8, beta=0.998)
+    grad_sq, trace = true_noise(x, y, model)
+    b_simple = trace / grad_sq
+    assert 8 < b_simple < 64 * 4  # between the two batch sizes' scales: both terms matter
+    got = hook.estimates()
+    assert got["grad_sq"] == pytest.approx(grad_sq, rel=0.10)
+    assert got["trace_sigma"] == pytest.approx(trace, rel=0.10)
+    assert got["b_simple"] == pytest.approx(b_simple, rel=0.10)
+    last = records.logged[-1]
+    assert float(last["noise_scale/b_simple"]) == pytest.approx(got["b_simple"])
+    assert {"noise_scale/grad_sq", "noise_scale/trace_sigma"} <= set(last)
+
+
+def test_without_the_loss_weight_correction_the_estimate_would_be_far_off(tmp_path, monkeypatch):
+    # the engine scales each micro-batch's loss by 1/window: the hook must undo it
+    monkeypatch.setattr("largebatch.hooks.noise_scale.micro_loss_weight", lambda window: 1.0)
+    hook, _, (x, y, model) = run(tmp_path, steps=300, micro=8, accumulation=8, beta=0.99)
+    grad_sq, trace = true_noise(x, y, model)
+    assert not hook.estimates()["trace_sigma"] == pytest.approx(trace, rel=0.5)
+
+
+def test_accumulation_one_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(Exception) as error:
+        run(tmp_path, steps=2, micro=8, accumulation=1, beta=0.9)
+    cause = error.value.__cause__ if not isinstance(error.value, UserError) else error.value
+    assert isinstance(cause, UserError)
+    assert "accumulation 1" in str(cause) and "set micro_batch_size to at most half of 8" in str(cause)
+
+
+def test_averages_survive_a_checkpoint(tmp_path):
+    hook, _, _ = run(tmp_path, steps=20, micro=4, accumulation=4, beta=0.9)
+    saved = hook.state_dict()
+    again = NoiseScaleHook(beta=0.9)
+    again.load_state_dict(saved)
+    engine = make_engine(torch.nn.Linear(2, 2), [], global_batch_size=8, micro_batch_size=4, num_samples=8)
+    again.before_run(engine.state)
+    assert again.estimates() == hook.estimates()
+    assert all(math.isfinite(v) for v in hook.estimates().values())
+
+
+def test_logged_only_on_logging_steps(tmp_path):
+    _, records, _ = run(tmp_path, steps=6, micro=4, accumulation=2, beta=0.5, log_interval=3)
+    assert [r["step"] for r in records.logged] == [3, 6]
+    assert all("noise_scale/b_simple" in r for r in records.logged)
