@@ -11,9 +11,12 @@ sync), and on the steps with hooks each hook call is timed too (the engine's
 ``state.hook_times``, as the ``hook_timer`` hook uses; once-per-run events are left out).
 
 Reported: the median over pairs of (step with hooks / step without), its quartiles,
-the median step times, and the time inside each hook per step.
+the median step times, and the time inside each hook per step. ``--hooks`` adds hooks
+to the defaults (e.g. ``--hooks noise_scale trust_ratio``). The A/A control runs the
+same rounds again with no hooks on either step of a pair: its median ratio is the
+bias of the pairing itself (1.0 when there is none).
 
-    OMP_NUM_THREADS=1 python bench/hook_cost.py [--rounds 4] [--steps 40] [--clip 1.0] [--device cpu]
+    OMP_NUM_THREADS=1 python bench/hook_cost.py [--rounds 4] [--steps 40] [--clip 1.0] [--hooks noise_scale] [--device cpu]
 """
 
 from __future__ import annotations
@@ -54,8 +57,9 @@ class PairedEngine(Engine):
     on the steps with hooks, the time inside each hook call.
     """
 
-    def __init__(self, *args, seed: int = 0, **kwargs) -> None:
+    def __init__(self, *args, seed: int = 0, aa: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.aa = aa  # A/A control: neither step of a pair fires the hooks
         self.all_hooks = self._by_event
         # Clipping (``--clip``) is training, not hook overhead: it runs on both sides.
         self.no_hooks = {event: [h for h in self._by_event[event] if isinstance(h, ClipGradNormHook)] for event in Event}
@@ -68,7 +72,7 @@ class PairedEngine(Engine):
         if not self._order:
             self._order = self._random.sample([True, False], 2)
         with_hooks = self._order.pop(0)
-        self._by_event = self.all_hooks if with_hooks else self.no_hooks
+        self._by_event = self.all_hooks if with_hooks and not self.aa else self.no_hooks
         self.state.backend.synchronize()
         start = time.perf_counter()
         super()._train_step(batches, window)
@@ -96,13 +100,13 @@ ONCE_PER_RUN = {"before_run", "before_train", "after_train", "after_run"}
 def make_config(args) -> dict:
     """The engine-overhead bench's config, clipping as ``--clip`` says, logging at the schema's default interval."""
     cfg = engine_overhead.make_config(args, 4 * args.steps)
-    cfg.update(device=args.device, max_steps=args.steps, clip_grad_norm=args.clip, log={"console": False})
+    cfg.update(device=args.device, max_steps=args.steps, clip_grad_norm=args.clip, log={"console": False}, hooks=list(args.hooks))
     return cfg
 
 
-def run_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, seed: int) -> PairedEngine:
+def run_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, seed: int, aa: bool = False) -> PairedEngine:
     built, hooks = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
-    engine = PairedEngine(built.state, hooks, FixedBatches(batches, 10), seed=seed)
+    engine = PairedEngine(built.state, hooks, FixedBatches(batches, 10), seed=seed, aa=aa)
     with contextlib.redirect_stdout(io.StringIO()):  # the logger's closing line
         engine.run()
     return engine
@@ -120,6 +124,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm (0: off); clipping runs on both sides")
+    parser.add_argument("--hooks", nargs="*", default=[], help="hooks added to the defaults (built-in names)")
     args = parser.parse_args()
     torch.manual_seed(0)
     device = "cuda" if args.device == "cuda" else "cpu"
@@ -128,7 +133,7 @@ def main() -> None:
         for _ in range(args.accumulation * 4)
     ]
     times = {True: [], False: []}
-    pair_ratios, hook_seconds, steps_with_hooks = [], collections.Counter(), 0
+    pair_ratios, aa_ratios, hook_seconds, steps_with_hooks = [], [], collections.Counter(), 0
     with tempfile.TemporaryDirectory() as tmp:
         config_path = pathlib.Path(tmp) / "bench.yaml"
         config_path.write_text(yaml.safe_dump(make_config(args)))
@@ -143,6 +148,8 @@ def main() -> None:
             hook_seconds.update(engine.hook_seconds)
             steps_with_hooks += sum(on for on, _ in steps)
             hook_names = [h.name for h in engine.hooks]
+            control = run_round(config_path, pathlib.Path(tmp) / f"aa{i}", batches, seed=i, aa=True).steps[2:]
+            aa_ratios += [a[1] / b[1] if a[0] else b[1] / a[1] for a, b in zip(control[::2], control[1::2])]
     with_hooks, without = statistics.median(times[True]), statistics.median(times[False])
     ratio = statistics.median(pair_ratios)
     print(
@@ -163,6 +170,11 @@ def main() -> None:
     print(
         f"with / without, per pair: median {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), quartiles {quartiles[0]:.4f} .. {quartiles[2]:.4f}; "
         f"ratio of means {statistics.fmean(times[True]) / statistics.fmean(times[False]):.4f}"
+    )
+    aa_quartiles = statistics.quantiles(aa_ratios, n=4)
+    print(
+        f"A/A control (no hooks on either step), per pair: median {statistics.median(aa_ratios):.4f}, "
+        f"quartiles {aa_quartiles[0]:.4f} .. {aa_quartiles[2]:.4f}"
     )
     print()
     print("| hook | time inside per step with hooks (ms) | share of the median step without hooks |")
