@@ -37,7 +37,9 @@ Tuning, the same for every cell: the peak learning rate from a log grid with fac
 (``--grid-factor``), ``--initial`` points centred on the optimizer's rule (LAMB and
 AdamW: square-root scaling from their batch-256 value; LARS and SGD with Nesterov
 momentum: linear scaling), extended one point at a time while the best point sits at
-the grid's edge, up to ``--max-trials`` trials. The best trial of a cell for steps to
+the grid's edge, up to ``--max-trials`` trials; a cell where no trial learned (every
+one diverged or ended at most twice chance on the held-out split) is extended below
+its smallest rate, the usual cure for a rate rule that overshoots. The best trial of a cell for steps to
 target is the one that reaches the target on the held-out split in the fewest steps
 (none reached: the best final held-out accuracy); for accuracy at equal epochs, the one
 with the best final held-out accuracy. Other hyperparameters (weight decay, momentum)
@@ -377,6 +379,14 @@ def round_lr(lr: float) -> float:
     return float(f"{lr:.6g}")
 
 
+CHANCE = 0.1  # Fashion-MNIST: ten balanced classes
+
+
+def learned(trial: dict) -> bool:
+    """False for a trial that diverged or stayed near chance (at most twice it)."""
+    return not trial["diverged"] and (trial["final_heldout"] or 0.0) > 2 * CHANCE
+
+
 def next_lrs(trials: list[dict], optimizer: str, batch: int, args: argparse.Namespace) -> list[float]:
     """The learning rates this cell still has to try, given its finished trials."""
     tried = {t["lr"] for t in trials}
@@ -384,6 +394,8 @@ def next_lrs(trials: list[dict], optimizer: str, batch: int, args: argparse.Name
     if todo or len(trials) >= args.max_trials:
         return todo
     lrs = sorted(tried)
+    if not any(learned(t) for t in trials):
+        return [round_lr(lrs[0] / args.grid_factor)]
     wanted = []
     for score in (score_steps, score_accuracy):
         best = min(trials, key=lambda t, score=score: (score(t), t["lr"]))["lr"]
@@ -486,7 +498,7 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         "",
         f"Machine: {results.get('machine', '?')}.",
         "",
-        f"Command: `{results.get('command', '?')}`",
+        "Commands: " + "; ".join(f"`{c}`" for c in results.get("commands", ["?"])),
         "",
         f"Model: {settings.get('model', '?')}; {settings.get('epochs', '?')} epochs at every batch size over "
         f"{settings.get('train_samples', '?')} training images (7,500 held out); micro-batch {settings.get('micro', '?')}; "
@@ -696,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         parts = [load_results(path) for path in args.merge]
         results = {**parts[0], "trials": [t for part in parts for t in part["trials"]]}
-        results["command"] = " ; ".join(part.get("command", "?") for part in parts)
+        results["commands"] = list(dict.fromkeys(c for part in parts for c in part.get("commands", [])))
         save_results(results, json_path)
     if not args.report_only:
         from bench.machine import machine_description
@@ -721,7 +733,8 @@ def main(argv: list[str] | None = None) -> int:
         if results["trials"] and results.get("settings") not in (None, settings):
             raise SystemExit(f"error: {json_path} holds trials made with other settings ({results['settings']}); use another --stem or --out")
         results.setdefault("machine", machine_description())
-        results.setdefault("command", "python bench/critical_batch.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+        command = "python bench/critical_batch.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        results["commands"] = list(dict.fromkeys([*results.get("commands", []), command]))  # each invocation that added trials
         results["settings"] = settings
         run_study(results, json_path, args)
     if args.reading:

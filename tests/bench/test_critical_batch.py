@@ -77,6 +77,19 @@ def test_tuning_extends_the_grid_only_while_the_best_is_at_an_edge():
     assert cb.next_lrs(full, "lamb", 256, args) == []  # budget spent, even at an edge
 
 
+def test_a_cell_where_nothing_learned_extends_below_its_smallest_rate():
+    args = study_args(initial=3, max_trials=5, grid_factor=2.0)
+    # the middle point is "best" by a hair, but all three sit near chance (10%)
+    stuck = [trial(optimizer="sgd", batch=16384, lr=lr, final=f) for lr, f in ((3.2, 0.11), (6.4, 0.13), (12.8, 0.09))]
+    assert cb.next_lrs(stuck, "sgd", 16384, args) == [1.6]
+    assert cb.next_lrs(stuck + [trial(optimizer="sgd", batch=16384, lr=1.6, final=0.15)], "sgd", 16384, args) == [0.8]
+    # once one trial learns, the usual edge rule takes over: 0.8 is best and at the edge
+    learning = stuck + [trial(optimizer="sgd", batch=16384, lr=1.6, final=0.15), trial(optimizer="sgd", batch=16384, lr=0.8, final=0.6)]
+    assert cb.next_lrs(learning, "sgd", 16384, args) == []  # five trials: the budget is spent
+    diverged = [dict(trial(optimizer="sgd", batch=16384, lr=lr), diverged=True, final_heldout=None) for lr in (3.2, 6.4, 12.8)]
+    assert cb.next_lrs(diverged, "sgd", 16384, args) == [1.6]
+
+
 def test_learning_rate_is_chosen_on_held_out_and_efficiency_against_batch_256():
     trials = [
         # batch 256: the held-out split prefers 0.01 (it reaches the target first there),
