@@ -8,14 +8,60 @@ SIGTERM checkpoints and exits with status 75 (``largebatch.preemption.EXIT_REQUE
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import pathlib
+import re
 import sys
 import traceback
+import typing
 from collections.abc import Sequence
 
 from largebatch import preemption
 from largebatch.errors import UserError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its mistakes as one ``error:`` line (status 2) and a "did you mean"
+    for a misspelled flag or command. A misspelled flag is named even when argparse would
+    first complain that the flag it stands for is missing."""
+
+    _seen: list[str] | None = None
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._seen = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _flags(self) -> list[str]:
+        return [opt for action in self._actions for opt in action.option_strings if opt.startswith("--")]
+
+    def _misspelt_flag(self, words: list[str]) -> tuple[str, str] | None:
+        flags = self._flags()
+        for word in words:
+            name = word.split("=")[0]
+            if not name.startswith("-") or name in flags:
+                continue
+            close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+            if close:
+                return name, close[0]
+        return None
+
+    def error(self, message: str) -> typing.NoReturn:
+        hint = ""
+        found = self._misspelt_flag(re.findall(r"(?<![\w-])(--?[\w-]+)", message))
+        if found is None and "are required" in message:
+            found = self._misspelt_flag(self._seen or [])
+            if found is not None:
+                message = f"unrecognized argument {found[0]} ({message})"
+        if found is not None:
+            hint = f"; did you mean {found[1]}?"
+        else:
+            choices = re.search(r"invalid choice: '([^']+)' \(choose from (.+)\)", message)
+            if choices:
+                names = re.findall(r"'?([\w-]+)'?", choices.group(2))
+                close = difflib.get_close_matches(choices.group(1), names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+        self.exit(2, f"error: {self.prog}: {message}{hint} (see {self.prog} --help)\n")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +120,19 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_keys(args: argparse.Namespace) -> int:
+    from largebatch.config.schema import SCHEMA, describe_keys
+
+    rows = [row for row in describe_keys(SCHEMA) if row[0].startswith(args.prefix)]
+    if not rows:
+        close = difflib.get_close_matches(args.prefix, [row[0] for row in describe_keys(SCHEMA)], n=1)
+        raise UserError(f"no config key starts with {args.prefix!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    width, kinds = max(len(row[0]) for row in rows), max(len(row[1]) for row in rows)
+    for key, kind, default, doc in rows:
+        print(f"{key:<{width}}  {kind:<{kinds}}  {default:<14} {doc}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from largebatch.plot import plot_run
 
@@ -83,7 +142,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="largebatch", description="Large-batch ViT pretraining.")
+    parser = ArgumentParser(prog="largebatch", description="Large-batch ViT pretraining.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train from a config")
@@ -98,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--world-size", type=int, help="number of processes (default: from the launcher's environment, else 1)")
     show.add_argument("--debug", action="store_true")
     show.set_defaults(func=cmd_config_show)
+
+    keys = config_commands.add_parser("keys", help="list every config key with its type, default and meaning")
+    keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this, e.g. optimizer or data.")
+    keys.add_argument("--debug", action="store_true")
+    keys.set_defaults(func=cmd_config_keys)
 
     plot = commands.add_parser("plot", help="write PNG curves (loss, accuracy, lr, throughput, grad norm, trust ratio) of a run")
     plot.add_argument("run_dir", help="the run directory (holds metrics.jsonl); the PNGs are written there")
@@ -144,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python train.py ...``: the same as ``largebatch train ...``."""
-    parser = argparse.ArgumentParser(prog="train.py", description="Large-batch ViT pretraining (same as `largebatch train`).")
+    parser = ArgumentParser(prog="train.py", description="Large-batch ViT pretraining (same as `largebatch train`).")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     return run(cmd_train, args)

@@ -28,6 +28,7 @@ from largebatch.engine.state import TrainState
 from largebatch.errors import UserError
 from largebatch.hooks import build_hooks
 from largebatch.hooks.checkpoint import CheckpointHook
+from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model, check_model_config
 from largebatch.optim.schedules import build_schedule
 
@@ -80,10 +81,38 @@ def resolve_config(path: str, overrides: list[str]) -> dict[str, Any]:
     return cfg
 
 
+def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
+    """A ``--run-dir`` that cannot hold a run is the user's mistake, caught before any work.
+
+    Raises:
+        UserError: the path, or one of its parents, is a file; the nearest existing
+            folder is not writable; or, without ``--resume``, the folder holds another
+            run's checkpoints (a fresh run would overwrite them).
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError("--run-dir names a file, not a folder; give a new or existing folder", path=run_dir)
+    parent = run_dir
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--run-dir {str(run_dir)!r} would be made inside a file; choose a path under a folder", path=parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--run-dir {str(run_dir)!r}: no permission to write in this folder", path=parent)
+    if not resuming and run_dir.is_dir() and ckpt.list_checkpoints(run_dir):
+        newest = ckpt.list_checkpoints(run_dir)[-1]
+        raise UserError(
+            f"--run-dir already holds a run's checkpoints (newest {newest.name}); continue it with --resume auto, "
+            "or choose another --run-dir",
+            path=run_dir,
+        )
+
+
 def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
     cfg = resolve_config(args.config, args.overrides)
     hooks = build_hooks(cfg, pathlib.Path(args.config))
+    if args.run_dir:
+        check_run_dir(pathlib.Path(args.run_dir), resuming=bool(args.resume))
     info = discover()
     backend = create_backend(cfg["device"], cfg["precision"], info.local_rank, cfg)
     dist_backend = backend.dist_backend if cfg["dist"]["backend"] == "auto" else cfg["dist"]["backend"]
@@ -117,7 +146,8 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     )
     train_loader = data_mod.build_train_loader(cfg["data"], plan, rank=info.rank, seed=cfg["seed"], device=backend.device)
     eval_loader = None
-    if data_mod.count_samples(cfg["data"], "eval") > 0 and (cfg["eval"]["interval_epochs"] or cfg["eval"]["at_end"]):
+    wants_eval = cfg["eval"]["interval_epochs"] or cfg["eval"]["at_end"] or any(isinstance(h, EvalHook) for h in hooks)
+    if wants_eval and data_mod.count_samples(cfg["data"], "eval") > 0:
         eval_loader = data_mod.build_eval_loader(
             cfg["data"],
             batch_size=cfg["eval"]["batch_size"] or cfg["micro_batch_size"],
@@ -149,7 +179,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
             path, payload = found
             ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload)
             if info.is_main:
-                print(f"resumed from {path} at step {state.step}, epoch {state.epoch}", flush=True)
+                print(f"resumed from {path} at step {state.step}/{state.total_steps}, epoch {state.epoch + 1}/{state.epochs}", flush=True)
         elif args.resume != "auto":
             raise UserError("no checkpoint to resume from", path=args.resume)
     return Engine(state, hooks, train_loader, eval_loader), hooks

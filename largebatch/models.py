@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from largebatch.config.signature import check_call
 from largebatch.errors import ConfigError
 
 
@@ -57,6 +58,9 @@ def check_model_config(cfg: dict[str, Any]) -> None:
             close = difflib.get_close_matches(key, sorted(accepted), n=1)
             hint = f"did you mean 'model.{close[0]}'?" if close else "remove it"
             raise ConfigError(f"{name} does not take the argument {key!r}; {hint}", key=f"model.{key}")
+    model_class = _main_class(timm, name)
+    if model_class is not None:
+        check_call(model_class, model_kwargs(cfg), "model")
 
 
 def build_model(cfg: dict[str, Any]) -> torch.nn.Module:
@@ -82,6 +86,15 @@ def build_model(cfg: dict[str, Any]) -> torch.nn.Module:
         close = difflib.get_close_matches(bad, accepted, n=1)
         hint = f"did you mean 'model.{close[0]}'?" if close else "remove it"
         raise ConfigError(f"{name} does not take the argument {bad!r}; {hint}", key=f"model.{bad}") from exc
+
+
+def _main_class(timm: Any, name: str) -> type | None:
+    """The model class of ``name``'s timm module: the one whose constructor takes the most arguments."""
+    module = inspect.getmodule(timm.models.model_entrypoint(name))
+    classes = [
+        obj for obj in vars(module).values() if inspect.isclass(obj) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__
+    ]
+    return max(classes, key=lambda c: len(inspect.signature(c.__init__).parameters), default=None)
 
 
 def _accepted_kwargs(timm: Any, name: str) -> list[str]:

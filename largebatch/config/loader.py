@@ -99,11 +99,20 @@ def _read_python(path: pathlib.Path) -> dict[str, Any]:
     return config
 
 
+def _yaml_problem(exc: yaml.YAMLError, *, where: bool = True) -> str:
+    """A YAML error in one line: what is wrong and, for a file, the 1-based line and column."""
+    problem = " ".join(str(getattr(exc, "problem", None) or str(exc).splitlines()[0]).split())
+    mark = getattr(exc, "problem_mark", None)
+    if where and mark is not None:
+        problem += f" at line {mark.line + 1}, column {mark.column + 1}"
+    return problem
+
+
 def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", path=str(path)) from exc
+        raise ConfigError(f"not valid YAML: {_yaml_problem(exc)}", path=str(path)) from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -165,8 +174,12 @@ def apply_override(config: dict[str, Any], override: str) -> None:
         raise ConfigError(f"--set expects key.path=value, got {override!r}", key="--set")
     try:
         value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
+    except yaml.YAMLError as exc:
+        problem = _yaml_problem(exc, where=False)
+        raise ConfigError(
+            f"--set {override!r}: the value is not valid YAML ({problem}); close the brackets, or quote a string with ':' or '#'",
+            key=key,
+        ) from exc
     if isinstance(value, str):
         value = _number_or_text(value)
     if isinstance(value, dict):

@@ -242,6 +242,28 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def describe_keys(section: Section, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Every key under ``section`` as ``(dotted key, kind, default, meaning)`` rows, in
+    schema order, for ``largebatch config keys``. A section gets its own row (kind
+    ``section``; ``open`` ones say their other keys are checked by the component that
+    takes them), then its keys."""
+    rows = []
+    for name, spec in section.fields.items():
+        key = f"{prefix}{name}"
+        if isinstance(spec, Section):
+            doc = spec.doc + (" (other keys: checked by the component they go to)" if spec.open else "")
+            rows.append((key, "section", "", doc.strip()))
+            rows.extend(describe_keys(spec, f"{key}."))
+            continue
+        kind = spec.kind.__name__ + (f"[{spec.items.__name__}]" if spec.items else "") + ("|None" if spec.nullable else "")
+        default = "required" if spec.default is REQUIRED else repr(spec.default)
+        doc = spec.doc
+        if spec.choices:
+            doc += f" (one of: {', '.join(map(str, spec.choices))})"
+        rows.append((key, kind, default, doc))
+    return rows
+
+
 def _check_section(section: Section, values: Any, prefix: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"must be a dict, got {type(values).__name__} {values!r}", key=prefix.rstrip("."))

@@ -18,6 +18,7 @@ from largebatch.engine.accumulation import micro_loss_weight, sync_context
 from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
 from largebatch.engine.state import TrainState
+from largebatch.errors import UserError
 
 
 class Engine:
@@ -47,7 +48,8 @@ class Engine:
             try:
                 getattr(hook, event.value)(self.state)
             except Exception as exc:
-                raise HookError(f"hook {hook.name} failed in {event.value}: {type(exc).__name__}: {exc}") from exc
+                detail = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"  # a user's mistake speaks for itself
+                raise HookError(f"hook {hook.name} failed in {event.value}: {detail}") from exc
             if times is not None:
                 entry = times.setdefault((hook.name, event.value), [0, 0.0])
                 entry[0] += 1

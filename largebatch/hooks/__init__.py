@@ -24,6 +24,7 @@ import pathlib
 import sys
 from typing import Any
 
+from largebatch.config.signature import check_call
 from largebatch.engine.hook import Hook, parse_priority
 from largebatch.errors import ConfigError
 
@@ -119,10 +120,13 @@ def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
             parse_priority(kwargs["priority"])
         except ValueError as exc:
             raise ConfigError(str(exc), key=f"{key}.priority") from exc
+    check_call(cls, {k: v for k, v in kwargs.items() if k != "priority"}, key)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:  # the hook rejected a value: still the config's mistake
         raise ConfigError(f"{cls.__name__}: {exc}", key=key) from exc
+    except Exception as exc:  # any other failure of its constructor: one line naming the entry (traceback with --debug)
+        raise ConfigError(f"{cls.__name__}() raised {type(exc).__name__}: {exc}", key=key) from exc
 
 
 def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> list[Hook]:

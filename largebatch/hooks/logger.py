@@ -37,9 +37,11 @@ class MetricsLogger(Hook):
         self.filename = filename
         self._file = None
         self._start = 0.0
+        self._start_step = 0
 
     def before_run(self, state) -> None:
         self._start = time.time()
+        self._start_step = state.step  # a resumed run starts past 0
         if state.is_main:
             state.run_dir.mkdir(parents=True, exist_ok=True)
             self._file = open(state.run_dir / self.filename, "a", buffering=1)
@@ -79,7 +81,12 @@ class MetricsLogger(Hook):
 
     def after_run(self, state) -> None:
         if state.is_main:
-            print(f"done: {state.step} steps in {time.time() - self._start:.1f}s; run directory {state.run_dir}", flush=True)
+            ran = state.step - self._start_step
+            print(
+                f"done: {ran} steps in {time.time() - self._start:.1f}s (now at step {state.step}/{state.total_steps}); "
+                f"run directory {state.run_dir}",
+                flush=True,
+            )
         self._close()
 
     def on_exception(self, state, exception: BaseException) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from largebatch.config.signature import check_call
 from largebatch.errors import ConfigError
 from largebatch.optim.param_groups import build_param_groups
 
@@ -45,6 +46,7 @@ def optimizer_kwargs(section: dict[str, Any]) -> dict[str, Any]:
             close = difflib.get_close_matches(key, [*accepted, *GROUP_KEYS], n=1)
             hint = f"did you mean 'optimizer.{close[0]}'?" if close else f"{cls.__name__} takes: {', '.join(accepted)}"
             raise ConfigError(f"{section['type']} does not take {key!r}; {hint}", key=f"optimizer.{key}")
+    check_call(cls, kwargs, "optimizer")
     for key in ("betas",):
         if key in kwargs and isinstance(kwargs[key], list):
             kwargs[key] = tuple(kwargs[key])

@@ -71,3 +71,14 @@ def test_world_size_that_does_not_divide(tmp_path):
 def test_bad_hook_specs(tmp_path, hook, fragments):
     path = write_config(tmp_path, tiny_config(hooks=[hook]))
     assert_one_error_line(run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run")), *fragments)
+
+
+def test_config_keys_lists_the_schema(tmp_path):
+    result = run_cli("config", "keys", "optimizer")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("optimizer ") and "section" in lines[0]
+    assert any(line.split()[:3] == ["optimizer.lr", "float", "required"] for line in lines)
+    assert all(line.startswith("optimizer") for line in lines)
+    everything = run_cli("config", "keys").stdout.splitlines()
+    assert len(everything) > len(lines) and any(line.startswith("data.root ") for line in everything)

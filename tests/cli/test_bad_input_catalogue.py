@@ -1,0 +1,267 @@
+"""A catalogue of user mistakes, each run through the real entry points in this process.
+
+Every case must end the same way: exit status 2, exactly one ``error:`` line on stderr
+that names what is wrong (the key, flag or file) and, where there is one, the fix; no
+traceback; nothing trained (no weights, no checkpoint); and a run directory that already
+held something is left as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import signal
+import textwrap
+
+import pytest
+
+from largebatch import cli, preemption
+from tests.conftest import tiny_config, write_config
+from tests.data.conftest import write_unique_label_shards
+
+TRAIN = "train.py"  # train_main's argv; anything else goes to ``largebatch``'s main
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers():
+    saved = {sig: signal.getsignal(sig) for sig in preemption.PREEMPTION_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    preemption.clear()
+
+
+def invoke(argv: list[str]) -> int:
+    try:
+        if argv and argv[0] == TRAIN:
+            return cli.train_main(argv[1:])
+        return cli.main(argv)
+    except SystemExit as exc:  # argparse
+        return exc.code if isinstance(exc.code, int) else 1
+
+
+def snapshot(folder: pathlib.Path) -> dict[str, str]:
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def config_with(tmp_path: pathlib.Path, **overrides) -> str:
+    return str(write_config(tmp_path, tiny_config(**overrides)))
+
+
+def native_config(tmp_path: pathlib.Path, splits=("train",), **overrides) -> str:
+    """The tiny model over real TFRecord shards (16 records a split, label = record + 1)."""
+    root = write_unique_label_shards(tmp_path / "shards", dict.fromkeys(splits, 16), dict.fromkeys(splits, 2))
+    data = {
+        "loader": "native",
+        "root": str(root),
+        "image_size": 16,
+        "channels": 3,
+        "num_classes": 17,
+        "label_offset": 0,
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.25, 0.25, 0.25],
+        "num_workers": 0,
+    }
+    return str(write_config(tmp_path, tiny_config(data=data, global_batch_size=8, micro_batch_size=4, **overrides)))
+
+
+# ----------------------------------------------------------------------------- the cases
+# Each case: (id, a function of tmp_path returning (argv, run_dir), fragments of the line).
+
+
+def train(config: str, run_dir: pathlib.Path, *extra: str) -> list[str]:
+    return [TRAIN, "--config", config, "--run-dir", str(run_dir), *extra]
+
+
+def hook_file(tmp_path: pathlib.Path, body: str) -> str:
+    path = tmp_path / "my_hooks.py"
+    path.write_text("from largebatch.engine.hook import Hook\n\n" + textwrap.dedent(body))
+    return str(path)
+
+
+def case_argparse(*argv: str):
+    return lambda tmp_path: (list(argv), tmp_path / "run")
+
+
+def case_set(*sets: str, **config):
+    def make(tmp_path):
+        extra = [item for s in sets for item in ("--set", s)]
+        return train(config_with(tmp_path, **config), tmp_path / "run", *extra), tmp_path / "run"
+
+    return make
+
+
+def case_config(**overrides):
+    def make(tmp_path):
+        return train(config_with(tmp_path, **overrides), tmp_path / "run"), tmp_path / "run"
+
+    return make
+
+
+def case_hook(spec):
+    def make(tmp_path):
+        resolved = spec(tmp_path) if callable(spec) else spec
+        return train(config_with(tmp_path, hooks=[resolved]), tmp_path / "run"), tmp_path / "run"
+
+    return make
+
+
+def case_file(text: str, name: str):
+    def make(tmp_path):
+        path = tmp_path / name
+        path.write_text(text)
+        return train(str(path), tmp_path / "run"), tmp_path / "run"
+
+    return make
+
+
+def run_dir_is_a_file(tmp_path):
+    (tmp_path / "taken").write_text("keep me\n")
+    return train(config_with(tmp_path), tmp_path / "taken"), tmp_path / "taken"
+
+
+def run_dir_under_a_file(tmp_path):
+    (tmp_path / "taken").write_text("keep me\n")
+    return train(config_with(tmp_path), tmp_path / "taken" / "run"), tmp_path / "taken"
+
+
+def run_dir_with_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-4.pt").write_bytes(b"an earlier run's state")
+    (run_dir / "metrics.jsonl").write_text('{"step": 4}\n')
+    return train(config_with(tmp_path), run_dir), run_dir
+
+
+def resume_from_nothing(tmp_path):
+    return train(config_with(tmp_path), tmp_path / "run", "--resume", str(tmp_path / "no-such-checkpoint")), tmp_path / "run"
+
+
+def native_root_missing(tmp_path):
+    config = native_config(tmp_path)
+    return train(config, tmp_path / "run", "--set", f"data.root={tmp_path / 'nowhere'}"), tmp_path / "run"
+
+
+def native_eval_split_missing(tmp_path):
+    return train(native_config(tmp_path), tmp_path / "run"), tmp_path / "run"
+
+
+def raising_hook(tmp_path):
+    path = hook_file(
+        tmp_path,
+        """
+        class NeedsAGpu(Hook):
+            def __init__(self):
+                super().__init__()
+                raise RuntimeError("no CUDA device visible")
+        """,
+    )
+    return {"type": f"{path}:NeedsAGpu"}
+
+
+def hook_with_typed_argument(tmp_path):
+    path = hook_file(
+        tmp_path,
+        """
+        class Every(Hook):
+            def __init__(self, every: int = 10):
+                super().__init__()
+                self.every = every
+        """,
+    )
+    return {"type": f"{path}:Every", "every": "often"}
+
+
+CASES = [
+    # the command line
+    ("flag-misspelt", case_argparse(TRAIN, "--config", "x.py", "--resum", "auto"), ["--resum", "did you mean --resume?"]),
+    ("flag-misspelt-config", case_argparse(TRAIN, "--confg", "x.py"), ["--confg", "did you mean --config?"]),
+    ("config-flag-missing", case_argparse(TRAIN), ["--config", "required"]),
+    ("command-misspelt", case_argparse("trian"), ["trian", "did you mean 'train'?"]),
+    ("subcommand-misspelt", case_argparse("config", "shw"), ["shw", "did you mean 'show'?"]),
+    ("config-keys-unknown-prefix", case_argparse("config", "keys", "optimzer"), ["optimzer", "did you mean 'optimizer'?"]),
+    ("flag-needs-a-value", case_argparse(TRAIN, "--config"), ["--config", "expected one argument"]),
+    # the config file
+    ("config-file-missing", lambda t: (train(str(t / "nope.py"), t / "run"), t / "run"), ["nope.py", "config file not found"]),
+    ("config-py-syntax", case_file("epochs = (\n", "bad.py"), ["bad.py"]),
+    ("config-py-raises", case_file("raise RuntimeError('half-written')\n", "raises.py"), ["raises.py", "half-written"]),
+    ("config-yaml-syntax", case_file("epochs: [1,\n", "bad.yaml"), ["bad.yaml"]),
+    ("config-yaml-not-a-mapping", case_file("- 1\n- 2\n", "list.yaml"), ["list.yaml"]),
+    ("config-extension", case_file("epochs: 1\n", "config.txt"), ["config.txt"]),
+    # --set
+    ("set-unclosed-list", case_set("optimizer.betas=[0.9, 0.99"), ["optimizer.betas", "not valid YAML"]),
+    ("set-without-equals", case_set("optimizer.lr"), ["--set", "key.path=value"]),
+    ("set-word-for-number", case_set("optimizer.eps=tiny"), ["optimizer.eps", "expected a number", "'tiny'"]),
+    ("set-number-for-list", case_set("optimizer.betas=0.9"), ["optimizer.betas", "expected a list"]),
+    ("set-list-too-long", case_set("optimizer.betas=[0.9, 0.99, 0.999]"), ["optimizer.betas", "a list of 2"]),
+    ("set-model-word", case_set("model.drop_rate=high"), ["model.drop_rate", "expected a number"]),
+    ("set-model-fraction-for-int", case_set("model.depth=2.5"), ["model.depth", "expected an integer"]),
+    ("set-unknown-key", case_set("optimizer.lrr=0.1"), ["optimizer.lrr", "did you mean 'optimizer.lr'"]),
+    ("set-optimizer-type", case_set("optimizer.type=lamm"), ["optimizer.type", "lamm"]),
+    ("set-argument-not-taken", case_set("optimizer.momentum=0.9"), ["optimizer.momentum", "adamw does not take"]),
+    ("set-negative-lr", case_set("optimizer.lr=-1"), ["optimizer.lr", "must be > 0"]),
+    ("set-lars-eta-word", case_set("optimizer.type=lars", "optimizer.eta=big"), ["optimizer.eta", "expected a number"]),
+    # values in the config
+    ("epochs-word", case_config(epochs="three"), ["epochs", "expected an integer"]),
+    ("mixup-negative", case_config(**{"mixup.mixup_alpha": -1.0}), ["mixup.mixup_alpha", "must be >= 0"]),
+    ("batch-not-divisible", case_config(global_batch_size=30), ["global_batch_size 30", "set global_batch_size to 24 or 32"]),
+    ("warmup-too-long", case_config(**{"lr_schedule.warmup_steps": 50}), ["lr_schedule.warmup_steps", "warmup is 50 steps"]),
+    ("model-name-misspelt", case_config(**{"model.name": "vit_tiny_patch16_22"}), ["model.name", "did you mean"]),
+    ("model-argument-misspelt", case_config(**{"model.drop_rte": 0.1}), ["model.drop_rte", "did you mean 'model.drop_rate'"]),
+    ("precision-unknown", case_config(precision="fp8"), ["precision", "fp8"]),
+    ("device-unknown", case_config(device="tpu"), ["device", "tpu"]),
+    ("loader-unknown", case_config(**{"data.loader": "webdataset"}), ["data.loader", "webdataset"]),
+    ("image-size-word", case_config(**{"data.image_size": "large"}), ["data.image_size", "expected an integer"]),
+    ("seed-negative", case_config(seed=-1), ["seed", ">= 0"]),
+    ("top-level-misspelt", case_config(epoch=2), ["epoch", "did you mean 'epochs'"]),
+    ("section-not-a-dict", case_config(optimizer="lamb"), ["optimizer"]),
+    # hooks
+    ("hook-name-misspelt", case_hook("loggr"), ["hooks[0]", "did you mean 'logger'"]),
+    ("hook-file-missing", case_hook({"type": "hooks/nowhere.py:Thing"}), ["hooks[0]", "hooks/nowhere.py"]),
+    ("hook-unknown-argument", case_hook({"type": "logger", "colour": "red"}), ["hooks[0]", "colour"]),
+    ("hook-priority", case_hook({"type": "logger", "priority": 500}), ["hooks[0].priority", "outside 0..100"]),
+    ("hook-argument-type", case_hook({"type": "logger", "console": "maybe"}), ["hooks[0].console", "expected a boolean"]),
+    ("hook-constructor-raises", case_hook(raising_hook), ["hooks[0]", "NeedsAGpu", "RuntimeError", "no CUDA device visible"]),
+    ("custom-hook-argument-type", case_hook(hook_with_typed_argument), ["hooks[0].every", "expected an integer", "'often'"]),
+    ("noise-scale-without-accumulation", case_set("global_batch_size=8", "hooks=[noise_scale]"), ["noise_scale", "accumulation"]),
+    # the run directory and resuming
+    ("run-dir-is-a-file", run_dir_is_a_file, ["--run-dir names a file", "taken"]),
+    ("run-dir-under-a-file", run_dir_under_a_file, ["inside a file", "taken"]),
+    ("run-dir-holds-checkpoints", run_dir_with_checkpoints, ["step-4.pt", "--resume auto"]),
+    ("resume-from-nothing", resume_from_nothing, ["no-such-checkpoint"]),
+    # data
+    ("data-root-missing", native_root_missing, ["nowhere"]),
+    ("eval-split-missing", native_eval_split_missing, ["validation"]),
+]
+
+
+def test_the_catalogue_is_large_and_its_ids_unique():
+    ids = [case[0] for case in CASES]
+    assert len(ids) >= 40 and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize(("make", "fragments"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_a_mistake_is_one_error_line_and_loses_nothing(tmp_path, capsys, monkeypatch, make, fragments):
+    monkeypatch.chdir(tmp_path)  # relative paths (and a default run directory) stay in here
+    argv, run_dir = make(tmp_path)
+    before = snapshot(run_dir)
+    status = invoke(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    after = snapshot(run_dir)
+    assert {k: v for k, v in after.items() if k in before} == before, "an existing file was changed"
+    assert not any(name.endswith(".safetensors") or name.startswith("checkpoints/") for name in set(after) - set(before))
+
+
+def test_evaluation_switched_off_needs_no_eval_split(tmp_path, capsys):
+    """Only a train split: a run that never evaluates trains; one that does names the split."""
+    config = native_config(tmp_path, **{"eval.at_end": False, "eval.interval_epochs": 0})
+    assert invoke(train(config, tmp_path / "run")) == 0, capsys.readouterr().err
+    assert (tmp_path / "run" / "model.safetensors").exists()
