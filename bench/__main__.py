@@ -8,6 +8,7 @@ timm_train         end-to-end CPU training images/s against timm's train.py path
 mfu                training FLOP/s against a large fp32 matmul's FLOP/s
 lamb_step          our LAMB's step time against timm's, torch-optimizer's and
                    Colossal-AI's
+lars_step          our LARS's step time against timm's Lars, with an A/A control
 loaders            the native TFRecord loader against DALI (CPU) and ImageFolder
 =================  ==============================================================
 
@@ -55,6 +56,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
         ["--rounds", "1", "--steps", "1", "--micro", "8", "--accumulation", "1", "--depth", "1", "--matmul", "256"],
     ),
     "lamb_step": ("bench/lamb_step.py", ["--steps", "5", "--rounds", "2"], ["--steps", "1", "--rounds", "1", "--compare-steps", "1"]),
+    "lars_step": ("bench/lars_step.py", ["--steps", "3", "--rounds", "8"], ["--steps", "1", "--rounds", "2", "--compare-steps", "1"]),
     "loaders": ("bench/loaders.py", ["--images", "512"], ["--images", "32", "--rounds", "1", "--batch", "8"]),
 }
 

@@ -218,7 +218,9 @@ def read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {exc}); resume from an earlier one", path=str(path)) from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = first if len(first) <= 160 else first[:157] + "..."
+        raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {first}); resume from an earlier one", path=str(path)) from exc
     if not isinstance(payload, dict) or payload.get("format") != 1 or "model" not in payload:
         raise UserError("not a largebatch checkpoint (no format-1 payload); resume from a step-*.pt file", path=str(path))
     return payload
@@ -281,6 +283,32 @@ def find_resume_path(resume: str, run_dir: pathlib.Path) -> pathlib.Path | None:
     return found[0] if found else None
 
 
+def check_weights_fit(saved: dict[str, Any], current: dict[str, Any], path: pathlib.Path) -> None:
+    """The checkpoint's weights must have this model's names and shapes.
+
+    Raises:
+        UserError: naming how many tensors are missing, extra or of another shape, and the
+            first of each.
+    """
+    missing = [k for k in current if k not in saved]
+    extra = [k for k in saved if k not in current]
+    shapes = [k for k in current if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)]
+    if not (missing or extra or shapes):
+        return
+    parts = []
+    if shapes:
+        k = shapes[0]
+        parts.append(f"{len(shapes)} of another shape (first {k}: {list(saved[k].shape)} saved, {list(current[k].shape)} here)")
+    if missing:
+        parts.append(f"{len(missing)} missing (first {missing[0]})")
+    if extra:
+        parts.append(f"{len(extra)} not in this model (first {extra[0]})")
+    raise UserError(
+        f"the checkpoint's weights do not fit this model: {'; '.join(parts)}; resume with the model config it was made with",
+        path=str(path),
+    )
+
+
 def load_checkpoint(
     path: pathlib.Path,
     state: Any,
@@ -308,8 +336,23 @@ def load_checkpoint(
                 "or pass --resume-ignore-config to accept the new values",
                 path=str(path),
             )
+    check_weights_fit(payload["model"], state.model.state_dict(), path)
+    saved_type = payload["config"].get("optimizer", {}).get("type")
+    if saved_type != state.config["optimizer"]["type"]:
+        raise UserError(
+            f"the checkpoint holds {saved_type}'s state, this run builds {state.config['optimizer']['type']}: an optimizer's "
+            "state cannot carry over to another; resume with the same optimizer.type, or start a new run from the weights",
+            path=str(path),
+        )
     state.model.load_state_dict(payload["model"])
-    state.optimizer.load_state_dict(payload["optimizer"])
+    try:
+        state.optimizer.load_state_dict(payload["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise UserError(
+            f"the optimizer state does not fit this run's parameter groups ({type(exc).__name__}: {exc}); resume with the "
+            "same optimizer settings (no_weight_decay, exclude_1d, layer_decay)",
+            path=str(path),
+        ) from exc
     if state.scaler and payload["scaler"]:
         state.scaler.load_state_dict(payload["scaler"])
     state._counters.load_state_dict(payload["counters"])

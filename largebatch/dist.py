@@ -77,6 +77,15 @@ def discover(env: dict[str, str] | None = None) -> DistInfo:
         ("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")),
         ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")),
     )
+    torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    present = [name for name in torchrun if name in env]
+    if present and len(present) < len(torchrun) and env.get("WORLD_SIZE", "") != "1":
+        missing = [name for name in torchrun if name not in env]
+        raise UserError(
+            f"{' and '.join(present)} {'is' if len(present) == 1 else 'are'} set but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not: launch with torchrun (it sets all three), set all three, "
+            "or unset them for a single process"
+        )
     for launcher, names in sources:
         values = _ints(env, *names)
         if values is not None:

@@ -125,7 +125,6 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     run_dir = pathlib.Path(broadcast_object(str(run_dir)))
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_yaml({**cfg, "derived": derived}))
 
     seed_everything(cfg["seed"])  # the same initial weights on every rank
     model = backend.prepare_model(build_model(cfg))
@@ -182,6 +181,8 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
                 print(f"resumed from {path} at step {state.step}/{state.total_steps}, epoch {state.epoch + 1}/{state.epochs}", flush=True)
         elif args.resume != "auto":
             raise UserError("no checkpoint to resume from", path=args.resume)
+    if info.is_main:  # only once a resume has been accepted: a refused one leaves the run's config as it was
+        (run_dir / "config.yaml").write_text(dump_yaml({**cfg, "derived": derived}))
     return Engine(state, hooks, train_loader, eval_loader), hooks
 
 

@@ -87,7 +87,7 @@ def test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly(slurm, tmp_
     assert "preempted by SIGUSR1" in text and f"requeued Slurm job {job}" in text
     checkpointed = [line for line in text.splitlines() if "checkpoint written" in line]
     step = int(checkpointed[0].split(" at step ")[1].split(";")[0])
-    assert 2 <= step < 8 and f"at step {step}, epoch" in text  # resumed where it stopped
+    assert 2 <= step < 8 and "resumed from" in text and f"at step {step}/8, epoch" in text  # resumed where it stopped
     assert_same_weights(run_dir / "rank0.safetensors", run_dir / "rank1.safetensors")
     assert_same_weights(two_rank_reference / "model.safetensors", run_dir / "model.safetensors")
     assert os.path.exists(run_dir / "config.yaml")

@@ -198,16 +198,25 @@ class Lars(torch.optim.Optimizer):
         return tuple(torch.cat([r[k].to(device) for _, r in parts])[order] for k in range(3))
 
     def _bucket_foreach(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], record: bool):
-        lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
         adapt = self._adapts(group)
         ratio = w_norm = g_norm = None
         if adapt or record:
             w_norm = torch.stack(torch._foreach_norm(params))
             g_norm = torch.stack(torch._foreach_norm(grads))
             ratio = self._ratios(group, w_norm, g_norm) if adapt else torch.ones_like(w_norm)
+        ratios = list(ratio.to(params[0].dtype).unbind()) if adapt else None
+        for window in _windows(params, CPU_WINDOW_ELEMENTS if params[0].device.type == "cpu" else 0):
+            self._update_foreach(
+                group, [params[i] for i in window], [grads[i] for i in window], None if ratios is None else [ratios[i] for i in window]
+            )
+        return ratio, w_norm, g_norm
+
+    def _update_foreach(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], ratios: list[Tensor] | None) -> None:
+        """``d = ratio (g + wd x)``, the momentum buffer and the parameter update, for one window."""
+        lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
         updates = torch._foreach_add(grads, params, alpha=wd) if wd != 0 else torch._foreach_mul(grads, 1.0)
-        if adapt:
-            torch._foreach_mul_(updates, list(ratio.to(params[0].dtype).unbind()))
+        if ratios is not None:
+            torch._foreach_mul_(updates, ratios)
         if momentum != 0:
             fresh = [i for i, p in enumerate(params) if "momentum_buffer" not in self.state[p]]
             for i in fresh:
@@ -224,4 +233,28 @@ class Lars(torch.optim.Optimizer):
             else:
                 updates = bufs
         torch._foreach_add_(params, updates, alpha=-lr)
-        return ratio, w_norm, g_norm
+
+
+# On the CPU the update runs over windows of whole tensors of at most this many elements
+# together (a larger tensor is a window on its own): the window's temporaries are freed
+# and reused at the same size, instead of one parameter-sized temporary per step whose
+# fresh pages cost more than the arithmetic (bench/lars_step.py). Elsewhere: one window.
+CPU_WINDOW_ELEMENTS = 1 << 20
+
+
+def _windows(params: list[Tensor], limit: int) -> list[list[int]]:
+    """Indices of ``params`` in consecutive windows of at most ``limit`` elements (0: one window)."""
+    if limit <= 0:
+        return [list(range(len(params)))]
+    windows: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, p in enumerate(params):
+        if current and size + p.numel() > limit:
+            windows.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += p.numel()
+    if current:
+        windows.append(current)
+    return windows

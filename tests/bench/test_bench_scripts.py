@@ -138,6 +138,37 @@ def test_timm_train_runs():
     ratio(out, "largebatch / timm")
 
 
+def test_lars_step_pairs_alternate_and_match_timm():
+    from bench import lars_step
+
+    calls = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self):
+            calls.append(self.name)
+
+    a, b = lambda ps: Recorder("a"), lambda ps: Recorder("b")
+    ms_a, ms_b = lars_step.paired(a, b, [], steps=2, rounds=3)
+    assert len(ms_a) == len(ms_b) == 3
+    blocks = [calls[i] for i in range(0, len(calls), 3)]  # one untimed + 2 timed steps a block
+    assert blocks == ["a", "b", "b", "a", "a", "b"]  # the order alternates between rounds
+    torch.manual_seed(0)
+    params = [torch.randn(8, 4), torch.randn(8), torch.randn(3, 8)]
+    grads = [[torch.randn_like(p) * 1e-2 for p in params] for _ in range(3)]
+    ours = lars_step.update_after(lars_step.ours, params, grads)
+    timms = lars_step.update_after(lars_step.timm_lars, params, grads)
+    assert lars_step.max_difference(ours, timms) < 1e-6 and max(u.abs().max().item() for u in ours) > 1e-4
+
+
+@pytest.mark.slow
+def test_lars_step_runs():
+    out = run_script("bench/lars_step.py", "--model", "vit_tiny_patch16_224", "--steps", "1", "--rounds", "2", "--compare-steps", "1")
+    assert "A/A control: ours vs ours" in out and "Lars |" in out
+
+
 @pytest.mark.slow
 def test_large_batch_study_runs(tmp_path):
     run_script(

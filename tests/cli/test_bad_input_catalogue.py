@@ -139,6 +139,66 @@ def resume_from_nothing(tmp_path):
     return train(config_with(tmp_path), tmp_path / "run", "--resume", str(tmp_path / "no-such-checkpoint")), tmp_path / "run"
 
 
+def trained_run(tmp_path: pathlib.Path) -> tuple[str, pathlib.Path]:
+    """A finished one-epoch run with its checkpoint (the starting point of resume mistakes)."""
+    config = config_with(tmp_path, **{"checkpoint.at_end": True})
+    run_dir = tmp_path / "run"
+    assert invoke(train(config, run_dir)) == 0
+    return config, run_dir
+
+
+def resume_garbage_checkpoint(tmp_path):
+    config = config_with(tmp_path)
+    (tmp_path / "step-9.pt").write_bytes(b"not a checkpoint at all" * 10)
+    return train(config, tmp_path / "run", "--resume", str(tmp_path / "step-9.pt")), tmp_path / "run"
+
+
+def resume_truncated_checkpoint(tmp_path):
+    config, run_dir = trained_run(tmp_path)
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    copy = tmp_path / checkpoint.name
+    copy.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
+    return train(config, run_dir, "--resume", str(copy)), run_dir
+
+
+def resume_with_another_model(tmp_path):
+    config, run_dir = trained_run(tmp_path)
+    return train(config, run_dir, "--resume", "auto", "--set", "model.embed_dim=64"), run_dir
+
+
+def resume_other_model_ignoring_config(tmp_path):
+    config, run_dir = trained_run(tmp_path)
+    return train(config, run_dir, "--resume", "auto", "--resume-ignore-config", "--set", "model.embed_dim=64"), run_dir
+
+
+def resume_other_optimizer_ignoring_config(tmp_path):
+    config, run_dir = trained_run(tmp_path)
+    return train(config, run_dir, "--resume", "auto", "--resume-ignore-config", "--set", "optimizer.type=lamb"), run_dir
+
+
+def launcher_env(**variables: str):
+    """A plain launch under these launcher variables (the test sets them, then restores)."""
+
+    def make(tmp_path):
+        return train(config_with(tmp_path), tmp_path / "run"), tmp_path / "run"
+
+    make.env = variables
+    return make
+
+
+def native_labels_beyond_num_classes(tmp_path):
+    return train(native_config(tmp_path, splits=("train", "validation")), tmp_path / "run", "--set", "data.num_classes=8"), tmp_path / "run"
+
+
+def native_corrupt_record(tmp_path):
+    config = native_config(tmp_path, splits=("train", "validation"))
+    shard = next(p for p in sorted((tmp_path / "shards").glob("train-*")) if p.suffix != ".idx")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return train(config, tmp_path / "run"), tmp_path / "run"
+
+
 def native_root_missing(tmp_path):
     config = native_config(tmp_path)
     return train(config, tmp_path / "run", "--set", f"data.root={tmp_path / 'nowhere'}"), tmp_path / "run"
@@ -231,9 +291,21 @@ CASES = [
     ("run-dir-under-a-file", run_dir_under_a_file, ["inside a file", "taken"]),
     ("run-dir-holds-checkpoints", run_dir_with_checkpoints, ["step-4.pt", "--resume auto"]),
     ("resume-from-nothing", resume_from_nothing, ["no-such-checkpoint"]),
+    ("resume-garbage-file", resume_garbage_checkpoint, ["step-9.pt"]),
+    ("resume-truncated-file", resume_truncated_checkpoint, ["step-"]),
+    ("resume-changed-model", resume_with_another_model, ["model.embed_dim", "--resume-ignore-config"]),
+    ("resume-other-model-ignoring-config", resume_other_model_ignoring_config, ["step-"]),
+    ("resume-other-optimizer-ignoring-config", resume_other_optimizer_ignoring_config, ["adamw's state", "lamb"]),
+    # the launch environment
+    ("rank-outside-world", launcher_env(RANK="3", WORLD_SIZE="2", LOCAL_RANK="0"), ["RANK=3", "outside 0..1"]),
+    ("world-size-not-a-number", launcher_env(RANK="0", WORLD_SIZE="two", LOCAL_RANK="0"), ["WORLD_SIZE", "not integers"]),
+    ("torchrun-variables-half-set", launcher_env(RANK="0", WORLD_SIZE="2"), ["LOCAL_RANK", "torchrun"]),
+    ("slurm-rank-outside", launcher_env(SLURM_PROCID="4", SLURM_NTASKS="4", SLURM_LOCALID="0"), ["SLURM_PROCID=4"]),
     # data
     ("data-root-missing", native_root_missing, ["nowhere"]),
     ("eval-split-missing", native_eval_split_missing, ["validation"]),
+    ("labels-beyond-num-classes", native_labels_beyond_num_classes, ["data.num_classes"]),
+    ("corrupt-record", native_corrupt_record, ["train-", "record", "offset"]),
 ]
 
 
@@ -246,6 +318,8 @@ def test_the_catalogue_is_large_and_its_ids_unique():
 def test_a_mistake_is_one_error_line_and_loses_nothing(tmp_path, capsys, monkeypatch, make, fragments):
     monkeypatch.chdir(tmp_path)  # relative paths (and a default run directory) stay in here
     argv, run_dir = make(tmp_path)
+    for name, value in getattr(make, "env", {}).items():
+        monkeypatch.setenv(name, value)
     before = snapshot(run_dir)
     status = invoke(argv)
     err = capsys.readouterr().err

@@ -73,6 +73,31 @@ def test_lars_matches_the_written_out_rule(foreach, nesterov, wd):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("window", [1, 7, 40])
+def test_windows_of_the_cpu_update_change_nothing(monkeypatch, window):
+    """The CPU path updates windows of whole tensors of at most N elements (one tensor
+    alone when larger): any split gives the written-out rule, stats included."""
+    import largebatch.optim.lars as lars_module
+
+    assert len(lars_module._windows(make_params(), window)) > 1  # the split is real
+    monkeypatch.setattr(lars_module, "CPU_WINDOW_ELEMENTS", window)
+    params = make_params()
+    steps = [make_grads(t) for t in range(4)]
+    expected, _ = reference(params, steps, wd=1e-2, nesterov=True)
+    opt = Lars(groups(params, 1e-2), lr=LR, momentum=MOMENTUM, eta=ETA, eps=EPS, nesterov=True)
+    for got, want in zip(run(opt, params, steps), expected):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_windows_cover_every_tensor_once_in_order():
+    from largebatch.optim.lars import _windows
+
+    sizes = [torch.empty(n) for n in (5, 3, 10, 1, 1, 2)]
+    assert _windows(sizes, 8) == [[0, 1], [2], [3, 4, 5]]
+    assert _windows(sizes, 0) == [[0, 1, 2, 3, 4, 5]]
+    assert _windows(sizes, 1) == [[0], [1], [2], [3], [4], [5]]
+
+
 def test_no_decay_adapt_puts_every_group_under_the_ratio_and_zero_norms_get_ratio_one():
     params = make_params()
     steps = [make_grads(t) for t in range(3)]
