@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     report = [
         "# Benchmark suite" + (" (quick mode: smoke sizes, not for reading)" if args.quick else ""),
         "",
-        f"Run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC with `python -m bench"
+        f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `python -m bench"
         + (" --quick" if args.quick else "")
         + (f" --only {' '.join(names)}" if args.only else "")
         + "".join(f" --args {shlex.quote(item)}" for item in args.args)

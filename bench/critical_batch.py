@@ -219,7 +219,9 @@ def prepare_study_data(src: pathlib.Path, dst: pathlib.Path) -> dict[str, int]:
         records = len((target.parent / (target.name + ".idx")).read_text().splitlines())
         counts[name.split("-", 1)[0]] += records
     splits = {split: {"records": n, "shards": sum(1 for k in layout if k.startswith(split + "-"))} for split, n in counts.items()}
-    (dst / "dataset.json").write_text(json.dumps({**meta, "splits": splits, "source": f"{meta.get('source', src)} (study split)"}, indent=2) + "\n")
+    (dst / "dataset.json").write_text(
+        json.dumps({**meta, "splits": splits, "source": f"{meta.get('source', src)} (study split)"}, indent=2) + "\n"
+    )
     return counts
 
 
@@ -517,13 +519,17 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
     lines += ["", "Samples to target (millions):", "", header, rule]
     lines += [
         f"| {opt} | "
-        + " | ".join(cell_text(opt, b, lambda c: "-" if c["samples_to_target"] is None else f"{c['samples_to_target'] / 1e6:.2f}") for b in batches)
+        + " | ".join(
+            cell_text(opt, b, lambda c: "-" if c["samples_to_target"] is None else f"{c['samples_to_target'] / 1e6:.2f}") for b in batches
+        )
         + " |"
         for opt in optimizers
     ]
     lines += ["", "Chosen peak learning rate (steps to target) and the rates tried:", "", header, rule]
     lines += [
-        f"| {opt} | " + " | ".join(cell_text(opt, b, lambda c: f"{c['lr_steps']:g} of {', '.join(f'{x:g}' for x in c['lrs'])}") for b in batches) + " |"
+        f"| {opt} | "
+        + " | ".join(cell_text(opt, b, lambda c: f"{c['lr_steps']:g} of {', '.join(f'{x:g}' for x in c['lrs'])}") for b in batches)
+        + " |"
         for opt in optimizers
     ]
     lines += [
@@ -552,7 +558,9 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         rule,
     ]
     lines += [
-        f"| {opt} | " + " | ".join(cell_text(opt, b, lambda c: "-" if c["final_test"] is None else f"{100 * c['final_test']:.1f}") for b in batches) + " |"
+        f"| {opt} | "
+        + " | ".join(cell_text(opt, b, lambda c: "-" if c["final_test"] is None else f"{100 * c['final_test']:.1f}") for b in batches)
+        + " |"
         for opt in optimizers
     ]
     total = sum(t.get("seconds", 0) for t in results["trials"])
@@ -673,13 +681,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps-per-epoch", type=int, help="cap steps per epoch (smoke runs)")
     parser.add_argument("--quick", action="store_true", help="a smoke run of minutes: tiny model, batches 64 and 128, 2 trials a cell")
     parser.add_argument("--config", type=pathlib.Path, default=DEMO_CONFIG, help="base config of every trial")
-    parser.add_argument("--set", dest="config_lines", action="append", default=[], metavar="KEY=VALUE", help="extra config line for every trial")
+    parser.add_argument(
+        "--set", dest="config_lines", action="append", default=[], metavar="KEY=VALUE", help="extra config line for every trial"
+    )
     parser.add_argument("--data", type=pathlib.Path, default=REPO / "data" / "fashion-mnist", help="prepared Fashion-MNIST")
     parser.add_argument("--study-data", type=pathlib.Path, default=REPO / "data" / "fashion-mnist-study", help="where the split's links go")
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results")
     parser.add_argument("--stem", default="critical_batch")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--merge", type=pathlib.Path, nargs="+", default=[], metavar="JSON", help="with --report-only: combine these results")
+    parser.add_argument(
+        "--merge", type=pathlib.Path, nargs="+", default=[], metavar="JSON", help="with --report-only: combine these results"
+    )
     parser.add_argument("--reading", type=pathlib.Path, help="a Markdown file with the results' reading, kept in the JSON")
     args = parser.parse_args(argv)
     args.model = dict(STUDY_MODEL)
@@ -731,7 +743,9 @@ def main(argv: list[str] | None = None) -> int:
             "config_lines": args.config_lines,
         }
         if results["trials"] and results.get("settings") not in (None, settings):
-            raise SystemExit(f"error: {json_path} holds trials made with other settings ({results['settings']}); use another --stem or --out")
+            raise SystemExit(
+                f"error: {json_path} holds trials made with other settings ({results['settings']}); use another --stem or --out"
+            )
         results.setdefault("machine", machine_description())
         command = "python bench/critical_batch.py " + " ".join(argv if argv is not None else sys.argv[1:])
         results["commands"] = list(dict.fromkeys([*results.get("commands", []), command]))  # each invocation that added trials

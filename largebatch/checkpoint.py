@@ -139,9 +139,7 @@ def non_finite_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn
     """The optimizer's per-parameter state tensors holding NaN or inf (``name.exp_avg``, ...)."""
     names = {id(p): n for n, p in model.named_parameters()}
     return _non_finite(
-        (f"optimizer {names.get(id(param), '?')}.{key}", value)
-        for param, entry in optimizer.state.items()
-        for key, value in entry.items()
+        (f"optimizer {names.get(id(param), '?')}.{key}", value) for param, entry in optimizer.state.items() for key, value in entry.items()
     )
 
 
@@ -275,12 +273,6 @@ def read_resume_checkpoint(resume: str, run_dir: pathlib.Path, *, warn: bool = T
     if warn and latest is not None:
         print(f"warning: {CHECKPOINT_DIR}/{LATEST} names {latest}, but {run_dir} holds no checkpoint: starting afresh", flush=True)
     return None
-
-
-def find_resume_path(resume: str, run_dir: pathlib.Path) -> pathlib.Path | None:
-    """The path ``read_resume_checkpoint`` picks (None: a fresh start)."""
-    found = read_resume_checkpoint(resume, run_dir, warn=False)
-    return found[0] if found else None
 
 
 def check_weights_fit(saved: dict[str, Any], current: dict[str, Any], path: pathlib.Path) -> None:

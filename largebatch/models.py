@@ -92,7 +92,9 @@ def _main_class(timm: Any, name: str) -> type | None:
     """The model class of ``name``'s timm module: the one whose constructor takes the most arguments."""
     module = inspect.getmodule(timm.models.model_entrypoint(name))
     classes = [
-        obj for obj in vars(module).values() if inspect.isclass(obj) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__
     ]
     return max(classes, key=lambda c: len(inspect.signature(c.__init__).parameters), default=None)
 

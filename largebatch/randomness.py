@@ -106,7 +106,6 @@ class RandomStreams:
         return np.random.Generator(np.random.PCG64(derive_seed(self.seed, self.rank, step, micro, _MIXUP)))
 
 
-
 def worker_generator(seed: int, rank: int) -> torch.Generator:
     """A generator for a ``DataLoader``'s base seed, so creating its iterator never draws
     from the global generator (and the workers' seeds follow ``(seed, rank)``)."""

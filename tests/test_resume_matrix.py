@@ -33,7 +33,13 @@ LOADERS = {
     "dali": {"data.loader": "dali", "data.num_workers": 1},
 }
 DROPOUT = {
-    "dropout": {"model.drop_rate": 0.1, "model.pos_drop_rate": 0.1, "model.proj_drop_rate": 0.1, "model.attn_drop_rate": 0.1, "model.drop_path_rate": 0.2},
+    "dropout": {
+        "model.drop_rate": 0.1,
+        "model.pos_drop_rate": 0.1,
+        "model.proj_drop_rate": 0.1,
+        "model.attn_drop_rate": 0.1,
+        "model.drop_path_rate": 0.2,
+    },
     "no-dropout": {},
 }
 # 64 samples / global batch 16 = 4 steps per epoch of 4 micro-batches; 2 epochs.

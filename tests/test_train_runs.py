@@ -19,7 +19,9 @@ SAVE_RANKS = "hooks=[{type: tests/support/rank_weights.py:SaveRankWeights}]"
 def test_torchrun_two_ranks_end_with_identical_weights(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
         str(REPO / "train.py"),

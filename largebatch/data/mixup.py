@@ -128,12 +128,3 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     if targets.dtype == torch.int64:
         return torch.nn.functional.cross_entropy(logits, targets)
     return torch.sum(-targets * torch.log_softmax(logits.float(), dim=-1), dim=-1).mean()
-
-
-def mixed_correct(logits: torch.Tensor, batch: MixedBatch) -> torch.Tensor:
-    """Mixup-aware count of correct top-1 predictions: ``lam * [pred == a] + (1 - lam) * [pred == b]``."""
-    pred = logits.argmax(dim=-1)
-    correct = (pred == batch.labels).sum(dtype=torch.float32)
-    if batch.labels_b is None:
-        return correct
-    return correct * batch.lam + (pred == batch.labels_b).sum(dtype=torch.float32) * (1.0 - batch.lam)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 
 
-class Event(str, enum.Enum):
+class Event(str, enum.Enum):  # noqa: UP042 - str(Event.X) stays "Event.X", as messages expect
     """A point in the loop where hooks run; the value is the hook method's name."""
 
     BEFORE_RUN = "before_run"
@@ -54,8 +54,3 @@ class Event(str, enum.Enum):
     AFTER_TRAIN = "after_train"
     AFTER_RUN = "after_run"
     ON_EXCEPTION = "on_exception"
-
-    @property
-    def per_micro_batch(self) -> bool:
-        """True for the three events that fire once per micro-batch."""
-        return self in (Event.BEFORE_MICRO_STEP, Event.AFTER_FORWARD, Event.AFTER_BACKWARD)

@@ -191,10 +191,6 @@ class TrainState:
         return min(total, max_steps) if max_steps else total
 
     @property
-    def is_last_step(self) -> bool:
-        return self.step >= self.total_steps
-
-    @property
     def is_log_step(self) -> bool:
         """At ``after_step``: whether this step is logged (every ``log.interval`` and the last)."""
         return self.log_due(self.step)

@@ -79,7 +79,15 @@ class Lars(torch.optim.Optimizer):
         self.foreach = foreach
         self.last_stats: dict[str, dict[str, Any]] = {}
         self._stats_requested = False
-        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta, "eps": eps, "nesterov": nesterov, "adapt": adapt}
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "eta": eta,
+            "eps": eps,
+            "nesterov": nesterov,
+            "adapt": adapt,
+        }
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

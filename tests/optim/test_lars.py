@@ -51,7 +51,12 @@ def groups(params, wd):
     others = [p for i, p in enumerate(params) if i not in DECAYED]
     return [
         {"params": decayed, "weight_decay": wd, "name": "decay", "param_names": [f"p{i}" for i in DECAYED]},
-        {"params": others, "weight_decay": 0.0, "name": "no_decay", "param_names": [f"p{i}" for i in range(len(params)) if i not in DECAYED]},
+        {
+            "params": others,
+            "weight_decay": 0.0,
+            "name": "no_decay",
+            "param_names": [f"p{i}" for i in range(len(params)) if i not in DECAYED],
+        },
     ]
 
 
