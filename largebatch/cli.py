@@ -1,7 +1,7 @@
 """The ``largebatch`` command line: ``train``, ``config show``, ``data ...``, ``plot``.
 
 A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
-status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1 or
+status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1, SIGUSR2 or
 SIGTERM checkpoints and exits with status 75 (``largebatch.preemption.EXIT_REQUEUE``).
 """
 

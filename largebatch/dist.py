@@ -7,7 +7,9 @@ this order, the first complete set winning:
 2. Open MPI: ``OMPI_COMM_WORLD_RANK``, ``_SIZE``, ``_LOCAL_RANK`` (``mpirun``; inside an
    sbatch allocation every mpirun rank also inherits ``SLURM_PROCID=0``, so MPI must be
    read before Slurm);
-3. Slurm: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` (``srun python train.py``).
+3. MPICH and Intel MPI (Hydra): ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``
+   (``mpiexec``; read before Slurm for the same reason);
+4. Slurm: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` (``srun python train.py``).
 
 Under MPI and Slurm, ``MASTER_ADDR`` defaults to the first host of the job
 (``scontrol show hostnames $SLURM_JOB_NODELIST``) or to 127.0.0.1 on one node, and
@@ -75,6 +77,7 @@ def discover(env: dict[str, str] | None = None) -> DistInfo:
     sources = (
         ("torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
         ("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")),
+        ("mpich", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")),
         ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")),
     )
     torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK")

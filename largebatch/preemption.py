@@ -3,7 +3,8 @@
 Clusters warn a job before they stop it. Slurm sends the signal named by
 ``sbatch --signal=USR1@120`` that many seconds before the time limit (and SIGTERM when it
 preempts or cancels a job, ``KillWait`` seconds before SIGKILL); ``scancel --signal=USR1``
-sends it by hand. On SIGUSR1 or SIGTERM a run:
+sends it by hand; submitit asks for SIGUSR2 by default. On SIGUSR1, SIGUSR2 or SIGTERM a
+run:
 
 1. notes the signal (the handler only sets a flag, so the micro-step in flight finishes);
 2. at the next optimizer-step boundary, all ranks all-reduce the flag
@@ -31,7 +32,7 @@ import threading
 EXIT_REQUEUE = 75
 """Exit status of a run that stopped on a preemption signal after checkpointing: requeue it."""
 
-PREEMPTION_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+PREEMPTION_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
 _received: list[str] = []
 
@@ -45,7 +46,7 @@ def _on_signal(signum: int, frame: object) -> None:
 
 
 def install_signal_handlers() -> bool:
-    """Handle SIGUSR1 and SIGTERM by requesting a stop (call first thing in the process).
+    """Handle SIGUSR1, SIGUSR2 and SIGTERM by requesting a stop (call first thing in the process).
 
     Returns:
         Whether the handlers were installed (only the main thread can install them).

@@ -42,7 +42,7 @@ def one_rank_reference(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGUSR2", "SIGTERM"])
 def test_signal_mid_accumulation_window_stops_at_the_step_boundary_and_resumes_exactly(tmp_path, one_rank_reference, sig):
     config = str(write_config(tmp_path, resume_config()))
     run_dir = tmp_path / "run"

@@ -211,7 +211,7 @@ SCHEMA = Section(
                 "requeue": Field(
                     bool,
                     False,
-                    "after a preemption checkpoint (SIGUSR1/SIGTERM), rank 0 runs `scontrol requeue $SLURM_JOB_ID`",
+                    "after a preemption checkpoint (SIGUSR1/SIGUSR2/SIGTERM), rank 0 runs `scontrol requeue $SLURM_JOB_ID`",
                 ),
             }
         ),

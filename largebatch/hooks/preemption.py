@@ -1,6 +1,6 @@
 """Stop every rank at the same optimizer step when any of them was asked to stop.
 
-``largebatch.preemption`` turns SIGUSR1 / SIGTERM into a flag. At each ``after_step`` this
+``largebatch.preemption`` turns SIGUSR1 / SIGUSR2 / SIGTERM into a flag. At each ``after_step`` this
 hook all-reduces the flag (max over ranks: one small collective per optimizer step), so
 all ranks see the request at the same step, and asks for a resumable stop: the checkpoint
 hook then saves this step, and the run exits with ``EXIT_REQUEUE``.
