@@ -30,6 +30,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# An older .venv may hold DALI's CUDA 12 build: both provide nvidia.dali, keep one.
+.venv/bin/python -m pip uninstall -q -y nvidia-dali-cuda120 2>/dev/null || true
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,dali,tensorboard]'
 
 .venv/bin/python data/prepare_fmnist.py

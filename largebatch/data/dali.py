@@ -1,7 +1,7 @@
 """The NVIDIA DALI loader: ``fn.readers.tfrecord`` over the same shards and index files.
 
 DALI is imported only here, only when this loader is asked for
-(``pip install -e .[dali]``, i.e. ``nvidia-dali-cuda120``).
+(``pip install -e .[dali]``, i.e. ``nvidia-dali-cuda130``, built for the CUDA major of the pinned torch wheel).
 
 **Same samples as every other loader.** DALI's TFRecord reader reads the records listed
 in its index files, in index order, one ``(path, index_path)`` pair after another, and it

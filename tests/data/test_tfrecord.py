@@ -65,7 +65,7 @@ def test_index_matches_dalis_tfrecord2idx(tmp_path):
     )
     if not Path(script).is_file():
         pytest.skip(
-            "DALI's tfrecord2idx script not installed (pip install nvidia-dali-cuda120)"
+            "DALI's tfrecord2idx script not installed (pip install nvidia-dali-cuda130)"
         )
     rng = np.random.default_rng(0)
     index = _write(
