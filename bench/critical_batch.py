@@ -273,6 +273,12 @@ def steps_to(curve: list[dict], key: str, target: float) -> int | None:
     return None
 
 
+def finite_or_none(value: float | None) -> float | None:
+    """The hook logs NaN while its estimate is unavailable; the results file says None
+    (JSON has no NaN)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def read_trial(run_dir: pathlib.Path, optimizer: str, batch: int, lr: float, target: float) -> dict[str, Any]:
     """One finished trial's record from its ``metrics.jsonl`` and ``config.yaml``."""
     import yaml
@@ -284,7 +290,7 @@ def read_trial(run_dir: pathlib.Path, optimizer: str, batch: int, lr: float, tar
         if "eval/top1" in r and r["step"] not in seen:
             seen.add(r["step"])
             curve.append({"step": r["step"], "epoch": r.get("epoch"), "heldout": r["eval/top1"], "test": r.get("test/top1")})
-    noise = [{"step": r["step"], "b_simple": r["noise_scale/b_simple"]} for r in records if r.get("noise_scale/b_simple") is not None]
+    noise = [{"step": r["step"], "b_simple": finite_or_none(r["noise_scale/b_simple"])} for r in records if "noise_scale/b_simple" in r]
     return {
         "optimizer": optimizer,
         "batch": batch,
@@ -579,10 +585,12 @@ def plot(s: dict, path: pathlib.Path, target: float) -> None:
 
     batches, cells, base = s["batches"], s["cells"], s["base"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    any_steps = False
     for i, opt in enumerate(s["optimizers"]):
         color = f"C{i}"
         xs = [b for b in batches if (opt, b) in cells and cells[(opt, b)]["steps_to_target"] is not None]
         left.plot(xs, [cells[(opt, b)]["steps_to_target"] for b in xs], marker="o", color=color, label=opt)
+        any_steps = any_steps or bool(xs)
         ref = cells.get((opt, base), {}).get("steps_to_target")
         if ref:
             left.plot(batches, [ref * base / b for b in batches], ":", color=color, alpha=0.6)
@@ -597,7 +605,7 @@ def plot(s: dict, path: pathlib.Path, target: float) -> None:
         axis.set_xlabel("global batch size")
         axis.grid(alpha=0.3)
         axis.legend()
-    if any(line.get_ydata().size for line in left.get_lines()):
+    if any_steps:  # a log axis with no positive data warns and draws nothing useful
         left.set_yscale("log")
     left.set_ylabel(f"steps to {100 * target:.0f}% test top-1")
     left.set_title("steps to target (dotted: perfect scaling; dashed: B_simple)")
@@ -612,7 +620,13 @@ def plot(s: dict, path: pathlib.Path, target: float) -> None:
 
 
 def load_results(path: pathlib.Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {"trials": []}
+    if not path.exists():
+        return {"trials": []}
+    results = json.loads(path.read_text())
+    for trial in results["trials"]:  # files written before NaN became None
+        for point in trial["noise_scale"]:
+            point["b_simple"] = finite_or_none(point["b_simple"])
+    return results
 
 
 def save_results(results: dict, path: pathlib.Path) -> None:
