@@ -31,10 +31,10 @@ from largebatch.optim.lamb import Lamb
 LR, WEIGHT_DECAY = 1e-3, 0.05
 
 
-def vit_b_shapes() -> list[torch.Size]:
-    """Parameter shapes of timm's vit_base_patch16_224, without allocating it."""
+def model_shapes(name: str) -> list[torch.Size]:
+    """Parameter shapes of a timm model, without allocating it."""
     with torch.device("meta"):
-        model = timm.create_model("vit_base_patch16_224", pretrained=False)
+        model = timm.create_model(name, pretrained=False)
     return [p.shape for p in model.parameters()]
 
 
@@ -167,7 +167,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    shapes = vit_b_shapes()
+    shapes = model_shapes("vit_base_patch16_224")
     params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3

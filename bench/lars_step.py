@@ -32,17 +32,10 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.lamb_step import max_difference, update_after  # noqa: E402
+from bench.lamb_step import max_difference, model_shapes, update_after  # noqa: E402
 from largebatch.optim.lars import Lars  # noqa: E402
 
 LR, MOMENTUM, WEIGHT_DECAY, ETA = 0.5, 0.9, 5e-4, 1e-3
-
-
-def model_shapes(name: str) -> list[torch.Size]:
-    """Parameter shapes of a timm model, without allocating it."""
-    with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False)
-    return [p.shape for p in model.parameters()]
 
 
 def param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
