@@ -80,7 +80,7 @@ def discover(env: dict[str, str] | None = None) -> DistInfo:
         ("mpich", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")),
         ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")),
     )
-    torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    torchrun = sources[0][1]
     present = [name for name in torchrun if name in env]
     if present and len(present) < len(torchrun) and env.get("WORLD_SIZE", "") != "1":
         missing = [name for name in torchrun if name not in env]
