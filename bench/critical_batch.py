@@ -423,7 +423,13 @@ def cell_trials(results: dict, optimizer: str, batch: int) -> list[dict]:
 
 def summarise(results: dict) -> dict[str, Any]:
     """Per optimizer and batch: the chosen trials, steps and samples to target, scaling
-    efficiency against batch 256, and per optimizer the knee and B_simple."""
+    efficiency against batch 256, and per optimizer the knee and B_simple.
+
+    A cell that did not reach the target within its budget of steps has no efficiency,
+    only an upper bound (``efficiency_below``: steps at 256 / budget, over batch / 256).
+    The knee is the first batch whose efficiency is below 0.5, known or bounded; a batch
+    before it whose bound is above 0.5 leaves the knee undecided between them
+    (``knee_undecided`` lists such batches: a longer budget would tell)."""
     batches = sorted({t["batch"] for t in results["trials"]})
     optimizers = [o for o in RECIPES if any(t["optimizer"] == o for t in results["trials"])]
     base = min(batches) if batches else BASE_BATCH
@@ -441,6 +447,7 @@ def summarise(results: dict) -> dict[str, Any]:
                 "steps_to_target": steps,
                 "steps_to_target_heldout": by_steps["steps_to_target_heldout"],
                 "samples_to_target": None if steps is None else steps * batch,
+                "budget": by_steps.get("steps"),
                 "lr_accuracy": by_acc["lr"],
                 "final_test": by_acc["final_test"],
                 "trials": len(trials),
@@ -448,16 +455,27 @@ def summarise(results: dict) -> dict[str, Any]:
                 "edge": by_steps["lr"] in (min(t["lr"] for t in trials), max(t["lr"] for t in trials)) and len(trials) > 1,
             }
         ref = cells.get((opt, base), {}).get("steps_to_target")
-        knee = None
+        knee, undecided = None, []
         for batch in batches:
             cell = cells.get((opt, batch))
             if cell is None:
                 continue
-            steps = cell["steps_to_target"]
-            cell["efficiency"] = None if (ref is None or steps is None) else (ref / steps) / (batch / base)
-            if ref is not None and knee is None and batch > base and (cell["efficiency"] is None or cell["efficiency"] < 0.5):
+            steps, scale = cell["steps_to_target"], batch / base
+            cell["efficiency"] = None if (ref is None or steps is None) else (ref / steps) / scale
+            # not reached within the budget: the efficiency is only known to be below this
+            cell["efficiency_below"] = ref / cell["budget"] / scale if ref is not None and steps is None and cell["budget"] else None
+            if ref is None or knee is not None or batch <= base:
+                continue
+            if cell["efficiency"] is not None:
+                below = cell["efficiency"] < 0.5
+            elif cell["efficiency_below"] is not None and cell["efficiency_below"] <= 0.5:
+                below = True
+            else:  # the budget was too short to tell whether efficiency fell below 0.5 here
+                undecided.append(batch)
+                continue
+            if below:
                 knee = batch
-        per_optimizer[opt] = {"knee": knee, "b_simple": b_simple_near_target(results, opt, base, cells)}
+        per_optimizer[opt] = {"knee": knee, "knee_undecided": undecided, "b_simple": b_simple_near_target(results, opt, base, cells)}
     return {"batches": batches, "optimizers": optimizers, "base": base, "cells": cells, "per_optimizer": per_optimizer}
 
 
@@ -475,6 +493,17 @@ def b_simple_near_target(results: dict, optimizer: str, base: int, cells: dict) 
     end = cell["steps_to_target"] or trial.get("steps") or values[-1][0]
     near = [v for s, v in values if end / 2 <= s <= end] or [v for _, v in values]
     return {"near_target": median(near), "whole_run": median([v for _, v in values])}
+
+
+def knee_text(info: dict, largest: int) -> str:
+    """The knee column: a batch, a range the budget could not narrow, or none."""
+    undecided, knee = info.get("knee_undecided", []), info["knee"]
+    if not undecided:
+        return f"{knee:,}" if knee else f"none up to {largest:,}"
+    first = f"{undecided[0]:,}"
+    if knee:
+        return f"{first} to {knee:,} (undecided: target not reached at {first} in its budget)"
+    return f"{first} or later (undecided: target not reached at {first} in its budget)"
 
 
 def median(values: list[float]) -> float:
@@ -495,7 +524,8 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
 
     def steps_text(c: dict) -> str:
         if c["steps_to_target"] is None:
-            return "not reached"
+            bound = "" if c.get("efficiency_below") is None else f", < {c['efficiency_below']:.2f}"
+            return f"not reached in {c['budget']}{bound}" if c.get("budget") else "not reached"
         eff = "" if c.get("efficiency") is None else f" ({c['efficiency']:.2f})"
         return f"{c['steps_to_target']}{eff}{'*' if c['edge'] else ''}"
 
@@ -516,7 +546,8 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         f"## Steps to {100 * target:.0f}% test top-1 (scaling efficiency against batch {s['base']})",
         "",
         "Learning rate chosen on the held-out split; `*`: the chosen rate sits at the grid's edge after the extensions "
-        "allowed (the cell may be under-tuned).",
+        "allowed (the cell may be under-tuned). `not reached in N, < e`: the target was not reached in the N steps of "
+        "the budget, so the efficiency is below e.",
         "",
         header,
         rule,
@@ -552,7 +583,7 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         if cells.get((opt, s["base"]), {}).get("steps_to_target") is None:
             knee = f"- (batch {s['base']} did not reach the target)"
         else:
-            knee = info["knee"] or f"none up to {batches[-1]}"
+            knee = knee_text(info, batches[-1])
         lines.append(f"| {opt} | {knee} | {fmt(b['near_target'])} | {fmt(b['whole_run'])} |")
     lines += [
         "",

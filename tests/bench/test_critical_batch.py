@@ -26,12 +26,12 @@ def study_args(**overrides) -> argparse.Namespace:
     return args
 
 
-def trial(optimizer="lamb", batch=256, lr=0.01, heldout_steps=None, test_steps=None, final=0.8, curve=None, noise=()):
+def trial(optimizer="lamb", batch=256, lr=0.01, heldout_steps=None, test_steps=None, final=0.8, curve=None, noise=(), steps=3000):
     return {
         "optimizer": optimizer,
         "batch": batch,
         "lr": lr,
-        "steps": 3000,
+        "steps": steps,
         "curve": curve or [],
         "noise_scale": [{"step": s, "b_simple": v} for s, v in noise],
         "final_heldout": final,
@@ -115,6 +115,39 @@ def test_learning_rate_is_chosen_on_held_out_and_efficiency_against_batch_256():
     assert s["per_optimizer"]["sgd"]["knee"] is None
 
 
+def test_a_cell_short_of_the_target_bounds_the_efficiency_and_the_knee_says_when_it_is_undecided():
+    # steps at 256: 2000. Batch 1024 stops at 600 steps short of the target: its efficiency
+    # is below (2000 / 600) / 4 = 0.83, which may or may not be under 0.5. Batch 4096
+    # stops at 150 steps: below (2000 / 150) / 16 = 0.83 again, still undecided. Batch
+    # 16384 stops at 40 steps: below (2000 / 40) / 64 = 0.78. Nothing decides the knee.
+    short = [
+        trial(optimizer="sgd", batch=256, lr=0.1, heldout_steps=2000, test_steps=2000, steps=3000),
+        trial(optimizer="sgd", batch=1024, lr=0.4, steps=600),
+        trial(optimizer="sgd", batch=4096, lr=1.6, steps=150),
+        trial(optimizer="sgd", batch=16384, lr=6.4, steps=40),
+    ]
+    s = cb.summarise({"trials": short})
+    assert s["cells"][("sgd", 1024)]["efficiency"] is None
+    assert s["cells"][("sgd", 1024)]["efficiency_below"] == pytest.approx(2000 / 600 / 4)
+    assert s["per_optimizer"]["sgd"]["knee"] is None
+    assert s["per_optimizer"]["sgd"]["knee_undecided"] == [1024, 4096, 16384]
+    assert cb.knee_text(s["per_optimizer"]["sgd"], 16384).startswith("1,024 or later (undecided")
+    # a budget short enough to prove the efficiency is below 0.5 decides the knee there,
+    # and a batch before it that stayed undecided makes the knee a range
+    proved = short[:3] + [trial(optimizer="sgd", batch=16384, lr=6.4, steps=60)]
+    proved[2] = trial(optimizer="sgd", batch=4096, lr=1.6, steps=300)  # below 2000 / 300 / 16 = 0.42
+    s = cb.summarise({"trials": proved})
+    assert s["cells"][("sgd", 4096)]["efficiency_below"] == pytest.approx(2000 / 300 / 16)
+    assert s["per_optimizer"]["sgd"]["knee"] == 4096
+    assert s["per_optimizer"]["sgd"]["knee_undecided"] == [1024]
+    assert cb.knee_text(s["per_optimizer"]["sgd"], 16384).startswith("1,024 to 4,096")
+    # a reached cell decides as before; the table shows the bound of a cell short of the target
+    reached = short[:2] + [trial(optimizer="sgd", batch=4096, lr=1.6, heldout_steps=140, test_steps=140, steps=300)]
+    s = cb.summarise({"trials": reached})
+    assert s["per_optimizer"]["sgd"]["knee"] is None and s["per_optimizer"]["sgd"]["knee_undecided"] == [1024]
+    assert s["cells"][("sgd", 4096)]["efficiency"] == pytest.approx(2000 / 140 / 16)  # 0.89: not below 0.5
+
+
 def test_b_simple_is_read_near_the_target_of_the_chosen_small_batch_trial():
     noise = [(100, 50.0), (200, 60.0), (400, 100.0), (500, 120.0), (700, 140.0), (800, 160.0), (1000, 400.0)]
     trials = [trial(lr=0.01, heldout_steps=800, test_steps=800, noise=noise), trial(lr=0.02, heldout_steps=900, noise=[(100, 1e9)])]
@@ -132,7 +165,7 @@ def test_report_renders_from_results(tmp_path):
     cb.render({"trials": trials, "settings": {"target": 0.85, "epochs": 15}}, tmp_path, "cb")
     report = (tmp_path / "cb.md").read_text()
     assert "| lamb | 800 (1.00) | 240 (0.83)* |" in report  # 0.02 of {0.02, 0.04}: at the grid's edge
-    assert "| lamb | none up to 1024 | 300 | 300 |" in report
+    assert "| lamb | none up to 1,024 | 300 | 300 |" in report
     assert (tmp_path / "cb.png").stat().st_size > 0
 
 
