@@ -179,6 +179,14 @@ def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) 
         UserError: the weights hold NaN or inf (on every rank: the check runs everywhere,
             before the collective, so no rank is left waiting).
     """
+    from largebatch.optim.sharded import is_sharded
+
+    if any(is_sharded(p) for p in state.model.parameters()):
+        raise UserError(
+            f"cannot checkpoint step {state.step}: dist.strategy {state.config['dist']['strategy']!r} does not write checkpoints "
+            "yet (the model's weights are sharded across ranks); use dist.strategy 'ddp' for a run that must be resumable",
+            key="dist.strategy",
+        )
     check_finite(state)
     if not state.is_main:
         return None
@@ -359,7 +367,31 @@ def load_checkpoint(
 
 def save_weights(model: torch.nn.Module, path: pathlib.Path) -> None:
     """Write the model's weights as safetensors, atomically."""
+    save_tensors(model.state_dict(), path)
+
+
+def save_final_weights(model: torch.nn.Module, path: pathlib.Path, *, is_main: bool) -> None:
+    """Rank 0 writes the whole model's weights (collective: every rank must call it).
+
+    Sharded (FSDP2) weights are gathered first, to the CPU of rank 0 only, so the file
+    is the same full state dict an unsharded run writes.
+    """
+    from largebatch.optim.sharded import is_sharded
+
+    if any(is_sharded(p) for p in model.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if is_main:
+            save_tensors(full, path)
+        return
+    if is_main:
+        save_weights(model, path)
+
+
+def save_tensors(state: dict[str, torch.Tensor], path: pathlib.Path) -> None:
+    """Write a state dict as safetensors, atomically."""
     from safetensors.torch import save
 
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     atomic_write_bytes(path, save(tensors, metadata={"format": "pt"}))

@@ -48,6 +48,7 @@ class Backend:
 
     name = "base"
     dist_backend = "gloo"
+    sharded_precision = False  # set by shard_model when FSDP2's policy does the casting
     supported_precisions: tuple[str, ...] = ("fp32",)
     auto_precision = "fp32"
 
@@ -74,7 +75,7 @@ class Backend:
     def autocast(self) -> ContextManager[Any]:
         """Context for the forward pass and loss: autocast in bf16/fp16, nothing in fp32."""
         dtype = self.autocast_dtype
-        if dtype is None:
+        if dtype is None or self.sharded_precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
@@ -106,6 +107,50 @@ class Backend:
         """``model`` in DistributedDataParallel with this backend's options."""
         return torch.nn.parallel.DistributedDataParallel(model, **self.ddp_options(dist_cfg))
 
+    def fsdp_mixed_precision(self) -> Any:
+        """FSDP2's ``MixedPrecisionPolicy`` for this precision, or None (fp32).
+
+        bf16: parameters gathered and computed in bf16, gradients reduced in fp32, the
+        sharded master weights and the optimizer state stay fp32. fp16 is refused (its
+        grad scaler does not handle sharded gradients here); use bf16.
+        """
+        if self.precision == "fp32":
+            return None
+        if self.precision == "fp16":
+            raise UserError(
+                "precision 'fp16' is not supported with dist.strategy 'fsdp'/'hsdp' (the grad scaler does not handle sharded "
+                "gradients); use precision 'bf16'",
+                key="precision",
+            )
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32)
+
+    def shard_model(self, model: torch.nn.Module, layout: dict[str, Any]) -> torch.nn.Module:
+        """Shard ``model`` in place with FSDP2: each transformer block, then the root.
+
+        Args:
+            model: the model, on the device.
+            layout: ``strategy`` (``fsdp`` or ``hsdp``), ``shard_size`` and ``replicas``
+                (``largebatch.config.derive.sharding_layout``).
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if layout["strategy"] == "hsdp":
+            mesh = init_device_mesh(self.device.type, (layout["replicas"], layout["shard_size"]), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(self.device.type, (layout["shard_size"],), mesh_dim_names=("shard",))
+        options: dict[str, Any] = {"mesh": mesh}
+        policy = self.fsdp_mixed_precision()
+        if policy is not None:
+            options["mp_policy"] = policy
+            self.sharded_precision = True  # the policy casts: no autocast around the forward
+        for block in getattr(model, "blocks", []):
+            fully_shard(block, **options)
+        fully_shard(model, **options)
+        return model
+
     def compile(self, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
         """``torch.compile(model)`` when ``enabled`` (the config's ``compile``), else ``model``."""
         return torch.compile(model) if enabled else model
@@ -128,11 +173,14 @@ class Backend:
             norms: the gradients' per-parameter norms when a caller already has them
                 (``TrainState.compute_grad_norms``), so they are not computed twice.
         """
+        from largebatch.optim import sharded
+
         grads = [p.grad for p in parameters if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
         if norms is None:
-            norms = torch.stack(torch._foreach_norm(grads))
+            norms = sharded.grad_norms(grads)
+        grads = sharded.locals_of(grads)  # sharded: each rank scales its slices
         total = torch.linalg.vector_norm(norms)
         torch._foreach_mul_(grads, clip_coefficient(total, max_norm).to(grads[0].device))
         return total

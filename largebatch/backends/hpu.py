@@ -149,7 +149,7 @@ class HpuBackend(Backend):
 
     def autocast(self) -> ContextManager[Any]:
         dtype = self.autocast_dtype
-        if dtype is None:
+        if dtype is None or self.sharded_precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type="hpu", dtype=dtype)
 
@@ -179,7 +179,9 @@ class HpuBackend(Backend):
         return model
 
     def build_optimizer(self, cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
-        if self.options["fused_optimizer"] and cfg["optimizer"]["type"] == "lamb":
+        # Habana's fused kernels see whole tensors; sharded (DTensor) parameters take
+        # largebatch's sharded LAMB and clipping instead.
+        if self.options["fused_optimizer"] and cfg["optimizer"]["type"] == "lamb" and not _any_sharded(model.parameters()):
             optimizers = _optional("habana_frameworks.torch.hpex.optimizers")
             fused = getattr(optimizers, "FusedLamb", None)
             if fused is not None:
@@ -187,7 +189,7 @@ class HpuBackend(Backend):
         return super().build_optimizer(cfg, model)
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
-        if self.options["fused_clip_norm"]:
+        if self.options["fused_clip_norm"] and not _any_sharded(parameters):
             if self._fused_clip is None or self._fused_clip_max != max_norm:
                 normalization = _optional("habana_frameworks.torch.hpex.normalization")
                 cls = getattr(normalization, "FusedClipNorm", None)
@@ -279,3 +281,9 @@ def fused_lamb(fused_cls: type, cfg: dict[str, Any], model: torch.nn.Module) -> 
 
     use_lamb = bool(section.get("no_decay_adapt", True))
     return LargebatchFusedLamb(groups, adam_w_mode=True, use_lamb=use_lamb, **kwargs)
+
+
+def _any_sharded(parameters) -> bool:
+    from largebatch.optim.sharded import is_sharded
+
+    return any(is_sharded(p) for p in parameters)

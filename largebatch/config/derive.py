@@ -45,6 +45,35 @@ def lr_scaling(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sharding_layout(cfg: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """``strategy``, ``shard_size`` (ranks sharing one copy of the model) and ``replicas``.
+
+    ``ddp`` replicates the whole model on every rank (shard size 1); ``fsdp`` shards it
+    over all ranks; ``hsdp`` over groups of ``dist.shard_size`` ranks, one replica each.
+
+    Raises:
+        ConfigError: ``hsdp`` without a ``dist.shard_size`` that divides the world size.
+    """
+    strategy = cfg["dist"]["strategy"]
+    if strategy == "ddp":
+        return {"strategy": strategy, "shard_size": 1, "replicas": world_size}
+    if strategy == "fsdp":
+        return {"strategy": strategy, "shard_size": world_size, "replicas": 1}
+    shard = cfg["dist"]["shard_size"]
+    if shard is None:
+        raise ConfigError(
+            "dist.strategy 'hsdp' needs dist.shard_size, the ranks that share one copy of the model (e.g. the devices of "
+            "a node); or use 'fsdp' to shard over all ranks",
+            key="dist.shard_size",
+        )
+    if world_size % shard:
+        raise ConfigError(
+            f"dist.shard_size {shard} does not divide the world size {world_size}; use a divisor of {world_size}",
+            key="dist.shard_size",
+        )
+    return {"strategy": strategy, "shard_size": shard, "replicas": world_size // shard}
+
+
 def make_plan(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> BatchPlan:
     """The run's ``BatchPlan``; raises ``UserError`` when the batch arithmetic fails."""
     return BatchPlan.create(
@@ -66,7 +95,8 @@ def derive(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> dict
         num_train_samples: samples in the training split.
 
     Returns:
-        A dict with ``world_size``, ``accumulation``, ``global_batch_size``,
+        A dict with ``world_size``, ``strategy``, ``shard_size`` and ``replicas`` (see
+        ``sharding_layout``), ``accumulation``, ``global_batch_size``,
         ``micro_batch_size``, ``train_samples``, ``steps_per_epoch``, ``total_steps``,
         ``warmup_steps``, ``peak_lr``, ``lr_scaling`` (see ``lr_scaling``) and
         ``samples_per_epoch``.
@@ -91,6 +121,7 @@ def derive(cfg: dict[str, Any], world_size: int, num_train_samples: int) -> dict
         )
     return {
         "world_size": world_size,
+        **sharding_layout(cfg, world_size),
         "accumulation": plan.accumulation,
         "global_batch_size": plan.global_batch_size,
         "micro_batch_size": plan.micro_batch_size,

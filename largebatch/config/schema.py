@@ -178,6 +178,17 @@ SCHEMA = Section(
                     "process-group backend; auto: gloo on cpu, nccl on cuda, hccl on hpu",
                     choices=("auto", "gloo", "nccl", "hccl"),
                 ),
+                "strategy": Field(
+                    str,
+                    "ddp",
+                    "ddp: every rank holds the whole model; fsdp: FSDP2 shards parameters, gradients and optimizer state "
+                    "(each transformer block, then the root); hsdp: shard within groups of dist.shard_size ranks, "
+                    "replicate across groups",
+                    choices=("ddp", "fsdp", "hsdp"),
+                ),
+                "shard_size": Field(
+                    int, None, "hsdp: ranks per shard group (e.g. the devices of a node); must divide the world size", low=1, nullable=True
+                ),
                 "timeout_minutes": Field(float, 30.0, "collective timeout", low=0, low_open=True),
                 "find_unused_parameters": Field(bool, False, "DDP find_unused_parameters"),
                 "bucket_cap_mb": Field(float, 25.0, "DDP gradient bucket size", low=0, low_open=True),

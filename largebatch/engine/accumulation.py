@@ -10,6 +10,8 @@ the global batch at once (tested against that full-batch gradient).
 
 Under DDP, all micro-steps but the window's last run inside ``no_sync()``: gradients
 accumulate locally and are all-reduced once per optimizer step, not once per micro-step.
+Under FSDP2 (``dist.strategy`` fsdp/hsdp) the same holds with gradient sync switched off
+for those micro-steps; the reduce-scatter averages over ranks as DDP's all-reduce does.
 """
 
 from __future__ import annotations
@@ -25,8 +27,25 @@ def micro_loss_weight(window: int) -> float:
     return 1.0 / window
 
 
-def sync_context(model: torch.nn.Module, micro: int, window: int) -> ContextManager[None]:
-    """``model.no_sync()`` for every micro-step but the last of the window, when the model is DDP."""
+def sync_context(model: torch.nn.Module, micro: int, window: int, *, sync_first: bool = False) -> ContextManager[None]:
+    """``model.no_sync()`` for every micro-step but the last of the window, when the model is DDP.
+
+    An FSDP2 model instead gets ``set_requires_gradient_sync``: off for every micro-step
+    but the last (gradients accumulate unsharded, and are reduce-scattered once), and on
+    for the first as well when ``sync_first`` (FSDP2 adds the last micro-step's reduced
+    gradient to the first's).
+    """
+    if _is_fsdp(model):
+        model.set_requires_gradient_sync(micro == window - 1 or (sync_first and micro == 0))
+        return contextlib.nullcontext()
     if micro < window - 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model.no_sync()
     return contextlib.nullcontext()
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return isinstance(model, FSDPModule)

@@ -25,6 +25,7 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.dist import DistInfo
+from largebatch.optim import sharded
 from largebatch.randomness import RandomStreams
 
 
@@ -103,6 +104,10 @@ class TrainState:
         eval_metrics: results of the last evaluation.
         data_wait_seconds: time spent waiting for the loader, cumulative.
         skip_step: set in ``before_optimizer_step`` to skip this optimizer update.
+        sync_first_micro: under ``dist.strategy`` fsdp/hsdp, reduce the gradients after
+            each window's first micro-batch too (set in ``before_run`` by a hook that
+            reads that micro-batch's gradient: sharded gradients exist only once reduced).
+        sharded: whether the model's parameters are sharded (FSDP2 DTensors).
     """
 
     def __init__(
@@ -155,6 +160,8 @@ class TrainState:
         self.eval_requested = False
         self.stop_reason: str | None = None
         self.stop_resumable = False
+        self.sync_first_micro = False
+        self.sharded = derived.get("strategy", "ddp") != "ddp" and dist.world_size > 1
 
     # Counters, read-only for hooks.
     step = property(lambda self: self._counters.step)
@@ -208,14 +215,15 @@ class TrainState:
     def compute_grad_norms(self) -> GradNorms:
         """The current gradients' per-parameter L2 norms, computed once per step.
 
-        One ``torch._foreach_norm`` over every gradient (no host sync); the first caller
-        in a step pays for it and the others reuse it. Call it only once gradients are
-        complete (``before_optimizer_step``); the norms are those before clipping.
+        One ``torch._foreach_norm`` over every gradient (no host sync; sharded gradients:
+        over the local slices, then one all-reduce); the first caller in a step pays for
+        it and the others reuse it. Call it only once gradients are complete
+        (``before_optimizer_step``); the norms are those before clipping.
         """
         if self.grad_norms is None:
             named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
             grads = [p.grad for _, p in named]
-            norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(0, device=self.backend.device)
+            norms = sharded.grad_norms(grads) if grads else torch.zeros(0, device=self.backend.device)
             self.grad_norms = GradNorms([n for n, _ in named], [p for _, p in named], norms)
         return self.grad_norms
 

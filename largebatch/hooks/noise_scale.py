@@ -16,7 +16,12 @@ This hook uses the two gradients every accumulating step already has:
   backward (``after_backward`` of micro-batch 0), before any other micro-batch is added
   and before any synchronisation (DDP does not synchronise inside the accumulation
   window). ``B_small`` is the micro-batch size. With several ranks the estimate uses the
-  mean of the ranks' ``|g_small|^2`` (one all-reduce of one number per step).
+  mean of the ranks' ``|g_small|^2`` (one all-reduce of one number per step). Under
+  ``dist.strategy`` fsdp/hsdp a gradient exists only once reduced, so the hook asks the
+  engine for one more reduce-scatter, after the first micro-batch
+  (``state.sync_first_micro``): ``g_small`` is then the ranks' mean first micro-batch
+  gradient and ``B_small`` the micro-batch size x world size (the cost: one more
+  gradient reduction per step).
 * ``g_big``: the step's complete gradient, accumulated over the window and averaged
   over ranks, unscaled and before clipping (``before_optimizer_step``, the norms
   ``state.compute_grad_norms()`` computes for clipping and logging anyway). ``B_big`` is
@@ -49,6 +54,7 @@ from largebatch.dist import all_reduce_sum
 from largebatch.engine.accumulation import micro_loss_weight
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
+from largebatch.optim import sharded
 
 
 class NoiseScaleHook(Hook):
@@ -71,6 +77,7 @@ class NoiseScaleHook(Hook):
         self._loaded: dict[str, Any] | None = None
         self._small_sq: torch.Tensor | None = None
         self._b_small = 0
+        self._sharded = False
 
     def before_run(self, state) -> None:
         if state.accumulation < 2:
@@ -81,6 +88,11 @@ class NoiseScaleHook(Hook):
                 f"{state.config['global_batch_size'] // state.world_size}, or drop the hook",
                 key="hooks",
             )
+        # Sharded gradients exist only once reduced: ask for a reduction after the first
+        # micro-batch too, so g_small is the ranks' mean first micro-batch gradient.
+        self._sharded = state.sharded
+        if self._sharded:
+            state.sync_first_micro = True
         self._ema = torch.zeros(3, dtype=torch.float64, device=state.backend.device)
         if self._loaded is not None:
             self._ema.copy_(torch.tensor(self._loaded["ema"], dtype=torch.float64))
@@ -95,22 +107,22 @@ class NoiseScaleHook(Hook):
         if not grads:
             return
         factor = 1.0 / micro_loss_weight(state.window_size)
-        sq = torch.stack(torch._foreach_norm(grads)).double().square().sum() * factor**2
+        sq = sharded.grad_norms(grads).double().square().sum() * factor**2
         scale = getattr(state.scaler, "_scale", None) if state.scaler is not None else None
         if scale is not None:
             sq = sq / scale.double().square().reshape(())
         self._small_sq = sq
-        self._b_small = state.batch.images.shape[0]
+        self._b_small = state.batch.images.shape[0] * (state.world_size if self._sharded else 1)
 
     def before_optimizer_step(self, state) -> None:
         if self._small_sq is None:
             return
         big_sq = state.compute_grad_norms().total.double().square()
         small_sq = self._small_sq
-        if state.world_size > 1:
+        if state.world_size > 1 and not self._sharded:
             small_sq = all_reduce_sum(small_sq.reshape(1).clone())[0] / state.world_size
         b_small = float(self._b_small)
-        b_big = b_small * state.window_size * state.world_size
+        b_big = b_small * state.window_size * (1 if self._sharded else state.world_size)
         grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
         trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
         estimate = torch.stack([grad_sq, trace, torch.ones_like(grad_sq)]).to(self._ema.device)

@@ -55,6 +55,7 @@ import torch
 from torch import Tensor
 
 from largebatch.errors import UserError
+from largebatch.optim import sharded
 
 # Elements per chunk on the CPU: the five float32 streams of a chunk (10 MiB) stay in a
 # server L3; 256Ki to 1Mi measured within noise of each other on ViT-B (bench/).
@@ -236,13 +237,18 @@ class Lamb(torch.optim.Optimizer):
         record = self._stats_requested
         self._stats_requested = False
         groups = [self._collect(index, group) for index, group in enumerate(self.param_groups)]
-        clip = self._clip_coefficient([g for _, _, grads, _ in groups for g in grads])
+        all_params = [p for _, params, _, _ in groups for p in params]
+        shard_group = sharded.reduction_group(all_params)
+        if shard_group is not None and self.foreach:
+            results = self._step_sharded(groups, shard_group, record)
+        else:
+            clip = self._clip_coefficient([g for _, _, grads, _ in groups for g in grads])
+            fn = self._group_foreach if self.foreach else self._group_per_tensor
+            results = [fn(group, params, grads, clip, record) if params else None for group, params, grads, _ in groups]
         stats: dict[str, dict[str, Any]] = {}
-        for index, (group, params, grads, names) in enumerate(groups):
+        for index, ((group, params, _, names), result) in enumerate(zip(groups, results)):
             if not params:
                 continue
-            fn = self._group_foreach if self.foreach else self._group_per_tensor
-            result = fn(group, params, grads, clip, record)
             if record:
                 ratio, w_norm, u_norm = result
                 stats[group.get("name", f"group{index}")] = {
@@ -285,6 +291,87 @@ class Lamb(torch.optim.Optimizer):
         device = grads[0].device
         total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
         return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+
+    def _step_sharded(self, groups: list, shard_group, record: bool) -> list[tuple[Tensor, Tensor, Tensor] | None]:
+        """The foreach step on FSDP2-sharded parameters: each rank updates its slices,
+        and every norm of the step (weights and updates of all groups) is summed across
+        the shard group in one collective (``largebatch.optim.sharded``); a second one
+        when ``max_grad_norm`` clips inside the step. Same arithmetic as the unchunked
+        foreach path, so the trust ratios are the unsharded optimizer's."""
+        clip = None
+        if self.max_grad_norm is not None:
+            grad_norms = sharded.NormReduction(shard_group)
+            handle = grad_norms.add([g for _, _, grads, _ in groups for g in grads])
+            grad_norms.reduce()
+            total = torch.linalg.vector_norm(grad_norms.norms(handle))
+            clip = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+        reduction = sharded.NormReduction(shard_group)
+        pending = []
+        for group, params, grads, _ in groups:
+            if not params:
+                pending.append(None)
+                continue
+            beta1, beta2 = group["betas"]
+            lr, wd, decoupled = group["lr"], group["weight_decay"], group["decoupled_weight_decay"]
+            adapt = self._adapts(group)
+            buckets: dict[int, list[int]] = {}
+            for i, step in enumerate(self._advance(group, params)):
+                buckets.setdefault(step, []).append(i)
+            parts = []
+            for step, idx in buckets.items():
+                ps = sharded.locals_of(params[i] for i in idx)
+                gs = sharded.locals_of(grads[i] for i in idx)
+                ms = sharded.locals_of(self.state[params[i]]["exp_avg"] for i in idx)
+                vs = sharded.locals_of(self.state[params[i]]["exp_avg_sq"] for i in idx)
+                if clip is not None:
+                    gs = torch._foreach_mul(gs, clip)
+                if group["bias_correction"]:
+                    bc1, bc2_sqrt = 1 - beta1**step, math.sqrt(1 - beta2**step)
+                    scale, eps = bc2_sqrt / bc1, group["eps"] * bc2_sqrt
+                else:
+                    scale, eps = 1.0, group["eps"]
+                torch._foreach_lerp_(ms, gs, 1 - beta1)
+                torch._foreach_mul_(vs, beta2)
+                torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
+                us = torch._foreach_sqrt(vs)
+                torch._foreach_add_(us, eps)
+                us = torch._foreach_div(ms, us)
+                if not decoupled and wd != 0:
+                    torch._foreach_add_(us, ps, alpha=wd / scale)  # u = scale * (us + wd / scale * x)
+                handles = (reduction.add(ps), reduction.add(us)) if adapt or record else None
+                parts.append((idx, ps, us, scale, 1 - lr * wd if decoupled else 1.0, handles))
+            pending.append((group, adapt, parts, len(params)))
+        if any(h is not None for entry in pending if entry for *_, h in entry[2]):
+            reduction.reduce()
+        results: list[tuple[Tensor, Tensor, Tensor] | None] = []
+        for entry in pending:
+            if entry is None:
+                results.append(None)
+                continue
+            group, adapt, parts, count = entry
+            lr = group["lr"]
+            collected = []
+            for idx, ps, us, scale, decay, handles in parts:
+                if decay != 1.0:
+                    torch._foreach_mul_(ps, decay)
+                if handles is None:
+                    torch._foreach_add_(ps, us, alpha=-lr * scale)
+                    continue
+                w_norm = reduction.norms(handles[0]) * abs(decay)
+                u_norm = reduction.norms(handles[1]) * scale
+                ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
+                if adapt:
+                    sizes = (ratio * (-lr * scale)).to(ps[0].dtype).unbind(0) if ps else []
+                    torch._foreach_addcmul_(ps, us, list(sizes))
+                else:
+                    torch._foreach_add_(ps, us, alpha=-lr * scale)
+                collected.append((idx, ratio, w_norm, u_norm))
+            if not record:
+                results.append(None)
+                continue
+            order = torch.tensor([i for idx, *_ in collected for i in idx]).argsort()
+            results.append(tuple(torch.cat([c[k] for c in collected])[order.to(collected[0][1].device)] for k in (1, 2, 3)))  # type: ignore[arg-type]
+        return results
 
     def _adapts(self, group: dict[str, Any]) -> bool:
         """Whether the group's step is scaled by the trust ratio."""

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from largebatch.errors import UserError
+from largebatch.optim import sharded
 
 
 class Lars(torch.optim.Optimizer):
@@ -134,18 +135,28 @@ class Lars(torch.optim.Optimizer):
                 loss = closure()
         record, self._stats_requested = self._stats_requested, False
         stats: dict[str, dict[str, Any]] = {}
+        collected = []
         for index, group in enumerate(self.param_groups):
             given = group.get("param_names")
             pairs = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
-            if not pairs:
-                continue
             for i, p in pairs:
                 if p.grad.is_sparse:
                     name = given[i] if given is not None else f"group{index}.{i}"
                     raise UserError(f"Lars got a sparse gradient for parameter {name!r}; LARS needs dense gradients")
-            params = [p for _, p in pairs]
+            collected.append((index, group, pairs))
+        shard_group = sharded.reduction_group([p for _, _, pairs in collected for _, p in pairs])
+        if shard_group is not None and self.foreach:
+            results = self._step_sharded([(group, [p for _, p in pairs]) for _, group, pairs in collected], shard_group, record)
+        else:
             fn = self._group_foreach if self.foreach else self._group_per_tensor
-            ratio, w_norm, g_norm = fn(group, params, [p.grad for p in params], record)
+            results = [
+                fn(group, [p for _, p in pairs], [p.grad for _, p in pairs], record) if pairs else None for _, group, pairs in collected
+            ]
+        for (index, group, pairs), result in zip(collected, results):
+            if not pairs:
+                continue
+            given = group.get("param_names")
+            ratio, w_norm, g_norm = result
             if record:
                 names = [given[i] if given is not None else f"group{index}.{i}" for i, _ in pairs]
                 stats[group.get("name", f"group{index}")] = {
@@ -157,6 +168,32 @@ class Lars(torch.optim.Optimizer):
         if record:
             self.last_stats = stats
         return loss
+
+    def _step_sharded(self, groups: list[tuple[dict[str, Any], list[Tensor]]], shard_group, record: bool) -> list:
+        """The foreach step on FSDP2-sharded parameters: the weight and gradient norms
+        of every group are summed across the shard group in one collective
+        (``largebatch.optim.sharded``), then each rank updates its slices."""
+        reduction = sharded.NormReduction(shard_group)
+        handles = [
+            (reduction.add(params), reduction.add([p.grad for p in params])) if params and (self._adapts(group) or record) else None
+            for group, params in groups
+        ]
+        if any(h is not None for h in handles):
+            reduction.reduce()
+        results = []
+        for (group, params), handle in zip(groups, handles):
+            if not params:
+                results.append(None)
+                continue
+            ratio = w_norm = g_norm = None
+            if handle is not None:
+                w_norm, g_norm = reduction.norms(handle[0]), reduction.norms(handle[1])
+                ratio = self._ratios(group, w_norm, g_norm) if self._adapts(group) else torch.ones_like(w_norm)
+            ratios = list(ratio.to(params[0].dtype).unbind()) if self._adapts(group) else None
+            local_params = sharded.locals_of(params)
+            self._update_foreach(group, local_params, sharded.locals_of(p.grad for p in params), ratios, keys=params)
+            results.append((ratio, w_norm, g_norm))
+        return results
 
     def _ratios(self, group: dict[str, Any], w_norm: Tensor, g_norm: Tensor) -> Tensor:
         """``eta * ||x|| / (||g|| + wd * ||x|| + eps)``, 1 where either norm is zero."""
@@ -219,23 +256,38 @@ class Lars(torch.optim.Optimizer):
             )
         return ratio, w_norm, g_norm
 
-    def _update_foreach(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], ratios: list[Tensor] | None) -> None:
-        """``d = ratio (g + wd x)``, the momentum buffer and the parameter update, for one window."""
+    def _update_foreach(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        ratios: list[Tensor] | None,
+        keys: list[Tensor] | None = None,
+    ) -> None:
+        """``d = ratio (g + wd x)``, the momentum buffer and the parameter update, for one
+        window. ``keys``: the parameters the state belongs to when ``params`` are their
+        local slices (sharded); the buffers are then DTensors like the parameters."""
         lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+        keys = params if keys is None else keys
         updates = torch._foreach_add(grads, params, alpha=wd) if wd != 0 else torch._foreach_mul(grads, 1.0)
         if ratios is not None:
             torch._foreach_mul_(updates, ratios)
         if momentum != 0:
-            fresh = [i for i, p in enumerate(params) if "momentum_buffer" not in self.state[p]]
+            fresh = [i for i, k in enumerate(keys) if "momentum_buffer" not in self.state[k]]
             for i in fresh:
-                self.state[params[i]]["momentum_buffer"] = updates[i].clone()
+                if keys is params:
+                    self.state[keys[i]]["momentum_buffer"] = updates[i].clone()
+                else:
+                    buffer = torch.zeros_like(keys[i])
+                    sharded.local(buffer).copy_(updates[i])
+                    self.state[keys[i]]["momentum_buffer"] = buffer
             fresh_set = set(fresh)
             old = [i for i in range(len(params)) if i not in fresh_set]
             if old:
-                bufs = [self.state[params[i]]["momentum_buffer"] for i in old]
+                bufs = [sharded.local(self.state[keys[i]]["momentum_buffer"]) for i in old]
                 torch._foreach_mul_(bufs, momentum)
                 torch._foreach_add_(bufs, [updates[i] for i in old])
-            bufs = [self.state[p]["momentum_buffer"] for p in params]
+            bufs = [sharded.local(self.state[k]["momentum_buffer"]) for k in keys]
             if group["nesterov"]:
                 torch._foreach_add_(updates, bufs, alpha=momentum)
             else:

@@ -1,7 +1,9 @@
 """Each user mistake prints one ``error:`` line naming the key or file, and exits 2."""
 
 import pytest
+import torch
 
+from largebatch.errors import UserError
 from tests.conftest import run_cli, tiny_config, write_config
 
 
@@ -82,3 +84,24 @@ def test_config_keys_lists_the_schema(tmp_path):
     assert all(line.startswith("optimizer") for line in lines)
     everything = run_cli("config", "keys").stdout.splitlines()
     assert len(everything) > len(lines) and any(line.startswith("data.root ") for line in everything)
+
+
+def test_sharded_strategy_refuses_checkpoints_before_any_work(tmp_path):
+    path = write_config(tmp_path, tiny_config(**{"dist.strategy": "fsdp", "checkpoint.at_end": True}))
+    result = run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run"))
+    assert_one_error_line(result, "dist.strategy", "'fsdp' does not write checkpoints yet", "checkpoint.at_end=False")
+    assert not (tmp_path / "run").exists()
+
+
+def test_fp16_is_refused_under_fsdp():
+    from largebatch.backends.cpu import CpuBackend
+
+    backend = CpuBackend("fp32")
+    assert backend.fsdp_mixed_precision() is None
+    backend.precision = "fp16"
+    with pytest.raises(UserError, match="use precision 'bf16'") as err:
+        backend.fsdp_mixed_precision()
+    assert err.value.key == "precision"
+    backend.precision = "bf16"
+    policy = backend.fsdp_mixed_precision()
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32

@@ -69,3 +69,21 @@ def test_lr_scaling_rules():
     assert derive(cfg, 1, 128)["peak_lr"] == pytest.approx(1e-3 * 4)
     with pytest.raises(ConfigError, match="base_batch_size"):
         validate(tiny_config(**{"lr_schedule.scaling": "sqrt"}))
+
+
+def test_sharding_layout_by_strategy():
+    def layout(world, **dist):
+        return {
+            k: v for k, v in derive(validate(tiny_config(dist=dist)), world, 128).items() if k in ("strategy", "shard_size", "replicas")
+        }
+
+    assert layout(4) == {"strategy": "ddp", "shard_size": 1, "replicas": 4}
+    assert layout(4, strategy="fsdp") == {"strategy": "fsdp", "shard_size": 4, "replicas": 1}
+    assert layout(4, strategy="hsdp", shard_size=2) == {"strategy": "hsdp", "shard_size": 2, "replicas": 2}
+    with pytest.raises(ConfigError, match="needs dist.shard_size") as err:
+        layout(4, strategy="hsdp")
+    assert err.value.key == "dist.shard_size"
+    with pytest.raises(ConfigError, match="shard_size 3 does not divide the world size 4"):
+        layout(4, strategy="hsdp", shard_size=3)
+    with pytest.raises(ConfigError, match="dist.strategy"):
+        validate(tiny_config(dist={"strategy": "zero3"}))

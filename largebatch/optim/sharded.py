@@ -1,0 +1,140 @@
+"""Norms of sharded tensors (FSDP2's DTensors) in one collective per step.
+
+Under ``dist.strategy='fsdp'`` or ``'hsdp'`` every parameter, its gradient and its
+optimizer state are DTensors sharded on dim 0 (FSDP2's ``fully_shard``), and each rank
+holds a slice. ``torch.linalg.vector_norm`` of a DTensor is correct but reduces across
+ranks once per tensor: 128 collectives for a model of 32 tensors whose optimizer needs
+two norms each, and far more at ViT-H scale. Layer-wise optimizers (LAMB, LARS),
+clipping and the gradient-norm hooks need many per-tensor norms per step, so they work
+on the local slices instead: each rank squares and sums its slice of every tensor, the
+partial sums of the whole step go into one vector, and one ``all_reduce`` over the
+ranks that hold the slices adds them up. Under HSDP (a 2-D mesh that replicates across
+groups and shards within one) that is the shard group only: the replicas hold the same
+values, so adding them would count each slice once per replica.
+
+A slice may be empty (a tensor with fewer rows than ranks): its partial sum is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from largebatch.errors import UserError
+
+try:  # torch >= 2.4
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - older torch has no FSDP2 either
+    DTensor = ()  # type: ignore[assignment,misc]
+
+
+def is_sharded(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor (a parameter sharded by FSDP2)."""
+    return isinstance(tensor, DTensor)
+
+
+def local(tensor: Tensor) -> Tensor:
+    """This rank's slice of a DTensor (a view: in-place changes reach the DTensor), or ``tensor``."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def locals_of(tensors: Iterable[Tensor]) -> list[Tensor]:
+    return [local(t) for t in tensors]
+
+
+def reduction_group(tensors: Sequence[Tensor]):
+    """The process group whose ranks hold the slices of ``tensors``; None when none is sharded.
+
+    Raises:
+        UserError: the tensors mix sharded and unsharded ones, or are sharded over
+            different meshes or mesh dimensions (one reduction cannot serve them).
+    """
+    layout = None
+    plain = 0
+    for t in tensors:
+        if not isinstance(t, DTensor):
+            plain += 1
+            continue
+        dims = tuple(i for i, placement in enumerate(t.placements) if placement.is_shard())
+        if len(dims) != 1 or any(not (p.is_shard() or p.is_replicate()) for p in t.placements):
+            raise UserError(
+                f"a parameter is laid out as {t.placements} on {t.device_mesh}; the sharded optimizers handle FSDP2's "
+                "layouts (Shard(0) on a 1-D mesh, or (Replicate(), Shard(0)) under HSDP)"
+            )
+        key = (t.device_mesh, dims[0])
+        if layout is None:
+            layout = key
+        elif key != layout:
+            raise UserError("parameters are sharded over different meshes; shard the whole model with one dist.strategy")
+    if layout is None:
+        return None
+    if plain:
+        raise UserError(
+            f"{plain} parameter(s) are not sharded while the others are; under dist.strategy 'fsdp'/'hsdp' the whole "
+            "model must be wrapped (largebatch shards each block, then the root)"
+        )
+    mesh, dim = layout
+    return mesh.get_group(dim)
+
+
+def local_square_sums(tensors: Sequence[Tensor], dtype: torch.dtype | None = None) -> Tensor:
+    """Per tensor, the sum of squares of this rank's slice (a 1-D tensor; no collective)."""
+    if not tensors:
+        return torch.zeros(0, dtype=dtype or torch.float32)
+    slices = locals_of(tensors)
+    norms = torch._foreach_norm(slices)
+    out = torch.stack([n.to(slices[0].device) for n in norms])
+    if dtype is not None:
+        out = out.to(dtype)
+    return out.square()
+
+
+class NormReduction:
+    """Collects partial sums of squares from several places, reduces them in one collective.
+
+    ``add`` returns a handle; after ``reduce`` (one ``all_reduce`` over ``group``, or none
+    when ``group`` is None or nothing was added), ``norms(handle)`` gives the whole
+    tensors' L2 norms.
+    """
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self._parts: list[Tensor] = []
+        self._offsets: list[int] = [0]
+        self._total: Tensor | None = None
+
+    def add(self, tensors: Sequence[Tensor]) -> int:
+        """Queue the norms of ``tensors``; returns the handle for ``norms``."""
+        part = local_square_sums(tensors)
+        self._parts.append(part)
+        self._offsets.append(self._offsets[-1] + part.numel())
+        return len(self._parts) - 1
+
+    def reduce(self) -> None:
+        """Add up the partial sums over the group's ranks, all at once."""
+        parts = [p for p in self._parts if p.numel()]
+        if not parts:
+            self._total = torch.zeros(0)
+            return
+        total = torch.cat([p.to(parts[0]) for p in parts])
+        if self.group is not None:
+            torch.distributed.all_reduce(total, group=self.group)
+        self._total = total.sqrt()
+
+    def norms(self, handle: int) -> Tensor:
+        if self._total is None:
+            raise RuntimeError("NormReduction.norms before reduce()")
+        return self._total[self._offsets[handle] : self._offsets[handle + 1]]
+
+
+def grad_norms(grads: Sequence[Tensor]) -> Tensor:
+    """The L2 norm of each of ``grads`` (sharded or not), in one collective when sharded."""
+    group = reduction_group(grads)
+    if group is None:
+        return torch.stack(torch._foreach_norm(list(grads)))
+    reduction = NormReduction(group)
+    handle = reduction.add(grads)
+    reduction.reduce()
+    return reduction.norms(handle)
