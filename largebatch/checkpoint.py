@@ -1,6 +1,8 @@
 """Checkpoints: atomic save, keep the last K, a ``latest`` pointer, exact resume.
 
-A checkpoint is one file, ``<run_dir>/checkpoints/step-<N>.pt``, written by rank 0:
+Under ``dist.strategy`` fsdp/hsdp a checkpoint is a folder of per-rank slices instead
+(``save_sharded_checkpoint``, at the end of this module); otherwise it is one file,
+``<run_dir>/checkpoints/step-<N>.pt``, written by rank 0:
 model, optimizer, grad scaler, counters, each hook's state, the resolved config and its
 hash. No random generator state: every random stream of a run is derived from the seed
 and the counters (``largebatch.randomness``), and so is the loader's position. It is written to
@@ -32,6 +34,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,7 +44,8 @@ from largebatch.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
-NAME_PATTERN = re.compile(r"^step-(\d+)\.pt$")
+NAME_PATTERN = re.compile(r"^step-(\d+)(\.pt)?$")  # a file (ddp) or a folder (fsdp/hsdp)
+SHARDED_META = "meta.pt"  # in a sharded checkpoint's folder: everything but the tensors
 
 # Keys that may change between a run and its resumption without changing its maths.
 RESUME_FREE_KEYS = (
@@ -114,8 +118,20 @@ def list_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
     folder = pathlib.Path(run_dir) / CHECKPOINT_DIR
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME_PATTERN.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in folder.iterdir()
+        if (m := NAME_PATTERN.match(p.name)) and (p.is_file() if m.group(2) else (p / SHARDED_META).is_file())
+    ]
     return [p for _, p in sorted(found)]
+
+
+def remove_checkpoint(path: pathlib.Path) -> None:
+    """Delete a checkpoint file or a sharded checkpoint's folder."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _non_finite(named: Iterable[tuple[str, Any]]) -> list[str]:
@@ -166,7 +182,7 @@ def check_finite(state: Any) -> None:
 
 def _remove_stale_temporaries(folder: pathlib.Path) -> None:
     for stale in folder.glob(".*.tmp"):
-        stale.unlink(missing_ok=True)
+        remove_checkpoint(stale)
 
 
 def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) -> pathlib.Path | None:
@@ -179,14 +195,8 @@ def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) 
         UserError: the weights hold NaN or inf (on every rank: the check runs everywhere,
             before the collective, so no rank is left waiting).
     """
-    from largebatch.optim.sharded import is_sharded
-
-    if any(is_sharded(p) for p in state.model.parameters()):
-        raise UserError(
-            f"cannot checkpoint step {state.step}: dist.strategy {state.config['dist']['strategy']!r} does not write checkpoints "
-            "yet (the model's weights are sharded across ranks); use dist.strategy 'ddp' for a run that must be resumable",
-            key="dist.strategy",
-        )
+    if uses_sharded_format(getattr(state, "config", {})):
+        return save_sharded_checkpoint(state, hooks, keep)
     check_finite(state)
     if not state.is_main:
         return None
@@ -211,7 +221,7 @@ def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) 
     atomic_torch_save(payload, path)
     atomic_write_bytes(folder / LATEST, path.name.encode())
     for old in list_checkpoints(state.run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
+        remove_checkpoint(old)
     return path
 
 
@@ -221,6 +231,8 @@ def read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
     Raises:
         UserError: the file is unreadable or not a largebatch checkpoint.
     """
+    if path.is_dir():
+        return _read_sharded_meta(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
@@ -255,8 +267,8 @@ def read_resume_checkpoint(resume: str, run_dir: pathlib.Path, *, warn: bool = T
     """
     if resume != "auto":
         path = pathlib.Path(resume)
-        if not path.is_file():
-            raise UserError("checkpoint file not found; give a step-*.pt file or --resume auto", path=str(path))
+        if not (path.is_file() or (path / SHARDED_META).is_file()):
+            raise UserError("checkpoint not found; give a step-* file or folder, or --resume auto", path=str(path))
         return path, read_checkpoint(path)
     latest = _latest_pointer(run_dir)
     candidates = list_checkpoints(run_dir)
@@ -292,13 +304,13 @@ def check_weights_fit(saved: dict[str, Any], current: dict[str, Any], path: path
     """
     missing = [k for k in current if k not in saved]
     extra = [k for k in saved if k not in current]
-    shapes = [k for k in current if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)]
+    shapes = [k for k in current if k in saved and _shape(saved[k]) != _shape(current[k])]
     if not (missing or extra or shapes):
         return
     parts = []
     if shapes:
         k = shapes[0]
-        parts.append(f"{len(shapes)} of another shape (first {k}: {list(saved[k].shape)} saved, {list(current[k].shape)} here)")
+        parts.append(f"{len(shapes)} of another shape (first {k}: {list(_shape(saved[k]))} saved, {list(_shape(current[k]))} here)")
     if missing:
         parts.append(f"{len(missing)} missing (first {missing[0]})")
     if extra:
@@ -336,7 +348,16 @@ def load_checkpoint(
                 "or pass --resume-ignore-config to accept the new values",
                 path=str(path),
             )
-    check_weights_fit(payload["model"], state.model.state_dict(), path)
+    sharded_file = payload.get("sharded", False)
+    if sharded_file != uses_sharded_format(state.config):
+        made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"
+        raise UserError(
+            f"this is {made} checkpoint and this run uses dist.strategy {state.config['dist']['strategy']!r}: the two "
+            "formats do not convert; resume with the strategy it was made with",
+            path=str(path),
+        )
+    current = {k: v.shape for k, v in state.model.state_dict().items()}
+    check_weights_fit(payload["model"], current, path)
     saved_type = payload["config"].get("optimizer", {}).get("type")
     if saved_type != state.config["optimizer"]["type"]:
         raise UserError(
@@ -344,9 +365,12 @@ def load_checkpoint(
             "state cannot carry over to another; resume with the same optimizer.type, or start a new run from the weights",
             path=str(path),
         )
-    state.model.load_state_dict(payload["model"])
     try:
-        state.optimizer.load_state_dict(payload["optimizer"])
+        if sharded_file:
+            load_sharded_tensors(path, state)
+        else:
+            state.model.load_state_dict(payload["model"])
+            state.optimizer.load_state_dict(payload["optimizer"])
     except (ValueError, KeyError, RuntimeError) as exc:
         raise UserError(
             f"the optimizer state does not fit this run's parameter groups ({type(exc).__name__}: {exc}); resume with the "
@@ -395,3 +419,129 @@ def save_tensors(state: dict[str, torch.Tensor], path: pathlib.Path) -> None:
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     atomic_write_bytes(path, save(tensors, metadata={"format": "pt"}))
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(value.shape if hasattr(value, "shape") else value)
+
+
+# --------------------------------------------------------------------------- sharded (DCP)
+
+
+def uses_sharded_format(config: dict[str, Any]) -> bool:
+    """Whether the run writes sharded checkpoints (``dist.strategy`` fsdp or hsdp)."""
+    return config.get("dist", {}).get("strategy", "ddp") != "ddp"
+
+
+def _sharded_non_finite(state: Any) -> None:
+    """``check_finite`` for sharded weights: each rank checks its slices, and the ranks
+    agree (one all-reduce) so that all refuse together or none does."""
+    from largebatch.dist import all_reduce_sum
+    from largebatch.optim.sharded import local
+
+    named = [(n, local(t)) for n, t in state.model.state_dict().items()]
+    names = {id(p): n for n, p in state.model.named_parameters()}
+    named += [
+        (f"optimizer {names.get(id(param), '?')}.{key}", local(value))
+        for param, entry in state.optimizer.state.items()
+        for key, value in entry.items()
+        if torch.is_tensor(value)
+    ]
+    bad = _non_finite(named)
+    count = all_reduce_sum(torch.tensor([float(len(bad))], device=state.backend.device))
+    if float(count[0]) > 0:
+        kept = list_checkpoints(state.run_dir)
+        previous = f"the newest checkpoint, {kept[-1]}, is intact" if kept else "there is no earlier checkpoint"
+        shown = ", ".join(bad[:5]) if bad else "tensors on another rank"
+        raise UserError(
+            f"refusing to save the checkpoint of step {state.step}: the model weights or optimizer state hold NaN or inf in "
+            f"{shown}; {previous}. The run diverged: lower the learning rate, set clip_grad_norm, or resume from an earlier "
+            "checkpoint",
+            path=str(state.run_dir),
+        )
+
+
+def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | None:
+    """A sharded checkpoint: ``step-<N>/`` holding each rank's slices of the model and
+    optimizer state (``torch.distributed.checkpoint``, which can load them at another
+    world size) and ``meta.pt`` with everything else (collective: every rank calls it).
+
+    Atomic as the file format: every rank writes its slices into ``.step-<N>.tmp/``
+    (fsync'ed by DCP), rank 0 adds ``meta.pt`` last, then renames the folder to its
+    final name and fsyncs the parent; a crash before the rename leaves a temporary
+    folder that is never read and is removed by the next save.
+
+    Returns:
+        The checkpoint's path on rank 0, None elsewhere.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from largebatch.dist import barrier
+
+    _sharded_non_finite(state)
+    folder = state.run_dir / CHECKPOINT_DIR
+    final = folder / f"step-{state.step:08d}"
+    tmp = folder / f".{final.name}.tmp"
+    if state.is_main:
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            fsync_dir(folder.parent)
+        _remove_stale_temporaries(folder)
+        tmp.mkdir()
+    barrier()
+    model_state, optimizer_state = get_state_dict(state.model, state.optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp))
+    if state.is_main:
+        meta = {
+            "format": 2,
+            "sharded": True,
+            "scaler": state.scaler.state_dict() if state.scaler else None,
+            "counters": state._counters.state_dict(),
+            "hooks": {hook.name: hook.state_dict() for hook in hooks},
+            "world_size": state.world_size,
+            "config": state.config,
+            "config_hash": config_hash(state.config),
+        }
+        atomic_torch_save(meta, tmp / SHARDED_META)
+        if final.exists():
+            remove_checkpoint(final)
+        os.replace(tmp, final)
+        fsync_dir(folder)
+        atomic_write_bytes(folder / LATEST, final.name.encode())
+        for old in list_checkpoints(state.run_dir)[:-keep]:
+            remove_checkpoint(old)
+    barrier()
+    return final if state.is_main else None
+
+
+def _read_sharded_meta(path: pathlib.Path) -> dict[str, Any]:
+    """A sharded checkpoint's ``meta.pt``, with the saved tensors' shapes under ``model``."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        meta = torch.load(path / SHARDED_META, map_location="cpu", weights_only=False)
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any unreadable folder is reported the same way
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {first}); resume from an earlier one", path=str(path)) from exc
+    if not isinstance(meta, dict) or meta.get("format") != 2:
+        raise UserError("not a largebatch sharded checkpoint (no format-2 meta.pt); resume from a step-* folder", path=str(path))
+    shapes = {
+        key.removeprefix("model."): tuple(entry.size)
+        for key, entry in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and hasattr(entry, "size")
+    }
+    return {**meta, "model": shapes}
+
+
+def load_sharded_tensors(path: pathlib.Path, state: Any) -> None:
+    """Load a sharded checkpoint's model and optimizer state into this run's model,
+    sharded or not, at any world size (DCP reads the slices each rank needs)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(state.model, state.optimizer)
+    loaded = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(loaded, checkpoint_id=str(path))
+    set_state_dict(state.model, state.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])

@@ -107,6 +107,7 @@ def train_sample_count(cfg: dict) -> tuple[int, str]:
 def cmd_config_show(args: argparse.Namespace) -> int:
     from largebatch.config import derive, dump_yaml
     from largebatch.dist import discover
+    from largebatch.footprint import estimate_memory
     from largebatch.hooks import build_hooks
     from largebatch.launch import resolve_config
 
@@ -116,6 +117,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     samples, source = train_sample_count(cfg)
     derived = derive(cfg, world_size, samples)
     derived["train_samples_from"] = source
+    derived["memory_estimate"] = estimate_memory(cfg, derived)
     sys.stdout.write(dump_yaml({**cfg, "derived": derived}))
     return 0
 

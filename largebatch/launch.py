@@ -107,27 +107,9 @@ def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
         )
 
 
-def check_sharded_run(cfg: dict[str, Any]) -> None:
-    """What ``dist.strategy`` fsdp/hsdp cannot do yet, refused before any work.
-
-    Raises:
-        UserError: checkpoints are on (sharded runs do not write checkpoints yet;
-            ``checkpoint.interval_epochs=0``, ``checkpoint.at_end=False`` run without).
-    """
-    chk = cfg["checkpoint"]
-    if chk["interval_epochs"] or chk["interval_steps"] or chk["interval_minutes"] or chk["at_end"]:
-        raise UserError(
-            f"dist.strategy {cfg['dist']['strategy']!r} does not write checkpoints yet; turn them off with "
-            "checkpoint.interval_epochs=0 and checkpoint.at_end=False, or use dist.strategy 'ddp'",
-            key="dist.strategy",
-        )
-
-
 def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
     cfg = resolve_config(args.config, args.overrides)
-    if cfg["dist"]["strategy"] != "ddp":
-        check_sharded_run(cfg)
     hooks = build_hooks(cfg, pathlib.Path(args.config))
     if args.run_dir:
         check_run_dir(pathlib.Path(args.run_dir), resuming=bool(args.resume))
@@ -145,15 +127,17 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         run_dir.mkdir(parents=True, exist_ok=True)
 
     seed_everything(cfg["seed"])  # the same initial weights on every rank
-    model = backend.prepare_model(build_model(cfg))
+    model = build_model(cfg)
+    sharding = info.distributed and derived["strategy"] != "ddp"
+    if sharding:
+        # Sharded on the host: FSDP2 moves each block's slices to the device as it
+        # shards it, so the whole model never sits in one device's memory.
+        train_model = model = backend.shard_model(model, derived)  # in place: parameters become DTensors
+    else:
+        model = backend.prepare_model(model)
+        train_model = backend.wrap_ddp(model, cfg["dist"]) if info.distributed else model
     seed_everything(cfg["seed"] + info.rank)  # then each rank its own randomness
     backend.seed(cfg["seed"] + info.rank)
-    if not info.distributed:
-        train_model = model  # one process: nothing to replicate or shard
-    elif derived["strategy"] == "ddp":
-        train_model = backend.wrap_ddp(model, cfg["dist"])
-    else:
-        train_model = model = backend.shard_model(model, derived)  # in place: parameters become DTensors
     train_model = backend.compile(train_model, cfg["compile"])
     optimizer = backend.build_optimizer(cfg, model)  # after sharding: it holds the sharded parameters
     mix = cfg["mixup"]

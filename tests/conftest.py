@@ -129,3 +129,13 @@ def two_rank_reference(tmp_path_factory) -> pathlib.Path:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_same_weights(run_dir / "rank0.safetensors", run_dir / "rank1.safetensors")
     return run_dir
+
+
+def wait_for_pause(proc: subprocess.Popen, paused: pathlib.Path, timeout: float = 240) -> None:
+    """Wait until ``tests/support/pausing_save.py`` run by ``proc`` has paused mid-save."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert paused.exists(), proc.communicate(timeout=5) if proc.poll() is not None else "the save never paused"

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import types
 
 import pytest
@@ -28,6 +27,7 @@ from tests.conftest import (
     hooks_override,
     resume_config,
     run_cli,
+    wait_for_pause,
     write_config,
 )
 
@@ -113,11 +113,7 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one_and_resume_uses_
     run_dir = tmp_path / "run"
     cmd = [PYTHON, str(REPO / "tests/support/pausing_save.py"), "--config", config, "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(PAUSE_AT_STEP="4"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    paused = run_dir / "checkpoints/save-paused"
-    deadline = time.monotonic() + 240
-    while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert paused.exists(), proc.communicate(timeout=5) if proc.poll() is not None else "the save never paused"
+    wait_for_pause(proc, run_dir / "checkpoints/save-paused")
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL

@@ -13,6 +13,7 @@ from tests.conftest import (
     RANK_WEIGHTS,
     REPO,
     SIGNAL_HOOKS,
+    TORCHRUN,
     assert_same_weights,
     clean_env,
     hooks_override,
@@ -47,6 +48,25 @@ def test_srun_two_tasks_match_torchrun(slurm, tmp_path, two_rank_reference):
     assert "world size 2" in result.stdout
     assert_same_weights(run_dir / "rank0.safetensors", run_dir / "rank1.safetensors")
     assert_same_weights(two_rank_reference / "model.safetensors", run_dir / "model.safetensors")
+
+
+def test_srun_fsdp_run_stopped_and_resumed_matches_torchrun(slurm, tmp_path):
+    """dist.strategy fsdp under srun: sharded (DCP) checkpoint at step 3, resumed by a
+    second srun, ends with the weights of an uninterrupted torchrun fsdp run."""
+    cfg = resume_config(**{"dist.strategy": "fsdp", "checkpoint.at_end": True})
+    config = str(write_config(tmp_path, cfg))
+    reference = tmp_path / "reference"
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", str(REPO / "train.py"), "--config", config, "--run-dir", str(reference)]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    srun = ["srun", "-n2", "-N1", "--kill-on-bad-exit=1", PYTHON, str(REPO / "train.py"), "--config", config, "--run-dir", str(run_dir)]
+    for extra in (["--set", "max_steps=3"], ["--resume", "auto"]):
+        result = subprocess.run(srun + extra, cwd=REPO, capture_output=True, text=True, timeout=300, env=slurm.env(clean_env()))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "world size 2" in result.stdout and "at step 3" in result.stdout
+    assert (run_dir / "checkpoints" / "step-00000003" / "meta.pt").is_file()
+    assert_same_weights(reference / "model.safetensors", run_dir / "model.safetensors")
 
 
 def _wait(predicate, timeout, what):

@@ -129,8 +129,12 @@ class Backend:
     def shard_model(self, model: torch.nn.Module, layout: dict[str, Any]) -> torch.nn.Module:
         """Shard ``model`` in place with FSDP2: each transformer block, then the root.
 
+        Call it on the model as built, on the host: FSDP2 moves each block's slices to
+        this backend's device as it shards the block (no device ever holds the whole
+        model), which is why ``prepare_model`` is not called first.
+
         Args:
-            model: the model, on the device.
+            model: the model, on the CPU.
             layout: ``strategy`` (``fsdp`` or ``hsdp``), ``shard_size`` and ``replicas``
                 (``largebatch.config.derive.sharding_layout``).
         """

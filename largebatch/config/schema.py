@@ -189,6 +189,12 @@ SCHEMA = Section(
                 "shard_size": Field(
                     int, None, "hsdp: ranks per shard group (e.g. the devices of a node); must divide the world size", low=1, nullable=True
                 ),
+                "reduce_every_micro_batch": Field(
+                    bool,
+                    False,
+                    "fsdp/hsdp with accumulation: reduce-scatter gradients after every micro-batch, so they stay sharded "
+                    "(1/N of the memory) at the cost of one reduction per micro-batch instead of one per step",
+                ),
                 "timeout_minutes": Field(float, 30.0, "collective timeout", low=0, low_open=True),
                 "find_unused_parameters": Field(bool, False, "DDP find_unused_parameters"),
                 "bucket_cap_mb": Field(float, 25.0, "DDP gradient bucket size", low=0, low_open=True),

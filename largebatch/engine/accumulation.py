@@ -27,16 +27,19 @@ def micro_loss_weight(window: int) -> float:
     return 1.0 / window
 
 
-def sync_context(model: torch.nn.Module, micro: int, window: int, *, sync_first: bool = False) -> ContextManager[None]:
+def sync_context(
+    model: torch.nn.Module, micro: int, window: int, *, sync_first: bool = False, sync_all: bool = False
+) -> ContextManager[None]:
     """``model.no_sync()`` for every micro-step but the last of the window, when the model is DDP.
 
     An FSDP2 model instead gets ``set_requires_gradient_sync``: off for every micro-step
     but the last (gradients accumulate unsharded, and are reduce-scattered once), and on
-    for the first as well when ``sync_first`` (FSDP2 adds the last micro-step's reduced
-    gradient to the first's).
+    for the first as well when ``sync_first`` (FSDP2 adds the later reduced gradients to
+    the first's), and for every one when ``sync_all`` (gradients then never exist
+    unsharded beyond one block: less memory, one reduction per micro-step).
     """
     if _is_fsdp(model):
-        model.set_requires_gradient_sync(micro == window - 1 or (sync_first and micro == 0))
+        model.set_requires_gradient_sync(sync_all or micro == window - 1 or (sync_first and micro == 0))
         return contextlib.nullcontext()
     if micro < window - 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model.no_sync()

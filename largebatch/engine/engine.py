@@ -139,7 +139,7 @@ class Engine:
             images, labels = self._next_batch(batches)
             state.batch = state.mixup(images, labels, rng=state.random.mixup_generator(state.step, micro))
             self.fire(Event.BEFORE_MICRO_STEP)
-            with sync_context(state.train_model, micro, window, sync_first=state.sync_first_micro):
+            with sync_context(state.train_model, micro, window, sync_first=state.sync_first_micro, sync_all=state.sync_every_micro):
                 state.random.seed_forward(state.step, micro)  # dropout: a function of (seed, rank, step, micro)
                 with state.backend.autocast():
                     state.outputs = state.train_model(state.batch.images)

@@ -333,9 +333,10 @@ class Lamb(torch.optim.Optimizer):
                 torch._foreach_lerp_(ms, gs, 1 - beta1)
                 torch._foreach_mul_(vs, beta2)
                 torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
-                us = torch._foreach_sqrt(vs)
+                us = torch._foreach_sqrt(vs)  # the step's only parameter-sized temporary
                 torch._foreach_add_(us, eps)
-                us = torch._foreach_div(ms, us)
+                for u, m in zip(us, ms):
+                    torch.div(m, u, out=u)  # in place: a foreach division would take a second one
                 if not decoupled and wd != 0:
                     torch._foreach_add_(us, ps, alpha=wd / scale)  # u = scale * (us + wd / scale * x)
                 handles = (reduction.add(ps), reduction.add(us)) if adapt or record else None

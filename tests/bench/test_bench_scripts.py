@@ -164,6 +164,15 @@ def test_lars_step_pairs_alternate_and_match_timm():
 
 
 @pytest.mark.slow
+@pytest.mark.dist
+def test_sharded_memory_runs_every_side():
+    out = run_script("bench/sharded_memory.py", "--model", "vit_tiny_patch16_224", "--steps", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "MiB" not in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| ddp", "| ddp again (A/A control)", "| fsdp", "| fsdp, dist.reduce_every_micro_batch"]
+    ratios = [float(r.split(" | ")[2]) for r in rows]
+    assert ratios[0] == 1.0 and ratios[2] < 1.0  # sharding holds less per rank even for a small model
+
+
 def test_lars_step_runs():
     out = run_script("bench/lars_step.py", "--model", "vit_tiny_patch16_224", "--steps", "1", "--rounds", "2", "--compare-steps", "1")
     assert "A/A control: ours vs ours" in out and "Lars |" in out

@@ -86,13 +86,6 @@ def test_config_keys_lists_the_schema(tmp_path):
     assert len(everything) > len(lines) and any(line.startswith("data.root ") for line in everything)
 
 
-def test_sharded_strategy_refuses_checkpoints_before_any_work(tmp_path):
-    path = write_config(tmp_path, tiny_config(**{"dist.strategy": "fsdp", "checkpoint.at_end": True}))
-    result = run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run"))
-    assert_one_error_line(result, "dist.strategy", "'fsdp' does not write checkpoints yet", "checkpoint.at_end=False")
-    assert not (tmp_path / "run").exists()
-
-
 def test_fp16_is_refused_under_fsdp():
     from largebatch.backends.cpu import CpuBackend
 

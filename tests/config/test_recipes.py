@@ -103,3 +103,42 @@ def test_vit_parameter_formula_matches_timm_counts():
     assert vit_parameters(16, 768, 12) == 86_567_656
     assert vit_parameters(32, 768, 12) == 88_224_232
     assert vit_parameters(32, 1024, 24) == 306_535_400
+
+
+SHARDED = {
+    # config: (timm model, width, depth, MLP width, micro-batch, parameters)
+    "vit-h14": ("vit_huge_patch14_224", 1280, 32, 5120, 32, 632_045_800),
+    "vit-g14": ("vit_giant_patch14_224", 1408, 40, 6144, 16, 1_012_611_432),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARDED))
+def test_sharded_recipes_batch_arithmetic_and_memory_estimate(name):
+    from largebatch.footprint import GIB, estimate_memory, model_sizes
+
+    model, width, depth, mlp, micro, count = SHARDED[name]
+    cfg = load_and_validate(str(REPO / "configs" / f"{name}.py"), ["precision=bf16"])
+    assert cfg["model"]["name"] == model and cfg["dist"]["strategy"] == "fsdp"
+    assert (cfg["global_batch_size"], cfg["micro_batch_size"], cfg["optimizer"]["type"]) == (32768, micro, "lamb")
+    total, block, root = model_sizes(cfg)
+    # the model as Zhai et al. define it, written out: 224 px, 14 px patches
+    tokens = (224 // 14) ** 2 + 1
+    per_block = 4 * width + 3 * width * width + 3 * width + width * width + width + width * mlp + mlp + mlp * width + width
+    assert block == per_block
+    assert root == 3 * 14 * 14 * width + 2 * width + tokens * width + 2 * width + width * 1000 + 1000
+    assert total == depth * per_block + root == count
+    header = (REPO / "configs" / f"{name}.py").read_text()
+    for world, accumulation in ((8, 32768 // (micro * 8)), (64, 32768 // (micro * 64)), (256, 32768 // (micro * 256))):
+        derived = derive(cfg, world, IMAGENET_TRAIN)
+        assert derived["accumulation"] == accumulation and f"{world} devices: accumulation {accumulation}" in header
+        fsdp = estimate_memory(cfg, derived, (total, block, root))
+        # backward: sharded fp32 weights and two moments, the unsharded fp32 gradient, two
+        # gathered blocks (bf16 weights and gradients) and the root's bf16 weights; the step
+        # (weights, gradients, two moments, the update) is smaller at 8 devices and more
+        backward = total * 4 * 3 / world + total * 4 + 2 * block * 4 + root * 2
+        assert fsdp["total_gib"] == pytest.approx(max(backward, total * 4 * 5 / world) / GIB, abs=1e-3)
+        ddp = estimate_memory({**cfg, "dist": {**cfg["dist"], "strategy": "ddp"}}, {**derived, "strategy": "ddp", "shard_size": 1})
+        # fp32 weights, two moments, the gradient twice (DDP's buckets while accumulating)
+        assert ddp["total_gib"] == pytest.approx(total * 20 / GIB, abs=1e-3)
+        row = f"#     {world:<9} {ddp['total_gib']:<22.2f} {fsdp['total_gib']:<20.2f}"
+        assert row in header, row

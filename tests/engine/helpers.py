@@ -74,7 +74,12 @@ def make_engine(
     cfg = validate(tiny_config(**overrides))
     plan = make_plan(cfg, world_size, num_samples)
     derived = derive(cfg, world_size, num_samples)
-    train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    if world_size > 1 and derived["strategy"] != "ddp":
+        train_model = model = CpuBackend("fp32").shard_model(model, derived)  # FSDP2, in place
+        if callable(optimizer):  # built after sharding, over the sharded parameters
+            optimizer = optimizer(model)
+    else:
+        train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.1)
     state = TrainState(
         config=cfg,

@@ -6,6 +6,7 @@ batches drawn with replacement (so the two-batch-size estimator of McCandlish et
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 import torch
@@ -117,3 +118,54 @@ def test_logged_only_on_logging_steps(tmp_path):
     _, records, _ = run(tmp_path, steps=6, micro=4, accumulation=2, beta=0.5, log_interval=3)
     assert [r["step"] for r in records.logged] == [3, 6]
     assert all("noise_scale/b_simple" in r for r in records.logged)
+
+
+def _fsdp_worker(rank: int, port: int, out: str) -> None:
+    import json
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        x, y, model = problem()
+        hook = NoiseScaleHook(beta=0.995)
+        steps, micro, accumulation = 700, 8, 4
+        engine = make_engine(
+            model,
+            with_replacement(x, y, steps * accumulation, micro, seed=1 + rank),  # each rank its own draws
+            global_batch_size=micro * accumulation * 2,
+            micro_batch_size=micro,
+            num_samples=micro * accumulation * 2 * steps,
+            world_size=2,
+            rank=rank,
+            hooks=[hook],
+            optimizer=lambda sharded: torch.optim.SGD(sharded.parameters(), lr=1e-12),
+            run_dir=pathlib.Path(out),
+            **{"data.num_classes": CLASSES, "optimizer.lr": 1e-12, "log.interval": 100, "dist.strategy": "fsdp"},
+        )
+        assert engine.state.sharded and engine.state.sync_first_micro is False
+        engine.run()
+        assert engine.state.sync_first_micro  # the hook asked for the first micro-batch's reduction
+        if rank == 0:
+            pathlib.Path(out, "estimates.json").write_text(json.dumps(hook.estimates()))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_estimates_under_fsdp_match_the_true_gradient_noise_within_ten_percent(tmp_path):
+    """Two ranks, FSDP2: g_small is the ranks' mean first micro-batch gradient (B_small =
+    micro-batch x 2), g_big the step's (B_big = 64); both sharded, their norms reduced."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from tests.conftest import free_port
+
+    mp.spawn(_fsdp_worker, args=(free_port(), str(tmp_path)), nprocs=2)
+    grad_sq, trace = true_noise(*problem())
+    got = json.loads((tmp_path / "estimates.json").read_text())
+    assert got["grad_sq"] == pytest.approx(grad_sq, rel=0.10)
+    assert got["trace_sigma"] == pytest.approx(trace, rel=0.10)
+    assert got["b_simple"] == pytest.approx(trace / grad_sq, rel=0.10)

@@ -3,7 +3,8 @@
 ``torch.save`` is wrapped so that, when the checkpoint of step ``PAUSE_AT_STEP`` (from the
 environment) is written, it writes the first half of the bytes to the temporary file,
 fsyncs them, writes ``save-paused`` next to the checkpoints and sleeps, so the test can
-``kill -9`` the process in the middle of a real checkpoint write.
+``kill -9`` the process in the middle of a real checkpoint write. A sharded checkpoint
+pauses after the ranks have written their slices, before ``meta.pt`` and the rename.
 """
 
 import io
@@ -34,6 +35,27 @@ def pausing_save(obj, f, *args, **kwargs):
 
 
 torch.save = pausing_save
+
+# Sharded checkpoints (dist.strategy fsdp/hsdp): every rank writes its slices into the
+# temporary folder through torch.distributed.checkpoint.save; rank 0 then pauses before
+# meta.pt and the rename, the other ranks wait for it, and the test kills them all.
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+_dcp_save = dcp.save
+PAUSE_AT_FOLDER = f".{PAUSE_AT.removesuffix('.pt')}.tmp"
+
+
+def pausing_dcp_save(state_dict, *args, checkpoint_id=None, **kwargs):
+    result = _dcp_save(state_dict, *args, checkpoint_id=checkpoint_id, **kwargs)
+    folder = pathlib.Path(str(checkpoint_id))
+    if folder.name == PAUSE_AT_FOLDER and int(os.environ.get("RANK", "0")) == 0:
+        (folder.parent / "save-paused").write_text(str(os.getpid()))
+        time.sleep(600)
+        raise AssertionError("the test should have killed this process")
+    return result
+
+
+dcp.save = pausing_dcp_save
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from largebatch.cli import train_main  # noqa: E402

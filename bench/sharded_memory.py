@@ -1,0 +1,149 @@
+"""Per-rank peak memory of training under ``ddp`` against ``fsdp``, and the estimate's error.
+
+Not a test: prints a markdown table. Each side is one ``torchrun --nproc_per_node=2``
+job on the CPU (gloo) that builds ViT-B/16's parameters (86 M; 32 px images, so the
+activations of a micro-batch of 2 are negligible), shards or wraps them as
+``largebatch.launch`` does, builds LAMB, and takes ``--steps`` optimizer steps of
+``--accumulation`` micro-batches. Measured per rank: the peak resident memory during
+the steps (Linux's VmHWM, reset after the model is built) minus the resident memory
+before the model existed (timm imported). Large allocations are made mmap'ed
+(``MALLOC_MMAP_THRESHOLD_``), so resident memory follows the live tensors. Predicted: ``largebatch.footprint.estimate_memory`` for the
+same run. The A/A control runs the ``ddp`` job a second time: its ratio to the first
+shows the method's noise.
+
+    OMP_NUM_THREADS=1 python bench/sharded_memory.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def rss_kib(field: str) -> int:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def run_config(strategy: str, accumulation: int, every: bool, model: str = "vit_base_patch16_224") -> dict:
+    from largebatch.config import validate
+
+    return validate(
+        {
+            "device": "cpu",
+            "epochs": 1,
+            "global_batch_size": 2 * accumulation * 2,
+            "micro_batch_size": 2,
+            "model": {"name": model},
+            "optimizer": {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05},
+            "dist": {"strategy": strategy, "reduce_every_micro_batch": every},
+            "data": {"loader": "synthetic", "image_size": 32, "channels": 3, "num_classes": 10, "train_samples": 64},
+        }
+    )
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from largebatch.backends import create_backend
+    from largebatch.config import derive
+    from largebatch.dist import discover, init_process_group
+    from largebatch.engine.accumulation import sync_context
+    from largebatch.footprint import estimate_memory
+    from largebatch.models import build_model
+    from largebatch.optim import build_optimizer
+
+    info = discover()
+    init_process_group(info, "gloo", 10.0)
+    cfg = run_config(args.strategy, args.accumulation, args.every, args.model)
+    derived = derive(cfg, info.world_size, 64)
+    backend = create_backend("cpu", "fp32", info.local_rank, cfg)
+    build_model({**cfg, "model": {"name": "vit_tiny_patch16_224", "depth": 1}})  # timm's import and first model, not counted
+    before = rss_kib("VmRSS")
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    if args.strategy == "ddp":
+        train_model = backend.wrap_ddp(model, cfg["dist"])
+    else:
+        train_model = model = backend.shard_model(model, derived)
+    optimizer = build_optimizer(cfg, model)
+    pathlib.Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
+    images, labels = torch.randn(2, 3, 32, 32), torch.randint(10, (2,))
+    for _ in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        for micro in range(args.accumulation):
+            with sync_context(train_model, micro, args.accumulation, sync_all=args.every):
+                loss = torch.nn.functional.cross_entropy(train_model(images), labels) / args.accumulation
+                loss.backward()
+        optimizer.step()
+    peak = rss_kib("VmHWM")
+    estimate = estimate_memory(cfg, derived)
+    record = {"rank": info.rank, "measured_mib": (peak - before) / 1024, "estimate_mib": estimate["total_gib"] * 1024}
+    pathlib.Path(args.out).with_suffix(f".rank{info.rank}.json").write_text(json.dumps(record))
+    torch.distributed.destroy_process_group()
+
+
+def side(name: str, strategy: str, args: argparse.Namespace, every: bool = False) -> dict:
+    out = pathlib.Path(tempfile.mkdtemp(prefix="lbmem-")) / "side"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, "--worker"]
+    cmd += ["--strategy", strategy, "--out", str(out), "--steps", str(args.steps), "--accumulation", str(args.accumulation)]
+    cmd += ["--model", args.model]
+    cmd += ["--every"] if every else []
+    # A fixed mmap threshold: every large tensor is its own mapping, returned to the
+    # system when freed, so resident memory follows the live tensors (glibc's default
+    # raises the threshold after frees and keeps freed tensors' pages resident).
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in (0, 1)]
+    return {
+        "name": name,
+        "measured": max(r["measured_mib"] for r in ranks),
+        "estimate": ranks[0]["estimate_mib"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--every", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--accumulation", type=int, default=2)
+    parser.add_argument("--model", default="vit_base_patch16_224", help="timm model whose parameters are trained")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    from bench.machine import machine_description
+
+    rows = [
+        side("ddp", "ddp", args),
+        side("ddp again (A/A control)", "ddp", args),
+        side("fsdp", "fsdp", args),
+        side("fsdp, dist.reduce_every_micro_batch", "fsdp", args, every=True),
+    ]
+    base = rows[0]["measured"]
+    print(f"Machine: {machine_description()}.\n")
+    print(f"{args.model}, LAMB, world size 2, accumulation {args.accumulation}, {args.steps} steps; per-rank peak.\n")
+    print("| run | measured (MiB) | ratio to ddp | estimate (MiB) | estimate error |")
+    print("|---|---:|---:|---:|---:|")
+    for row in rows:
+        error = (row["estimate"] - row["measured"]) / row["measured"]
+        print(f"| {row['name']} | {row['measured']:,.0f} | {row['measured'] / base:.2f} | {row['estimate']:,.0f} | {error:+.0%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
