@@ -29,7 +29,7 @@ class LossSpikeHook(Hook):
             state.request_stop(f"loss {loss:.4g} at step {state.step}, running mean {self.mean}")
         self.mean = loss if self.mean is None else 0.9 * self.mean + 0.1 * loss
 
-    def state_dict(self):  # saved in checkpoints under the class name
+    def state_dict(self):  # saved in checkpoints under the class name (#2, #3 for more of one class)
         return {"mean": self.mean}
 
     def load_state_dict(self, state):

@@ -185,7 +185,25 @@ def _remove_stale_temporaries(folder: pathlib.Path) -> None:
         remove_checkpoint(stale)
 
 
-def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) -> pathlib.Path | None:
+def hook_state_keys(hooks: list[Any]) -> list[str]:
+    """Each hook's key in a checkpoint, in the order of ``hooks``: its name, and ``name#2``,
+    ``name#3`` ... for the second and later hooks of one name in firing order (priority,
+    then the config's order, as the engine sorts them), so two instances of one hook
+    class keep their own state whatever order the list is in."""
+    seen: dict[str, int] = {}
+    keys = [""] * len(hooks)
+    for i in sorted(range(len(hooks)), key=lambda i: hooks[i].priority):
+        name = hooks[i].name
+        seen[name] = seen.get(name, 0) + 1
+        keys[i] = name if seen[name] == 1 else f"{name}#{seen[name]}"
+    return keys
+
+
+def hook_states(hooks: list[Any]) -> dict[str, Any]:
+    return {key: hook.state_dict() for key, hook in zip(hook_state_keys(hooks), hooks)}
+
+
+def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | None:
     """Save a checkpoint of the run (collective: every rank must call it).
 
     Returns:
@@ -212,8 +230,7 @@ def save_checkpoint(state: Any, hooks: list[Any], train_loader: Any, keep: int) 
         "optimizer": state.optimizer.state_dict(),
         "scaler": state.scaler.state_dict() if state.scaler else None,
         "counters": state._counters.state_dict(),
-        "hooks": {hook.name: hook.state_dict() for hook in hooks},
-        "loader": train_loader.state_dict(),
+        "hooks": hook_states(hooks),
         "world_size": state.world_size,
         "config": state.config,
         "config_hash": config_hash(state.config),
@@ -380,9 +397,9 @@ def load_checkpoint(
     if state.scaler and payload["scaler"]:
         state.scaler.load_state_dict(payload["scaler"])
     state._counters.load_state_dict(payload["counters"])
-    for hook in hooks:
-        if hook.name in payload["hooks"]:
-            hook.load_state_dict(payload["hooks"][hook.name])
+    for key, hook in zip(hook_state_keys(hooks), hooks):
+        if key in payload["hooks"]:
+            hook.load_state_dict(payload["hooks"][key])
     # The position within the epoch follows from the counters: checkpoints are taken at
     # optimizer-step boundaries, and the samples of each step do not depend on the world
     # size (``largebatch.data.sharding``), so this also holds after a change of world size.
@@ -498,7 +515,7 @@ def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.
             "sharded": True,
             "scaler": state.scaler.state_dict() if state.scaler else None,
             "counters": state._counters.state_dict(),
-            "hooks": {hook.name: hook.state_dict() for hook in hooks},
+            "hooks": hook_states(hooks),
             "world_size": state.world_size,
             "config": state.config,
             "config_hash": config_hash(state.config),

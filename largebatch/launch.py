@@ -27,7 +27,6 @@ from largebatch.engine.engine import Engine
 from largebatch.engine.state import TrainState
 from largebatch.errors import UserError
 from largebatch.hooks import build_hooks
-from largebatch.hooks.checkpoint import CheckpointHook
 from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model, check_model_config
 from largebatch.optim.schedules import build_schedule
@@ -176,9 +175,6 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         mixup=mixup,
         run_dir=run_dir,
     )
-    for hook in hooks:
-        if isinstance(hook, CheckpointHook):
-            hook.attach(hooks, train_loader)
     if args.resume:
         found = ckpt.read_resume_checkpoint(args.resume, run_dir, warn=info.is_main)
         if found is not None:

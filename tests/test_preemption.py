@@ -165,8 +165,35 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path):
         model.bias[1] = float("inf")
     state = types.SimpleNamespace(model=model, run_dir=tmp_path, step=7, is_main=True)
     with pytest.raises(UserError) as error:
-        ckpt.save_checkpoint(state, [], None, keep=3)
+        ckpt.save_checkpoint(state, [], keep=3)
     message = str(error.value)
     assert "refusing to save the checkpoint of step 7" in message
     assert "weight (1 of 6)" in message and "bias (1 of 2)" in message and "no earlier checkpoint" in message
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_two_hooks_of_one_name_keep_their_own_state_in_a_checkpoint():
+    from largebatch.engine.hook import Hook
+
+    class Counter(Hook):
+        def __init__(self, start: int, priority=None) -> None:
+            super().__init__(priority)
+            self.value = start
+
+        def state_dict(self):
+            return {"value": self.value}
+
+        def load_state_dict(self, state):
+            self.value = state["value"]
+
+    # firing order decides the suffix: the LOW-priority one fires second whatever the list order
+    late, early, other = Counter(1, priority="LOW"), Counter(2, priority="HIGH"), Counter(3)
+    assert ckpt.hook_state_keys([late, early]) == ["Counter#2", "Counter"]
+    assert ckpt.hook_state_keys([early, late]) == ["Counter", "Counter#2"]
+    saved = ckpt.hook_states([late, early, other])
+    assert saved == {"Counter": {"value": 2}, "Counter#2": {"value": 3}, "Counter#3": {"value": 1}}
+    # restored into fresh instances listed in another order, each gets its own value back
+    fresh = [Counter(0), Counter(0, priority="HIGH"), Counter(0, priority="LOW")]
+    for key, hook in zip(ckpt.hook_state_keys(fresh), fresh):
+        hook.load_state_dict(saved[key])
+    assert [h.value for h in fresh] == [3, 2, 1]

@@ -34,6 +34,7 @@ class Engine:
     def __init__(self, state: TrainState, hooks: list[Hook], train_loader: Any, eval_loader: Any = None) -> None:
         self.state = state
         self.hooks = sorted(hooks, key=lambda h: h.priority)
+        state.hooks = self.hooks  # what a checkpoint saves besides the state itself
         self.train_loader = train_loader
         self.eval_loader = eval_loader
         self._by_event = {event: [h for h in self.hooks if h.overrides(event)] for event in Event}

@@ -107,6 +107,8 @@ class TrainState:
         sync_first_micro: under ``dist.strategy`` fsdp/hsdp, reduce the gradients after
             each window's first micro-batch too (set in ``before_run`` by a hook that
             reads that micro-batch's gradient: sharded gradients exist only once reduced).
+        hooks: the run's hooks in firing order (set by the engine); checkpoints save
+            and restore each one's ``state_dict``.
         sync_every_micro: under fsdp/hsdp, reduce after every micro-batch
             (``dist.reduce_every_micro_batch``).
         sharded: whether the model's parameters are sharded (FSDP2 DTensors).
@@ -163,6 +165,7 @@ class TrainState:
         self.stop_reason: str | None = None
         self.stop_resumable = False
         self.sync_first_micro = False
+        self.hooks: list[Any] = []
         self.sync_every_micro = bool(config.get("dist", {}).get("reduce_every_micro_batch", False))
         self.sharded = derived.get("strategy", "ddp") != "ddp" and dist.world_size > 1
 

@@ -46,20 +46,13 @@ class CheckpointHook(Hook):
         self.interval_minutes = interval_minutes
         self.keep = keep
         self.at_end = at_end
-        self.hooks: list[Hook] = []
-        self.train_loader = None
         self.last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
-
-    def attach(self, hooks: list[Hook], train_loader) -> None:
-        """Give the hook what a checkpoint must hold besides the state."""
-        self.hooks = hooks
-        self.train_loader = train_loader
 
     def _save(self, state) -> None:
         if self.last_saved_step == state.step:
             return
-        save_checkpoint(state, self.hooks, self.train_loader, self.keep)
+        save_checkpoint(state, state.hooks, self.keep)
         self.last_saved_step = state.step
         self._last_save_time = time.monotonic()
 

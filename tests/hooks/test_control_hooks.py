@@ -25,7 +25,6 @@ def saved_steps(run_dir):
 
 def with_checkpoints(tmp_path, hook, hooks=(), **kwargs):
     engine, records = build(tmp_path, [*hooks, hook], **kwargs)
-    hook.attach(engine.hooks, engine.train_loader)
     return engine, records
 
 

@@ -82,7 +82,6 @@ def test_skip_takes_no_update_and_the_run_goes_on(tmp_path):
     checkpoints = CheckpointHook(interval_steps=1, interval_epochs=0, keep=10, at_end=True)
     hooks = [NanGuardHook(action="skip"), ClipGradNormHook(1.0), PoisonGrad("fc2.weight"), snaps, checkpoints]
     engine, records = build(tmp_path, hooks, steps=4)
-    checkpoints.attach(engine.hooks, engine.train_loader)
     steps = []
     original = engine.state.optimizer.step
     engine.state.optimizer.step = lambda *a, **k: (steps.append(engine.state.step), original(*a, **k))[1]
@@ -113,7 +112,6 @@ def test_skip_stops_after_max_skips_in_a_row(tmp_path):
 def test_without_the_guard_a_diverged_model_is_never_checkpointed(tmp_path):
     checkpoints = CheckpointHook(interval_steps=1, interval_epochs=0, at_end=False)
     engine, _ = build(tmp_path, [PoisonGrad("fc1.bias"), checkpoints], steps=4)
-    checkpoints.attach(engine.hooks, engine.train_loader)
     with pytest.raises(Exception) as error:
         engine.run()
     message = str(error.value.__cause__)
@@ -129,7 +127,7 @@ def test_non_finite_optimizer_state_is_refused(tmp_path):
     param = state.model.fc1.weight
     state.optimizer.state[param]["exp_avg"][0, 0] = float("inf")
     with pytest.raises(UserError, match=r"optimizer fc1\.weight\.exp_avg \(1 of 48\)"):
-        ckpt.save_checkpoint(state, [], engine.train_loader, keep=1)
+        ckpt.save_checkpoint(state, [], keep=1)
 
 
 def test_with_a_grad_scaler_inf_gradients_are_left_to_the_scaler(tmp_path):

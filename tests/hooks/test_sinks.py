@@ -124,7 +124,6 @@ def test_every_hooks_state_round_trips_through_a_checkpoint(tmp_path):
     first = hooks()
     saver = CheckpointHook(interval_steps=3, interval_epochs=0, at_end=False)
     engine, _ = build(tmp_path, [*first, saver], steps=4, optimizer="lamb", **{"log.interval": 2})
-    saver.attach(engine.hooks, engine.train_loader)
     engine.run()
     (path,) = ckpt.list_checkpoints(tmp_path)  # step 3
     second = hooks()

@@ -20,9 +20,9 @@ from tests.conftest import REPO, clean_env, tiny_config, wait_for_pause, write_c
 HOOKS = [{"type": "grad_norm"}, {"type": "trust_ratio"}, {"type": "nan_guard"}, {"type": "noise_scale", "beta": 0.5}]
 
 
-def torchrun(tmp_path, cfg: dict, run_dir, *extra: str) -> subprocess.CompletedProcess:
+def torchrun(tmp_path, cfg: dict, run_dir, *extra: str, ranks: int = 2) -> subprocess.CompletedProcess:
     path = write_config(tmp_path, cfg, name=f"{run_dir.name}.yaml")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", str(REPO / "train.py")]
     cmd += ["--config", str(path), "--run-dir", str(run_dir), *extra]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=clean_env())
 
@@ -168,3 +168,25 @@ def test_kill_during_a_sharded_checkpoint_leaves_the_previous_one_and_resume_use
     a, b = load_file(straight / "model.safetensors"), load_file(run_dir / "model.safetensors")
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_hsdp_run_on_four_ranks_equals_ddp(tmp_path):
+    """2 replicas x 2 shards: the norms are reduced within each shard group, the
+    gradients across all four ranks; the hooks read the same global norms as DDP's."""
+    cfg = lamb_config(**{"global_batch_size": 64, "clip_grad_norm": 0.5, "hooks": HOOKS[:3]})
+    runs = {}
+    for name, dist in (("ddp", {"strategy": "ddp"}), ("hsdp", {"strategy": "hsdp", "shard_size": 2})):
+        runs[name] = tmp_path / name
+        ok(torchrun(tmp_path, {**cfg, "dist": dist}, runs[name], ranks=4))
+    ddp, hsdp = (load_file(runs[s] / "model.safetensors") for s in ("ddp", "hsdp"))
+    for key in ddp:
+        torch.testing.assert_close(hsdp[key], ddp[key], rtol=1e-6, atol=1e-6, msg=key)
+    a, b = ([r for r in records(runs[s]) if "loss" in r] for s in ("ddp", "hsdp"))
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b):
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
+        ratios = [k for k in x if k.startswith("trust_ratio/") and isinstance(x[k], float)]
+        assert ratios and all(y[k] == pytest.approx(x[k], rel=1e-5) for k in ratios)
+    assert "replicas: 2" in (runs["hsdp"] / "config.yaml").read_text()
