@@ -77,6 +77,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, stop_at):
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_config_is_refused(tmp_path):
     cfg = tiny_config(**{"checkpoint.at_end": True})
     _train(tmp_path, {**cfg, "max_steps": 2}, tmp_path / "run")
@@ -89,6 +90,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path):
     assert ok.returncode == 0, ok.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_custom_hook_by_path_runs_at_its_events(tmp_path):
     hook_file = tmp_path / "my_hook.py"
     hook_file.write_text(

@@ -173,6 +173,7 @@ def test_sharded_memory_runs_every_side():
     assert ratios[0] == 1.0 and ratios[2] < 1.0  # sharding holds less per rank even for a small model
 
 
+@pytest.mark.slow
 def test_lars_step_runs():
     out = run_script("bench/lars_step.py", "--model", "vit_tiny_patch16_224", "--steps", "1", "--rounds", "2", "--compare-steps", "1")
     assert "A/A control: ours vs ours" in out and "Lars |" in out

@@ -17,16 +17,25 @@ def assert_one_error_line(result, *fragments):
         assert fragment in lines[0]
 
 
+# The first case runs in the everyday tier (pytest -m "not slow"), the rest with the full suite.
 @pytest.mark.parametrize(
     ("overrides", "fragments"),
     [
         ({"optimizer.weight_decy": 0.1}, ["optimizer.weight_decy", "did you mean 'optimizer.weight_decay'"]),
-        ({"epochs": "three"}, ["epochs", "expected an integer"]),
-        ({"mixup.mixup_alpha": -1.0}, ["mixup.mixup_alpha", "must be >= 0"]),
-        ({"global_batch_size": 30}, ["global_batch_size 30", "micro_batch_size 8", "world_size 1", "set global_batch_size to 24 or 32"]),
-        ({"lr_schedule.warmup_steps": 50}, ["lr_schedule.warmup_steps", "warmup is 50 steps but training is 4 steps"]),
-        ({"model.name": "vit_tiny_patch16_22"}, ["model.name", "did you mean"]),
-        ({"model.drop_rte": 0.1}, ["model.drop_rte", "did you mean 'model.drop_rate'"]),
+        pytest.param({"epochs": "three"}, ["epochs", "expected an integer"], marks=pytest.mark.slow),
+        pytest.param({"mixup.mixup_alpha": -1.0}, ["mixup.mixup_alpha", "must be >= 0"], marks=pytest.mark.slow),
+        pytest.param(
+            {"global_batch_size": 30},
+            ["global_batch_size 30", "micro_batch_size 8", "world_size 1", "set global_batch_size to 24 or 32"],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            {"lr_schedule.warmup_steps": 50},
+            ["lr_schedule.warmup_steps", "warmup is 50 steps but training is 4 steps"],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param({"model.name": "vit_tiny_patch16_22"}, ["model.name", "did you mean"], marks=pytest.mark.slow),
+        pytest.param({"model.drop_rte": 0.1}, ["model.drop_rte", "did you mean 'model.drop_rate'"], marks=pytest.mark.slow),
     ],
 )
 def test_bad_config_gives_one_error_line(tmp_path, overrides, fragments):
@@ -70,6 +79,7 @@ def test_world_size_that_does_not_divide(tmp_path):
         ({"type": "logger", "priority": 500}, ["hooks[0].priority", "outside 0..100"]),
     ],
 )
+@pytest.mark.slow
 def test_bad_hook_specs(tmp_path, hook, fragments):
     path = write_config(tmp_path, tiny_config(hooks=[hook]))
     assert_one_error_line(run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run")), *fragments)

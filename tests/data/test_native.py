@@ -160,6 +160,7 @@ def test_augmentation_is_random_across_epochs_and_flips(unique_shards):
     assert torch.equal(img_a, img_b.flip(-1)) and not torch.equal(img_a, img_b)
 
 
+@pytest.mark.slow
 def test_plan_for_wrong_sample_count_is_a_user_error(unique_shards):
     wrong = BatchPlan.create(
         global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=64

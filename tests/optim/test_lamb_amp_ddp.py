@@ -91,6 +91,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_ddp_two_ranks_equal_single_process_on_the_full_batch(tmp_path):
     mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)

@@ -130,6 +130,7 @@ def test_vit_b16_recipe_sqrt_scaling_values():
     assert scaling["scaled_lr"] == pytest.approx(1.8e-2 * 2 * math.sqrt(2))
 
 
+@pytest.mark.slow
 def test_config_show_prints_the_scaling(tmp_path):
     overrides = {"optimizer.lr": 0.01, "lr_schedule.scaling": "sqrt", "lr_schedule.base_batch_size": 8}
     result = run_cli("config", "show", str(write_config(tmp_path, tiny_config(**overrides))), "--world-size", "2")

@@ -22,6 +22,7 @@ from largebatch.optim.param_groups import build_param_groups
 from tests.conftest import free_port
 
 STEPS, BATCH = 2, 8
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def make_model():

@@ -175,7 +175,7 @@ def test_kill_during_a_sharded_checkpoint_leaves_the_previous_one_and_resume_use
 def test_hsdp_run_on_four_ranks_equals_ddp(tmp_path):
     """2 replicas x 2 shards: the norms are reduced within each shard group, the
     gradients across all four ranks; the hooks read the same global norms as DDP's."""
-    cfg = lamb_config(**{"global_batch_size": 64, "clip_grad_norm": 0.5, "hooks": HOOKS[:3]})
+    cfg = lamb_config(**{"global_batch_size": 64, "clip_grad_norm": 0.5, "hooks": HOOKS})
     runs = {}
     for name, dist in (("ddp", {"strategy": "ddp"}), ("hsdp", {"strategy": "hsdp", "shard_size": 2})):
         runs[name] = tmp_path / name
@@ -189,4 +189,5 @@ def test_hsdp_run_on_four_ranks_equals_ddp(tmp_path):
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
         ratios = [k for k in x if k.startswith("trust_ratio/") and isinstance(x[k], float)]
         assert ratios and all(y[k] == pytest.approx(x[k], rel=1e-5) for k in ratios)
+        assert all(math.isfinite(y[k]) for k in ("noise_scale/grad_sq", "noise_scale/trace_sigma"))
     assert "replicas: 2" in (runs["hsdp"] / "config.yaml").read_text()
