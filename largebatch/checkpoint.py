@@ -136,9 +136,12 @@ def remove_checkpoint(path: pathlib.Path) -> None:
 
 def _non_finite(named: Iterable[tuple[str, Any]]) -> list[str]:
     """``name (count of numel)`` for each floating-point tensor holding NaN or inf."""
+    from largebatch.optim.sharded import local
+
     out = []
     for name, tensor in named:
         if isinstance(tensor, torch.Tensor) and (torch.is_floating_point(tensor) or torch.is_complex(tensor)):
+            tensor = local(tensor)  # a sharded tensor: this rank's slice
             bad = int((~torch.isfinite(tensor.detach())).sum())
             if bad:
                 out.append(f"{name} ({bad} of {tensor.numel()})")
@@ -162,6 +165,9 @@ def non_finite_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn
 def check_finite(state: Any) -> None:
     """Refuse to checkpoint weights (or optimizer state) holding NaN or inf.
 
+    Each rank checks what it holds: the whole model, or under fsdp/hsdp its slices, in
+    which case the ranks agree (one all-reduce) so that all refuse together or none does.
+
     Raises:
         UserError: naming the first non-finite tensors and the checkpoint left intact.
     """
@@ -169,12 +175,18 @@ def check_finite(state: Any) -> None:
     optimizer = getattr(state, "optimizer", None)
     if optimizer is not None:
         bad += non_finite_optimizer_state(optimizer, state.model)
-    if bad:
+    refuse = bool(bad)
+    if uses_sharded_format(getattr(state, "config", {})):
+        from largebatch.dist import all_reduce_sum
+
+        refuse = float(all_reduce_sum(torch.tensor([float(len(bad))], device=state.backend.device))[0]) > 0
+    if refuse:
         kept = list_checkpoints(state.run_dir)
         previous = f"the newest checkpoint, {kept[-1]}, is intact" if kept else "there is no earlier checkpoint"
+        where = f"{len(bad)} tensor(s): {', '.join(bad[:5])}" if bad else "tensors held by another rank"
         raise UserError(
             f"refusing to save the checkpoint of step {state.step}: the model weights or optimizer state hold NaN or inf in "
-            f"{len(bad)} tensor(s): {', '.join(bad[:5])}; {previous}. The run diverged: lower the learning rate, "
+            f"{where}; {previous}. The run diverged: lower the learning rate, "
             "set clip_grad_norm, or resume from an earlier checkpoint",
             path=str(state.run_dir),
         )
@@ -213,21 +225,37 @@ def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | N
         UserError: the weights hold NaN or inf (on every rank: the check runs everywhere,
             before the collective, so no rank is left waiting).
     """
+    check_finite(state)
     if uses_sharded_format(getattr(state, "config", {})):
         return save_sharded_checkpoint(state, hooks, keep)
-    check_finite(state)
     if not state.is_main:
         return None
-    folder = state.run_dir / CHECKPOINT_DIR
-    if not folder.is_dir():
-        folder.mkdir(parents=True, exist_ok=True)
-        fsync_dir(folder.parent)
-    _remove_stale_temporaries(folder)
+    folder = _checkpoint_folder(state.run_dir)
     path = folder / f"step-{state.step:08d}.pt"
     payload = {
         "format": 1,
         "model": state.model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
+        **_run_record(state, hooks),
+    }
+    atomic_torch_save(payload, path)
+    _publish(path, state.run_dir, keep)
+    return path
+
+
+def _checkpoint_folder(run_dir: pathlib.Path) -> pathlib.Path:
+    """``run_dir/checkpoints``, made durably if new, without a crash's temporaries (rank 0)."""
+    folder = run_dir / CHECKPOINT_DIR
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        fsync_dir(folder.parent)
+    _remove_stale_temporaries(folder)
+    return folder
+
+
+def _run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
+    """What every checkpoint holds besides the tensors of the model and optimizer."""
+    return {
         "scaler": state.scaler.state_dict() if state.scaler else None,
         "counters": state._counters.state_dict(),
         "hooks": hook_states(hooks),
@@ -235,11 +263,13 @@ def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | N
         "config": state.config,
         "config_hash": config_hash(state.config),
     }
-    atomic_torch_save(payload, path)
-    atomic_write_bytes(folder / LATEST, path.name.encode())
-    for old in list_checkpoints(state.run_dir)[:-keep]:
+
+
+def _publish(path: pathlib.Path, run_dir: pathlib.Path, keep: int) -> None:
+    """Point ``latest`` at the checkpoint just written, then drop all but the last ``keep``."""
+    atomic_write_bytes(path.parent / LATEST, path.name.encode())
+    for old in list_checkpoints(run_dir)[:-keep]:
         remove_checkpoint(old)
-    return path
 
 
 def read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
@@ -450,34 +480,6 @@ def uses_sharded_format(config: dict[str, Any]) -> bool:
     return config.get("dist", {}).get("strategy", "ddp") != "ddp"
 
 
-def _sharded_non_finite(state: Any) -> None:
-    """``check_finite`` for sharded weights: each rank checks its slices, and the ranks
-    agree (one all-reduce) so that all refuse together or none does."""
-    from largebatch.dist import all_reduce_sum
-    from largebatch.optim.sharded import local
-
-    named = [(n, local(t)) for n, t in state.model.state_dict().items()]
-    names = {id(p): n for n, p in state.model.named_parameters()}
-    named += [
-        (f"optimizer {names.get(id(param), '?')}.{key}", local(value))
-        for param, entry in state.optimizer.state.items()
-        for key, value in entry.items()
-        if torch.is_tensor(value)
-    ]
-    bad = _non_finite(named)
-    count = all_reduce_sum(torch.tensor([float(len(bad))], device=state.backend.device))
-    if float(count[0]) > 0:
-        kept = list_checkpoints(state.run_dir)
-        previous = f"the newest checkpoint, {kept[-1]}, is intact" if kept else "there is no earlier checkpoint"
-        shown = ", ".join(bad[:5]) if bad else "tensors on another rank"
-        raise UserError(
-            f"refusing to save the checkpoint of step {state.step}: the model weights or optimizer state hold NaN or inf in "
-            f"{shown}; {previous}. The run diverged: lower the learning rate, set clip_grad_norm, or resume from an earlier "
-            "checkpoint",
-            path=str(state.run_dir),
-        )
-
-
 def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | None:
     """A sharded checkpoint: ``step-<N>/`` holding each rank's slices of the model and
     optimizer state (``torch.distributed.checkpoint``, which can load them at another
@@ -488,6 +490,8 @@ def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.
     final name and fsyncs the parent; a crash before the rename leaves a temporary
     folder that is never read and is removed by the next save.
 
+    The caller (``save_checkpoint``) has checked the slices for NaN and inf on every rank.
+
     Returns:
         The checkpoint's path on rank 0, None elsewhere.
     """
@@ -496,38 +500,22 @@ def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.
 
     from largebatch.dist import barrier
 
-    _sharded_non_finite(state)
     folder = state.run_dir / CHECKPOINT_DIR
     final = folder / f"step-{state.step:08d}"
     tmp = folder / f".{final.name}.tmp"
     if state.is_main:
-        if not folder.is_dir():
-            folder.mkdir(parents=True, exist_ok=True)
-            fsync_dir(folder.parent)
-        _remove_stale_temporaries(folder)
+        _checkpoint_folder(state.run_dir)
         tmp.mkdir()
     barrier()
     model_state, optimizer_state = get_state_dict(state.model, state.optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp))
     if state.is_main:
-        meta = {
-            "format": 2,
-            "sharded": True,
-            "scaler": state.scaler.state_dict() if state.scaler else None,
-            "counters": state._counters.state_dict(),
-            "hooks": hook_states(hooks),
-            "world_size": state.world_size,
-            "config": state.config,
-            "config_hash": config_hash(state.config),
-        }
-        atomic_torch_save(meta, tmp / SHARDED_META)
+        atomic_torch_save({"format": 2, "sharded": True, **_run_record(state, hooks)}, tmp / SHARDED_META)
         if final.exists():
             remove_checkpoint(final)
         os.replace(tmp, final)
         fsync_dir(folder)
-        atomic_write_bytes(folder / LATEST, final.name.encode())
-        for old in list_checkpoints(state.run_dir)[:-keep]:
-            remove_checkpoint(old)
+        _publish(final, state.run_dir, keep)
     barrier()
     return final if state.is_main else None
 

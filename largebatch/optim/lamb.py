@@ -239,10 +239,10 @@ class Lamb(torch.optim.Optimizer):
         groups = [self._collect(index, group) for index, group in enumerate(self.param_groups)]
         all_params = [p for _, params, _, _ in groups for p in params]
         shard_group = sharded.reduction_group(all_params)
+        clip = self._clip_coefficient([g for _, _, grads, _ in groups for g in grads])
         if shard_group is not None and self.foreach:
-            results = self._step_sharded(groups, shard_group, record)
+            results = self._step_sharded(groups, shard_group, clip, record)
         else:
-            clip = self._clip_coefficient([g for _, _, grads, _ in groups for g in grads])
             fn = self._group_foreach if self.foreach else self._group_per_tensor
             results = [fn(group, params, grads, clip, record) if params else None for group, params, grads, _ in groups]
         stats: dict[str, dict[str, Any]] = {}
@@ -284,27 +284,30 @@ class Lamb(torch.optim.Optimizer):
         return group, params, grads, names
 
     def _clip_coefficient(self, grads: list[Tensor]) -> Tensor | None:
-        """``min(1, max_norm / (global_norm + 1e-6))`` as ``clip_grad_norm_``, or None."""
+        """``min(1, max_norm / (global_norm + 1e-6))`` as ``clip_grad_norm_``, or None.
+        Sharded gradients: the global norm across shards, in one collective."""
         if self.max_grad_norm is None or not grads:
             return None
-        norms = torch._foreach_norm(grads)
-        device = grads[0].device
-        total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+        total = torch.linalg.vector_norm(sharded.grad_norms(grads))
         return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
 
-    def _step_sharded(self, groups: list, shard_group, record: bool) -> list[tuple[Tensor, Tensor, Tensor] | None]:
+    @staticmethod
+    def _bias_scalars(group: dict[str, Any], step: int) -> tuple[float, float]:
+        """``(scale, eps')`` with ``m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps')``:
+        the bias corrections as scalars instead of passes over every tensor."""
+        if not group["bias_correction"]:
+            return 1.0, group["eps"]
+        beta1, beta2 = group["betas"]
+        bc1, bc2_sqrt = 1 - beta1**step, math.sqrt(1 - beta2**step)
+        return bc2_sqrt / bc1, group["eps"] * bc2_sqrt
+
+    def _step_sharded(self, groups: list, shard_group, clip: Tensor | None, record: bool) -> list[tuple[Tensor, Tensor, Tensor] | None]:
         """The foreach step on FSDP2-sharded parameters: each rank updates its slices,
         and every norm of the step (weights and updates of all groups) is summed across
-        the shard group in one collective (``largebatch.optim.sharded``); a second one
-        when ``max_grad_norm`` clips inside the step. Same arithmetic as the unchunked
-        foreach path, so the trust ratios are the unsharded optimizer's."""
-        clip = None
-        if self.max_grad_norm is not None:
-            grad_norms = sharded.NormReduction(shard_group)
-            handle = grad_norms.add([g for _, _, grads, _ in groups for g in grads])
-            grad_norms.reduce()
-            total = torch.linalg.vector_norm(grad_norms.norms(handle))
-            clip = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+        the shard group in one collective (``largebatch.optim.sharded``); ``clip`` from
+        ``_clip_coefficient`` took a second one when ``max_grad_norm`` clips inside the
+        step. Same arithmetic as the unchunked foreach path, so the trust ratios are the
+        unsharded optimizer's."""
         reduction = sharded.NormReduction(shard_group)
         pending = []
         for group, params, grads, _ in groups:
@@ -325,11 +328,7 @@ class Lamb(torch.optim.Optimizer):
                 vs = sharded.locals_of(self.state[params[i]]["exp_avg_sq"] for i in idx)
                 if clip is not None:
                     gs = torch._foreach_mul(gs, clip)
-                if group["bias_correction"]:
-                    bc1, bc2_sqrt = 1 - beta1**step, math.sqrt(1 - beta2**step)
-                    scale, eps = bc2_sqrt / bc1, group["eps"] * bc2_sqrt
-                else:
-                    scale, eps = 1.0, group["eps"]
+                scale, eps = self._bias_scalars(group, step)
                 torch._foreach_lerp_(ms, gs, 1 - beta1)
                 torch._foreach_mul_(vs, beta2)
                 torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
@@ -517,13 +516,8 @@ class Lamb(torch.optim.Optimizer):
         if fused:
             scale, eps = 1.0, group["eps"]
             step_tensor = torch.tensor(float(step) if group["bias_correction"] else math.inf)
-        elif group["bias_correction"]:
-            # m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps * sqrt(bc2)):
-            # the bias corrections become scalars instead of passes over every tensor.
-            bc1, bc2_sqrt = 1 - beta1**step, math.sqrt(1 - beta2**step)
-            scale, eps = bc2_sqrt / bc1, group["eps"] * bc2_sqrt
         else:
-            scale, eps = 1.0, group["eps"]
+            scale, eps = self._bias_scalars(group, step)
         coupled_wd = 0.0 if decoupled else wd / scale  # u = scale * (u' + coupled_wd x)
         # Decoupled decay scales the weights by a scalar, so the decayed weight norm is
         # decay * ||x|| and the decay itself is done in the final pass over the weights.

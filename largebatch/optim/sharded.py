@@ -133,7 +133,7 @@ def grad_norms(grads: Sequence[Tensor]) -> Tensor:
     """The L2 norm of each of ``grads`` (sharded or not), in one collective when sharded."""
     group = reduction_group(grads)
     if group is None:
-        return torch.stack(torch._foreach_norm(list(grads)))
+        return torch.stack([n.to(grads[0].device) for n in torch._foreach_norm(list(grads))])
     reduction = NormReduction(group)
     handle = reduction.add(grads)
     reduction.reduce()
