@@ -108,3 +108,16 @@ def test_fp16_is_refused_under_fsdp():
     backend.precision = "bf16"
     policy = backend.fsdp_mixed_precision()
     assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_is_refused_by_a_sharded_run_with_the_fix(tmp_path):
+    path = write_config(tmp_path, tiny_config(**{"checkpoint.at_end": True}))
+    run_dir = tmp_path / "run"
+    assert run_cli("train.py", "--config", str(path), "--run-dir", str(run_dir), "--set", "max_steps=2").returncode == 0
+    command = ("train.py", "--config", str(path), "--run-dir", str(run_dir), "--resume", "auto")
+    # a different strategy is a config change like any other ...
+    assert_one_error_line(run_cli(*command, "--set", "dist.strategy=fsdp"), "dist.strategy ('ddp' -> 'fsdp')", "--resume-ignore-config")
+    # ... and accepting it still cannot turn one checkpoint format into the other
+    result = run_cli(*command, "--set", "dist.strategy=fsdp", "--resume-ignore-config")
+    assert_one_error_line(result, "step-00000002.pt", "this is a ddp checkpoint", "resume with the strategy it was made with")
