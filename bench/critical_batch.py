@@ -21,8 +21,8 @@ script runs on a GPU (``--set device=cuda``).
 
 Each trial is one ``largebatch train`` subprocess with a generated config:
 
-* the same epoch budget at every batch size (``--epochs``, 15 by default: batch 4,096
-  gets 180 steps), cosine decay to zero after a linear warmup whose length in epochs
+* the same epoch budget at every batch size (``--epochs``, 20 by default: batch 4,096
+  gets 240 steps), cosine decay to zero after a linear warmup whose length in epochs
   grows with the batch (``--warmup-epochs`` at batch 256, times batch / 256, at most a
   fifth of the run), so it is about the same number of steps at every batch size (as
   LAMB's ImageNet recipes scale it); clipping at norm 1.0;
@@ -31,7 +31,8 @@ Each trial is one ``largebatch train`` subprocess with a generated config:
   has two batch sizes to compare);
 * held-out and test accuracy evaluated at steps spaced by a factor ``--eval-ratio``
   (20%: the same relative resolution at every batch size) until both reach the target,
-  and after the last step (``StudyEval`` below).
+  and after the last step (``StudyEval`` below); both splits are decoded once and then
+  replayed from memory (``eval.cache``).
 
 Tuning, the same for every cell: the peak learning rate from a log grid with factor 2
 (``--grid-factor``), ``--initial`` points centred on the optimizer's rule (LAMB and
@@ -170,6 +171,7 @@ class StudyEval(Hook):
             rank=state.rank,
             world_size=state.world_size,
             device=state.backend.device,
+            cache=cfg["eval"]["cache"],
         )
 
     def after_step(self, state) -> None:
@@ -253,7 +255,7 @@ def trial_config(optimizer: str, batch: int, lr: float, args: argparse.Namespace
         "optimizer": dict(type=optimizer, lr=lr, weight_decay=recipe.weight_decay, **recipe.extra),
         "lr_schedule": dict(type="cosine", warmup_epochs=warmup, min_lr=0.0, scaling="none"),
         "data": dict(root=str(args.study_data), eval_split=HELDOUT_SPLIT, num_workers=0),
-        "eval": dict(interval_epochs=0, at_end=True, batch_size=args.eval_batch),
+        "eval": dict(interval_epochs=0, at_end=True, batch_size=args.eval_batch, cache=True),
         "checkpoint": dict(interval_epochs=0, at_end=False),
         "log": dict(interval=max(1, (steps_per_epoch * args.epochs) // 100)),
         "hooks": hooks,
@@ -601,7 +603,12 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         for opt in optimizers
     ]
     total = sum(t.get("seconds", 0) for t in results["trials"])
-    lines += ["", f"{len(results['trials'])} trials, {total / 3600:.2f} hours of trial time in all."]
+    summary = f"{len(results['trials'])} trials, {total / 3600:.2f} hours of trial time in all"
+    if results.get("wall_seconds"):
+        summary += (
+            f"; {results['wall_seconds'] / 3600:.2f} hours of wall-clock time (each invocation counted up to its last finished trial)"
+        )
+    lines += ["", summary + "."]
     if results.get("reading"):
         lines += ["", "## Reading", "", results["reading"]]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
@@ -682,6 +689,7 @@ def pending(results: dict, args: argparse.Namespace, running: set[str]) -> list[
 
 def run_study(results: dict, json_path: pathlib.Path, args: argparse.Namespace) -> None:
     running: dict[str, tuple[subprocess.Popen, pathlib.Path, tuple[str, int, float], float]] = {}
+    started, wall_before = time.time(), results.get("wall_seconds", 0.0)
     try:
         while True:
             for opt, batch, lr in pending(results, args, set(running)):
@@ -697,6 +705,7 @@ def run_study(results: dict, json_path: pathlib.Path, args: argparse.Namespace) 
                 proc, work, (opt, batch, lr), start = running.pop(key)
                 record = finish_trial(proc, work, opt, batch, lr, args.target, time.time() - start)
                 results["trials"].append(record)
+                results["wall_seconds"] = round(wall_before + time.time() - started, 1)
                 save_results(results, json_path)
                 print(f"{key}: {trial_line(record)} ({record['seconds']:.0f}s)", flush=True)
     finally:
@@ -711,7 +720,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--optimizers", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--batches", type=int, nargs="+", default=[256, 1024, 4096, 16384])
-    parser.add_argument("--epochs", type=int, default=15, help="the epoch budget of every trial")
+    parser.add_argument("--epochs", type=int, default=20, help="the epoch budget of every trial")
     parser.add_argument("--target", type=float, default=0.85, help="top-1 accuracy (0-1) to reach")
     parser.add_argument("--micro", type=int, default=128, help="micro-batch size of every trial")
     parser.add_argument("--warmup-epochs", type=float, default=0.05, help="warmup at batch 256; grows with the batch")

@@ -159,6 +159,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
             rank=info.rank,
             world_size=info.world_size,
             device=backend.device,
+            cache=cfg["eval"]["cache"],
         )
 
     state = TrainState(

@@ -153,6 +153,12 @@ SCHEMA = Section(
                 "interval_epochs": Field(int, 1, "evaluate every N epochs (0: only at the end)", low=0),
                 "at_end": Field(bool, True, "evaluate after training"),
                 "batch_size": Field(int, None, "evaluation batch per device (default: micro_batch_size)", low=1, nullable=True),
+                "cache": Field(
+                    bool,
+                    False,
+                    "keep the evaluation batches (float32, on the device) after the first pass and replay them; "
+                    "for small evaluation sets evaluated often",
+                ),
             }
         ),
         "log": Section(

@@ -58,5 +58,56 @@ def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, 
     return loader_module(data_cfg).build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
 
 
-def build_eval_loader(data_cfg: dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device):
-    return loader_module(data_cfg).build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
+def build_eval_loader(
+    data_cfg: dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device, cache: bool = False
+):
+    """The evaluation loader of ``data.loader``; ``cache=True`` (``eval.cache``) wraps it
+    in a ``CachedEvalLoader``."""
+    loader = loader_module(data_cfg).build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
+    return CachedEvalLoader(loader) if cache else loader
+
+
+class CachedEvalLoader:
+    """An evaluation loader whose first complete pass is kept: later passes replay the
+    same batches without reading, decoding or transferring anything.
+
+    What is kept is what the model receives: float32 images and labels on the device,
+    ``4 * channels * height * width`` bytes an image (31 MB for Fashion-MNIST's 10,000
+    test images at 28 px, 30 GB for ImageNet's 50,000 validation images at 224 px), so
+    it suits small evaluation sets that are evaluated often (a steps-to-target study
+    evaluates dozens of times). Evaluation images are not augmented, so every pass is
+    the same; a pass stopped part-way is not kept.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.num_samples = loader.num_samples
+        self.num_classes = loader.num_classes
+        self._batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+
+    def close(self) -> None:
+        self._batches = None
+        self.loader.close()
+
+    def __iter__(self):
+        if self._batches is not None:
+            yield from self._batches
+            return
+        kept = []
+        for images, labels in self.loader:
+            # A copy: a loader may hand over buffers it refills for its next batch.
+            kept.append((images.clone(), labels.clone()))
+            yield kept[-1]
+        self._batches = kept

@@ -113,7 +113,8 @@ def decode_crop_resize(
     channels: int,
     header: tuple[int, int] | None = None,
     flip: bool = False,
-) -> torch.Tensor:
+    out: np.ndarray | None = None,
+) -> torch.Tensor | np.ndarray:
     """Decode ``jpeg`` at the smallest sufficient DCT scale, crop ``box``, resize, flip.
 
     Args:
@@ -123,9 +124,13 @@ def decode_crop_resize(
         channels: 3 (RGB) or 1 (gray).
         header: ``(height, width)`` if already read from the header.
         flip: mirror the output left-right.
+        out: a ``uint8`` array ``(channels, image_size, image_size)`` to write into
+            (a loader's batch slot); a crop that needs no resizing then never leaves
+            NumPy, which saves most of the per-image overhead on small images.
 
     Returns:
-        Contiguous ``uint8`` tensor ``(channels, image_size, image_size)``.
+        ``out`` when given, else a new contiguous ``uint8`` tensor
+        ``(channels, image_size, image_size)``.
 
     Raises:
         ValueError: when the JPEG does not decode.
@@ -144,14 +149,23 @@ def decode_crop_resize(
     y0 = min(round(top * sy), pixels.shape[0] - 1)
     x1 = min(max(round((left + crop_w) * sx), x0 + 1), pixels.shape[1])
     y1 = min(max(round((top + crop_h) * sy), y0 + 1), pixels.shape[0])
+    crop = pixels[y0:y1, x0:x1]
+    if crop.shape[:2] == (image_size, image_size):
+        resized = crop[:, ::-1] if flip else crop
+        if out is None:
+            return torch.from_numpy(np.ascontiguousarray(resized.transpose(2, 0, 1)))
+        out[...] = resized.transpose(2, 0, 1)
+        return out
     # An HWC view is channels-last NCHW for torch: its uint8 antialias kernel's fast layout.
-    crop = torch.from_numpy(pixels)[y0:y1, x0:x1].permute(2, 0, 1).unsqueeze(0)
-    if crop.shape[-2:] == (image_size, image_size):
-        out = crop[0]
-    else:
-        out = F.interpolate(
-            crop, size=(image_size, image_size), mode="bilinear", antialias=True
-        )[0]
+    image = F.interpolate(
+        torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0),
+        size=(image_size, image_size),
+        mode="bilinear",
+        antialias=True,
+    )[0]
     if flip:
-        out = out.flip(-1)
-    return out.contiguous()
+        image = image.flip(-1)
+    if out is None:
+        return image.contiguous()
+    torch.from_numpy(out).copy_(image)
+    return out

@@ -94,7 +94,7 @@ def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
     return _field(1, _LEN, entries)
 
 
-def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= end:
@@ -109,68 +109,80 @@ def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
             raise ExampleDecodeError("varint longer than 10 bytes")
 
 
-def _fields(buf: memoryview, pos: int, end: int):
-    """Yield ``(field_number, wire_type, value)``; value is an int or a (start, stop) span."""
-    while pos < end:
+def _field_at(buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
+    """The field that starts at ``pos``: ``(number, wire_type, value, next_pos)``.
+
+    ``value`` is the integer of a varint field and the payload's first byte for the
+    others (their payload ends at ``next_pos``). One-byte keys and lengths, nearly all
+    of them in an Example, take the short path.
+    """
+    key = buf[pos]
+    if key < 0x80:
+        pos += 1
+    else:
         key, pos = _read_varint(buf, pos, end)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == _VARINT:
-            value, pos = _read_varint(buf, pos, end)
-            yield number, wire_type, value
-        elif wire_type == _LEN:
-            length, pos = _read_varint(buf, pos, end)
-            if pos + length > end:
-                raise ExampleDecodeError(
-                    f"field {number} claims {length} bytes, only {end - pos} left"
-                )
-            yield number, wire_type, (pos, pos + length)
-            pos += length
-        elif wire_type == _FIXED64:
-            if pos + 8 > end:
-                raise ExampleDecodeError("truncated fixed64")
-            yield number, wire_type, (pos, pos + 8)
-            pos += 8
-        elif wire_type == _FIXED32:
-            if pos + 4 > end:
-                raise ExampleDecodeError("truncated fixed32")
-            yield number, wire_type, (pos, pos + 4)
-            pos += 4
+    wire_type = key & 7
+    if wire_type == _LEN:
+        if pos >= end:
+            raise ExampleDecodeError("truncated length")
+        length = buf[pos]
+        if length < 0x80:
+            pos += 1
         else:
+            length, pos = _read_varint(buf, pos, end)
+        stop = pos + length
+        if stop > end:
             raise ExampleDecodeError(
-                f"unsupported wire type {wire_type} for field {number}"
+                f"field {key >> 3} claims {length} bytes, only {end - pos} left"
             )
+        return key >> 3, wire_type, pos, stop
+    if wire_type == _VARINT:
+        value, pos = _read_varint(buf, pos, end)
+        return key >> 3, wire_type, value, pos
+    width = 8 if wire_type == _FIXED64 else 4 if wire_type == _FIXED32 else 0
+    if not width:
+        raise ExampleDecodeError(
+            f"unsupported wire type {wire_type} for field {key >> 3}"
+        )
+    if pos + width > end:
+        raise ExampleDecodeError(f"truncated fixed{8 * width}")
+    return key >> 3, wire_type, pos, pos + width
 
 
 def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _decode_feature(buf: memoryview, start: int, end: int) -> list:
+def _decode_feature(buf: bytes, pos: int, end: int) -> list:
     values: list = []
-    for kind, wire_type, span in _fields(buf, start, end):
+    while pos < end:
+        kind, wire_type, start, pos = _field_at(buf, pos, end)
         if wire_type != _LEN:
             raise ExampleDecodeError(f"Feature field {kind} has wire type {wire_type}")
-        lo, hi = span
-        for number, item_type, item in _fields(buf, lo, hi):
+        at = start
+        while at < pos:
+            number, item_type, item, at = _field_at(buf, at, pos)
             if number != 1:
                 continue
             if kind == 1:  # bytes_list
-                values.append(bytes(buf[item[0] : item[1]]))
+                if item_type != _LEN:
+                    raise ExampleDecodeError(f"bytes_list value has wire type {item_type}")
+                values.append(buf[item:at])
             elif kind == 3:  # int64_list, packed or not
                 if item_type == _LEN:
-                    pos, stop = item
-                    while pos < stop:
-                        value, pos = _read_varint(buf, pos, stop)
+                    while item < at:
+                        value, item = _read_varint(buf, item, at)
                         values.append(_signed64(value))
-                else:
+                elif item_type == _VARINT:
                     values.append(_signed64(item))
+                else:
+                    raise ExampleDecodeError(f"int64_list value has wire type {item_type}")
             elif kind == 2:  # float_list, packed or not
-                chunk = bytes(buf[item[0] : item[1]])
-                if len(chunk) % 4:
+                if item_type not in (_LEN, _FIXED32) or (at - item) % 4:
                     raise ExampleDecodeError(
                         "float_list payload is not a whole number of floats"
                     )
-                values.extend(struct.unpack(f"<{len(chunk) // 4}f", chunk))
+                values.extend(struct.unpack(f"<{(at - item) // 4}f", buf[item:at]))
     return values
 
 
@@ -181,30 +193,42 @@ def decode_example(
 
     Args:
         data: the serialised message (a TFRecord's payload).
-        keys: only decode these features (all when ``None``).
+        keys: only decode these features (all when ``None``); the others are skipped
+            without decoding their values.
 
     Returns:
-        Feature name to its list of values (``bytes``, ``int`` or ``float``).
+        Feature name to its list of values (``bytes``, ``int`` or ``float``). A name
+        that occurs twice keeps its last value, as protobuf's map fields do.
 
     Raises:
         ExampleDecodeError: when the bytes are not a well-formed Example.
     """
-    buf = memoryview(data)
-    wanted = set(keys) if keys is not None else None
+    buf = data if isinstance(data, bytes) else bytes(data)
+    wanted = None if keys is None else {key.encode() for key in keys}
     out: dict[str, list] = {}
-    for number, wire_type, span in _fields(buf, 0, len(buf)):
+    pos, end = 0, len(buf)
+    while pos < end:
+        number, wire_type, start, pos = _field_at(buf, pos, end)
         if number != 1 or wire_type != _LEN:
             continue
-        for entry_number, entry_type, entry_span in _fields(buf, *span):
-            if entry_number != 1 or entry_type != _LEN:
+        while start < pos:  # Features: map entries
+            entry, entry_type, at, start = _field_at(buf, start, pos)
+            if entry != 1 or entry_type != _LEN:
                 continue
-            name, value_span = None, None
-            for part, part_type, part_span in _fields(buf, *entry_span):
-                if part == 1 and part_type == _LEN:
-                    name = bytes(buf[part_span[0] : part_span[1]]).decode()
-                elif part == 2 and part_type == _LEN:
-                    value_span = part_span
+            name = value = None
+            while at < start:  # one entry: key = 1, value = 2
+                part, part_type, part_start, at = _field_at(buf, at, start)
+                if part_type != _LEN:
+                    continue
+                if part == 1:
+                    name = buf[part_start:at]
+                elif part == 2:
+                    value = (part_start, at)
             if name is None or (wanted is not None and name not in wanted):
                 continue
-            out[name] = _decode_feature(buf, *value_span) if value_span else []
+            try:
+                text = name.decode()
+            except UnicodeDecodeError as err:
+                raise ExampleDecodeError(f"feature name is not UTF-8 ({err})") from err
+            out[text] = _decode_feature(buf, *value) if value else []
     return out

@@ -101,7 +101,8 @@ class _MicroBatchDataset(Dataset):
     def __len__(self) -> int:  # pragma: no cover - the sampler drives indexing
         return len(self._batches)
 
-    def _load(self, index: int, draws: np.ndarray | None) -> tuple[torch.Tensor, int]:
+    def _load(self, index: int, draws: np.ndarray | None, out: np.ndarray) -> int:
+        """Decode sample ``index`` into ``out`` (uint8 CHW) and return its label."""
         data = self.shards.read(index)
         try:
             features = decode_example(data, _KEYS)
@@ -128,14 +129,14 @@ class _MicroBatchDataset(Dataset):
                 flip = bool(draws[AUGMENTATION_DRAWS - 1] < self.hflip)
             else:
                 box = center_crop_box(height, width, self.size, self.crop_ratio)
-            pixels = decode_crop_resize(
-                jpeg, box, self.size, self.channels, (height, width), flip
+            decode_crop_resize(
+                jpeg, box, self.size, self.channels, (height, width), flip, out
             )
         except ValueError as err:
             raise DataError(
                 f"{self.shards.where(index)}: JPEG does not decode ({err})"
             ) from err
-        return pixels, label
+        return label
 
     def __getitem__(self, item: tuple[int, int]):
         epoch, number = item
@@ -148,18 +149,19 @@ class _MicroBatchDataset(Dataset):
         images = torch.empty(
             (len(indices), self.channels, self.size, self.size), dtype=torch.uint8
         )
-        labels = torch.empty(len(indices), dtype=torch.int64)
+        labels = np.empty(len(indices), dtype=np.int64)
         draws = (
             augmentation_uniforms(self.seed, epoch, indices) if self.train else None
         )
+        slots = images.numpy()
         try:
             for j, index in enumerate(indices.tolist()):
-                images[j], labels[j] = self._load(
-                    index, None if draws is None else draws[j]
+                labels[j] = self._load(
+                    index, None if draws is None else draws[j], slots[j]
                 )
         except DataError as err:
             return err.render()
-        return images, labels
+        return images, torch.from_numpy(labels)
 
 
 class _EpochSampler(Sampler):

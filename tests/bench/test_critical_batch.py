@@ -171,7 +171,8 @@ def test_report_renders_from_results(tmp_path):
 
 def test_trial_config_validates_with_the_warmup_grown_with_the_batch():
     args = study_args(train_samples=52500, study_data=FMNIST)
-    for batch, warmup in [(256, 0.05), (4096, 0.8), (16384, 3.0)]:  # 16384: 3.2 epochs, capped at a fifth of 15
+    # 32768: 6.4 epochs, capped at a fifth of the 20-epoch budget
+    for batch, warmup in [(256, 0.05), (4096, 0.8), (16384, 3.2), (32768, 4.0)]:
         text = cb.trial_config("lamb", batch, 0.01, args)
         path = (REPO / "bench" / ".cache").joinpath(f"trial-{batch}.py")
         path.parent.mkdir(exist_ok=True)
@@ -181,6 +182,7 @@ def test_trial_config_validates_with_the_warmup_grown_with_the_batch():
         assert cfg["global_batch_size"] == batch and cfg["micro_batch_size"] == 128
         assert cfg["optimizer"]["lr"] == 0.01 and cfg["lr_schedule"]["scaling"] == "none"
         assert cfg["data"]["eval_split"] == "heldout" and cfg["partial_window"] == "drop"
+        assert cfg["eval"]["cache"] is True  # held-out and test sets decoded once per trial
         assert [h["type"] for h in cfg["hooks"]][0] == "noise_scale"
 
 

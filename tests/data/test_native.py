@@ -108,6 +108,19 @@ def test_eval_covers_every_record_once(unique_shards):
     assert sorted(seen) == list(range(20))
 
 
+def count_decodes(monkeypatch) -> list[int]:
+    """The sample indices the native loader decodes from now on, in order."""
+    decoded = []
+    original = native._MicroBatchDataset._load
+
+    def counting(self, index, draws, out):
+        decoded.append(index)
+        return original(self, index, draws, out)
+
+    monkeypatch.setattr(native._MicroBatchDataset, "_load", counting)
+    return decoded
+
+
 def test_resume_continues_at_next_micro_batch_without_decoding_skipped(
     unique_shards, monkeypatch
 ):
@@ -125,14 +138,7 @@ def test_resume_continues_at_next_micro_batch_without_decoding_skipped(
     state = first.state_dict()
     assert state == {"epoch": 1, "micro_batch": 2}
 
-    decoded = []
-    original = native._MicroBatchDataset._load
-
-    def counting(self, index, draws):
-        decoded.append(index)
-        return original(self, index, draws)
-
-    monkeypatch.setattr(native._MicroBatchDataset, "_load", counting)
+    decoded = count_decodes(monkeypatch)
     resumed = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     resumed.load_state_dict(state)
     resumed.set_epoch(1)
@@ -197,3 +203,25 @@ def test_grayscale_fashion_mnist(fmnist_shards):
     )
     assert images.shape == (16, 1, 28, 28) and labels.max() < 10
     assert np.isfinite(images.numpy()).all()
+
+
+def test_cached_eval_replays_the_first_pass_without_decoding(unique_shards, monkeypatch):
+    from largebatch import data as data_mod
+
+    cfg = data_cfg(unique_shards, 48, loader="native")
+    reference = list(native.build_eval_loader(cfg, batch_size=3, rank=1, world_size=2, device=CPU))
+    decoded = count_decodes(monkeypatch)
+    cached = data_mod.build_eval_loader(cfg, batch_size=3, rank=1, world_size=2, device=CPU, cache=True)
+    assert len(cached) == len(reference) and cached.num_samples == 20
+    stopped = iter(cached)
+    next(stopped)
+    stopped.close()  # a pass stopped part-way is not kept: the next pass reads again
+    decoded.clear()
+    for attempt in range(3):
+        batches = list(cached)
+        assert len(batches) == len(reference)
+        for (images, labels), (ref_images, ref_labels) in zip(batches, reference, strict=True):
+            assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
+        # the first complete pass decodes every record of the rank once, later ones none
+        assert len(decoded) == 10, attempt
+    cached.close()

@@ -125,3 +125,95 @@ def test_shardset_random_access_and_count(tmp_path):
     assert shards.read(4) == b"1-2"
     assert shards.read(8) == b"2-3"
     assert shards.locate(5) == (2, 0)
+
+
+def _protobuf_example_class():
+    """``tf.train.Example`` built from its ``.proto`` definition with the protobuf runtime
+    (installed with the tensorboard extra), the reference the codec is checked against."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    proto = descriptor_pb2.FileDescriptorProto(name="example_ref.proto", package="ref", syntax="proto3")
+    label, msg_type = descriptor_pb2.FieldDescriptorProto, descriptor_pb2.FieldDescriptorProto
+    repeated, optional = label.LABEL_REPEATED, label.LABEL_OPTIONAL
+
+    def message(name, *fields):
+        m = proto.message_type.add(name=name)
+        for number, fname, kind, lab, type_name in fields:
+            field = m.field.add(name=fname, number=number, type=kind, label=lab)
+            if type_name:
+                field.type_name = type_name
+        return m
+
+    message("BytesList", (1, "value", msg_type.TYPE_BYTES, repeated, None))
+    message("FloatList", (1, "value", msg_type.TYPE_FLOAT, repeated, None))
+    message("Int64List", (1, "value", msg_type.TYPE_INT64, repeated, None))
+    feature = message(
+        "Feature",
+        (1, "bytes_list", msg_type.TYPE_MESSAGE, optional, ".ref.BytesList"),
+        (2, "float_list", msg_type.TYPE_MESSAGE, optional, ".ref.FloatList"),
+        (3, "int64_list", msg_type.TYPE_MESSAGE, optional, ".ref.Int64List"),
+    )
+    feature.oneof_decl.add(name="kind")
+    for f in feature.field:
+        f.oneof_index = 0
+    features = message("Features", (1, "feature", msg_type.TYPE_MESSAGE, repeated, ".ref.Features.FeatureEntry"))
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.field.add(name="key", number=1, type=msg_type.TYPE_STRING, label=optional)
+    entry.field.add(name="value", number=2, type=msg_type.TYPE_MESSAGE, label=optional, type_name=".ref.Feature")
+    entry.options.map_entry = True
+    message("Example", (1, "features", msg_type.TYPE_MESSAGE, optional, ".ref.Features"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("ref.Example"))
+
+
+def _reference_decode(example) -> dict[str, list]:
+    out = {}
+    for name, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        out[name] = [] if kind is None else list(getattr(feature, kind).value)
+    return out
+
+
+def test_example_decoder_matches_protobuf_on_random_examples():
+    Example = _protobuf_example_class()
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        message = Example()
+        for k in range(int(rng.integers(0, 9))):
+            feature = message.features.feature[f"f{k}/{'é' * int(rng.integers(0, 2))}{'x' * int(rng.integers(0, 200))}"]
+            kind = int(rng.integers(0, 4))
+            n = int(rng.integers(0, 6 if trial % 7 else 300))
+            if kind == 0:
+                feature.bytes_list.value.extend(rng.bytes(int(rng.integers(0, 300))) for _ in range(n))
+            elif kind == 1:
+                feature.float_list.value.extend(rng.standard_normal(n).astype(np.float32).tolist())
+            elif kind == 2:
+                feature.int64_list.value.extend(int(v) for v in rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64))
+            # kind 3: a Feature with no list set
+        data = message.SerializeToString(deterministic=True)
+        assert decode_example(data) == _reference_decode(message)
+        names = list(message.features.feature)
+        if names:
+            keep = names[: len(names) // 2 + 1]
+            assert decode_example(data, keep) == {n: _reference_decode(message)[n] for n in keep}
+
+
+def test_example_decoder_agrees_with_protobuf_on_every_truncation():
+    Example = _protobuf_example_class()
+    from google.protobuf.message import DecodeError
+
+    message = Example()
+    message.features.feature["image/encoded"].bytes_list.value.append(bytes(range(200)))
+    message.features.feature["image/class/label"].int64_list.value.extend([417, -3, 2**40])
+    message.features.feature["weights"].float_list.value.extend([0.5, -2.25])
+    data = message.SerializeToString(deterministic=True)
+    for cut in range(len(data)):
+        reference = Example()
+        try:
+            reference.ParseFromString(data[:cut])
+        except DecodeError:
+            with pytest.raises(ExampleDecodeError):
+                decode_example(data[:cut])
+        else:
+            assert decode_example(data[:cut]) == _reference_decode(reference)
