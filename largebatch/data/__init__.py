@@ -3,7 +3,9 @@
 ``data.loader`` picks a module (``synthetic``, ``native``, ``dali``, ``mediapipe``); each
 module offers ``count_samples(data_cfg, split)``, ``build_train_loader(data_cfg, plan, *,
 rank, seed, device)`` and ``build_eval_loader(data_cfg, *, batch_size, rank, world_size,
-device)``. A loader:
+device)``. A loader (typed as ``largebatch.data.base.Loader``, a ``typing.Protocol``; the
+built-in ones share ``base.IndexedLoader``, which owns the epoch, the position and the
+state, and keep only their pipelines):
 
 * has ``len()``: the micro-batches this rank yields per epoch (for training,
   ``plan.micro_batches_per_epoch``, following ``sharding.rank_train_indices``);

@@ -51,11 +51,10 @@ import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
-from largebatch.data.native import _cfg, _check_channels
-from largebatch.data.sharding import rank_eval_indices, rank_train_indices
+from largebatch.data.base import IndexedLoader, MicroBatches, check_normalisation, eval_shards, setting, train_shards
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
-from largebatch.randomness import CROP_ATTEMPTS, augmentation_uniforms
+from largebatch.randomness import CROP_ATTEMPTS
 
 __all__ = ["DaliLoader", "build_eval_loader", "build_train_loader", "count_samples"]
 
@@ -76,9 +75,7 @@ def _import_dali():
     return fn, tfrec, types, pipeline_def, DALIGenericIterator, LastBatchPolicy
 
 
-def write_run_indexes(
-    shards: ShardSet, batches: list[np.ndarray], folder: str
-) -> tuple[list[str], list[str]]:
+def write_run_indexes(shards: ShardSet, batches: list[np.ndarray], folder: str) -> tuple[list[str], list[str]]:
     """Index files that make DALI's reader yield ``batches`` (each sorted within itself).
 
     Returns:
@@ -145,88 +142,42 @@ def crop_window(jpegs, draws, scale: tuple[float, float], ratio: tuple[float, fl
     return left, top, crop_w, crop_h
 
 
-class DaliLoader:
-    """A DALI pipeline per epoch, following the loader contract (see module docstring).
-
-    Attributes:
-        num_samples: records in the split (all ranks together).
-        num_classes: classes (labels are 0-based on output).
-    """
+class DaliLoader(IndexedLoader):
+    """A DALI pipeline per epoch, following the loader contract (``IndexedLoader``)."""
 
     def __init__(
         self,
         shards: ShardSet,
-        num_batches: int,
-        batches_for_epoch,
+        batches: MicroBatches,
         *,
-        train: bool,
         data_cfg: dict,
         seed: int,
         rank: int,
         device: torch.device,
     ) -> None:
         self._dali = _import_dali()
+        super().__init__(len(shards), setting(data_cfg, "num_classes"), batches, device)
         self.shards = shards
-        self.num_samples = len(shards)
-        self.num_classes = int(_cfg(data_cfg, "num_classes"))
-        self.device = torch.device(device)
-        self.epoch = 0
-        self._start = 0
-        self._position = 0
-        self._num_batches = num_batches
-        self._batches_for_epoch = batches_for_epoch
-        self._train = train
         self._seed = seed
         self._rank = rank
         self._cfg = data_cfg
         self._label_offset = int(data_cfg.get("label_offset", 0))
-        self._channels = int(_cfg(data_cfg, "channels"))
-        if (
-            len(_cfg(data_cfg, "mean")) != self._channels
-            or len(_cfg(data_cfg, "std")) != self._channels
-        ):
-            raise UserError(
-                f"data.mean and data.std need {self._channels} values (data.channels)",
-                key="data.mean",
-            )
+        self._mean, self._std = check_normalisation(data_cfg)
+        self._channels = len(self._mean)
         self._folder = tempfile.mkdtemp(prefix="largebatch-dali-")
         # GPU decoding whenever the run's device (the backend's) is a CUDA GPU; on any
         # other device (CPU, or an HPU running a config written for GPUs) the pipeline
         # runs on the CPU and batches are copied to the device.
         self._use_gpu = self.device.type == "cuda"
 
-    def __len__(self) -> int:
-        """Micro-batches this rank yields per epoch (a resumed epoch yields the rest of them)."""
-        return self._num_batches
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._start = 0
-        self.epoch = int(epoch)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "micro_batch": self._position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
-        self._start = self._position = min(int(state["micro_batch"]), len(self))
-
     def _pipeline(self, paths: list[str], index_paths: list[str], batches: list[np.ndarray]):
         fn, tfrec, types, pipeline_def, _, _ = self._dali
         cfg = self._cfg
         size = int(cfg["image_size"])
         gray = self._channels == 1
-        mean = [float(m) * 255 for m in cfg["mean"]]
-        std = [float(s) * 255 for s in cfg["std"]]
-        device_id = (
-            (
-                self.device.index
-                if self.device.index is not None
-                else torch.cuda.current_device()
-            )
-            if self._use_gpu
-            else None
-        )
+        mean = [m * 255 for m in self._mean]
+        std = [s * 255 for s in self._std]
+        device_id = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if self._use_gpu else None
         decode_device = "mixed" if self._use_gpu else "cpu"
         ops_device = "gpu" if self._use_gpu else "cpu"
         output_type = types.GRAY if gray else types.RGB
@@ -236,7 +187,7 @@ class DaliLoader:
             # The reader yields each micro-batch's records in index order (write_run_indexes).
             if info.iteration >= len(sorted_batches):
                 raise StopIteration
-            return augmentation_uniforms(self._seed, epoch, sorted_batches[info.iteration])
+            return self.batches.draws(epoch, sorted_batches[info.iteration])
 
         @pipeline_def(
             batch_size=max(len(b) for b in batches),
@@ -257,10 +208,8 @@ class DaliLoader:
                 name=_READER,
             )
             jpegs, labels = record["image/encoded"], record["image/class/label"]
-            if self._train:
-                draws = fn.external_source(
-                    source=sample_draws, batch=True, batch_info=True, dtype=types.FLOAT64
-                )
+            if self.batches.train:
+                draws = fn.external_source(source=sample_draws, batch=True, batch_info=True, dtype=types.FLOAT64)
                 left, top, crop_w, crop_h = crop_window(
                     jpegs, draws, tuple(cfg.get("scale", (0.08, 1.0))), tuple(cfg.get("ratio", (3 / 4, 4 / 3)))
                 )
@@ -274,15 +223,11 @@ class DaliLoader:
                     normalized_anchor=False,
                     normalized_shape=False,
                 )
-                images = fn.resize(
-                    images, device=ops_device, resize_x=size, resize_y=size
-                )
+                images = fn.resize(images, device=ops_device, resize_x=size, resize_y=size)
                 mirror = fn.cast(draws[2 * CROP_ATTEMPTS + 2] < float(cfg.get("hflip", 0.5)), dtype=types.INT32)
                 crop = None
             else:
-                images = fn.decoders.image(
-                    jpegs, device=decode_device, output_type=output_type
-                )
+                images = fn.decoders.image(jpegs, device=decode_device, output_type=output_type)
                 shorter = size / float(cfg.get("eval_crop_ratio", 0.875))
                 images = fn.resize(images, device=ops_device, resize_shorter=shorter)
                 mirror, crop = 0, (size, size)
@@ -307,28 +252,15 @@ class DaliLoader:
 
         for index in batch.tolist():
             try:
-                simplejpeg.decode_jpeg(
-                    decode_example(self.shards.read(index), ["image/encoded"])[
-                        "image/encoded"
-                    ][0]
-                )
+                simplejpeg.decode_jpeg(decode_example(self.shards.read(index), ["image/encoded"])["image/encoded"][0])
             except DataError as bad:
                 return bad
             except Exception as bad:  # noqa: BLE001 - any failure here names the record
-                return DataError(
-                    f"{self.shards.where(index)}: JPEG does not decode ({bad})"
-                )
-        return DataError(
-            f"DALI pipeline failed on a micro-batch of {self.shards.split!r}: {str(err).splitlines()[0]}"
-        )
+                return DataError(f"{self.shards.where(index)}: JPEG does not decode ({bad})")
+        return DataError(f"DALI pipeline failed on a micro-batch of {self.shards.split!r}: {str(err).splitlines()[0]}")
 
-    def __iter__(self):
+    def _iterate(self, batches):
         _, _, _, _, iterator_class, policy = self._dali
-        batches = self._batches_for_epoch(self.epoch)[self._start :]
-        self._position = self._start
-        if not batches:
-            self._start = 0
-            return
         for name in os.listdir(self._folder):
             os.unlink(os.path.join(self._folder, name))
         paths, index_paths = write_run_indexes(self.shards, batches, self._folder)
@@ -341,35 +273,28 @@ class DaliLoader:
             auto_reset=False,
         )
         try:
-            for number, batch in enumerate(batches):
+            for batch in batches:
                 try:
                     out = next(iterator)[0]
                 except StopIteration:
-                    raise AssertionError(
-                        "DALI ran out of records before the epoch's micro-batches"
-                    ) from None
+                    raise AssertionError("DALI ran out of records before the epoch's micro-batches") from None
                 except RuntimeError as err:
                     raise self._name_bad_record(batch, err) from err
-                images, labels = (
-                    out["images"],
-                    out["labels"].view(-1) - self._label_offset,
-                )
-                bad = (labels < 0) | (labels >= self.num_classes)
-                if bool(bad.any()):
-                    index = int(np.sort(batch)[int(bad.nonzero()[0, 0])])
-                    raise DataError(
-                        f"{self.shards.where(index)}: label {int(labels[bad][0]) + self._label_offset} is outside "
-                        f"{self._label_offset}..{self._label_offset + self.num_classes - 1} "
-                        f"(data.num_classes {self.num_classes}, data.label_offset {self._label_offset})"
-                    )
-                self._position = self._start + number + 1
-                yield (
-                    images.to(self.device, non_blocking=True),
-                    labels.to(self.device, non_blocking=True),
-                )
+                images, labels = out["images"], out["labels"].view(-1) - self._label_offset
+                self._check_labels(batch, labels)
+                yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         finally:
-            self._start = 0
             del iterator, pipe
+
+    def _check_labels(self, batch: np.ndarray, labels: torch.Tensor) -> None:
+        bad = (labels < 0) | (labels >= self.num_classes)
+        if bool(bad.any()):
+            index = int(np.sort(batch)[int(bad.nonzero()[0, 0])])
+            raise DataError(
+                f"{self.shards.where(index)}: label {int(labels[bad][0]) + self._label_offset} is outside "
+                f"{self._label_offset}..{self._label_offset + self.num_classes - 1} "
+                f"(data.num_classes {self.num_classes}, data.label_offset {self._label_offset})"
+            )
 
     def close(self) -> None:
         """Remove the epoch's index files (idempotent)."""
@@ -379,21 +304,7 @@ class DaliLoader:
         self.close()
 
 
-class _TrainBatches:
-    def __init__(self, plan: BatchPlan, rank: int, seed: int) -> None:
-        self.plan, self.rank, self.seed = plan, rank, seed
-
-    def __call__(self, epoch: int) -> list[np.ndarray]:
-        return list(
-            rank_train_indices(self.plan, self.rank, self.seed, epoch).reshape(
-                -1, self.plan.micro_batch_size
-            )
-        )
-
-
-def build_train_loader(
-    data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device
-) -> DaliLoader:
+def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> DaliLoader:
     """The DALI training loader of ``rank``; same contract and samples as the native one.
 
     Raises:
@@ -401,48 +312,13 @@ def build_train_loader(
         DataError: missing or inconsistent shards or index files.
     """
     _import_dali()
-    _check_channels(data_cfg)
-    shards = ShardSet(
-        _cfg(data_cfg, "root"), data_cfg.get("train_split", "train"), verify_crc=False
-    )
-    if len(shards) != plan.num_samples:
-        raise UserError(
-            f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
-            f"{len(shards)} in split {shards.split!r}; build the plan from count_samples()",
-            key="data.root",
-        )
-    return DaliLoader(
-        shards,
-        plan.micro_batches_per_epoch,
-        _TrainBatches(plan, rank, seed),
-        train=True,
-        data_cfg=data_cfg,
-        seed=seed,
-        rank=rank,
-        device=device,
-    )
+    shards = train_shards(data_cfg, plan, verify_crc=False)
+    return DaliLoader(shards, MicroBatches.for_training(plan, rank, seed), data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(
-    data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device
-) -> DaliLoader:
+def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> DaliLoader:
     """The DALI evaluation loader: every record once across ranks, in record order."""
     _import_dali()
-    _check_channels(data_cfg)
-    shards = ShardSet(
-        _cfg(data_cfg, "root"),
-        data_cfg.get("eval_split", "validation"),
-        verify_crc=False,
-    )
-    indices = rank_eval_indices(len(shards), rank, world_size)
-    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    return DaliLoader(
-        shards,
-        math.ceil(len(indices) / batch_size),
-        lambda epoch: batches,
-        train=False,
-        data_cfg=data_cfg,
-        seed=0,
-        rank=rank,
-        device=device,
-    )
+    shards = eval_shards(data_cfg, verify_crc=False)
+    batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
+    return DaliLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

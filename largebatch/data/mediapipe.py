@@ -49,11 +49,10 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.data import native
+from largebatch.data.base import IndexedLoader, MicroBatches, eval_shards, setting, train_shards
 from largebatch.data.example import ExampleDecodeError, decode_example
-from largebatch.data.native import _cfg, _check_channels
-from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet, count_samples
-from largebatch.errors import DataError, UserError
+from largebatch.errors import DataError
 
 __all__ = ["MediaPipeLoader", "build_eval_loader", "build_train_loader", "count_samples", "unavailable_reason"]
 
@@ -233,88 +232,38 @@ def _make_pipe(mp: SimpleNamespace, source: _RecordSource, cfg: dict, *, train: 
     return ImagePipe()
 
 
-class MediaPipeLoader:
-    """A media pipeline per epoch, following the loader contract (see module docstring).
-
-    Attributes:
-        num_samples: records in the split (all ranks together).
-        num_classes: classes (labels are 0-based on output).
-    """
+class MediaPipeLoader(IndexedLoader):
+    """A media pipeline per epoch, following the loader contract (``IndexedLoader``)."""
 
     def __init__(
         self,
         shards: ShardSet,
-        num_batches: int,
-        batches_for_epoch,
+        batches: MicroBatches,
         *,
-        batch_size: int,
-        train: bool,
         data_cfg: dict,
         seed: int,
         rank: int,
         device: torch.device,
     ) -> None:
         self._mp = _import_mediapipe()
+        super().__init__(len(shards), setting(data_cfg, "num_classes"), batches, device)
         self.shards = shards
-        self.num_samples = len(shards)
-        self.num_classes = int(_cfg(data_cfg, "num_classes"))
-        self.device = torch.device(device)
-        self.epoch = 0
-        self._start = 0
-        self._position = 0
-        self._num_batches = num_batches
-        self._batches_for_epoch = batches_for_epoch
-        self._batch_size = batch_size
-        self._train = train
         self._cfg = data_cfg
         self._seed = seed
         self._rank = rank
 
-    def __len__(self) -> int:
-        return self._num_batches
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._start = 0
-        self.epoch = int(epoch)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "micro_batch": self._position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
-        self._start = self._position = min(int(state["micro_batch"]), len(self))
-
-    def close(self) -> None:
-        """Pipelines live only while an epoch is iterated: nothing to release."""
-
-    def __iter__(self):
-        batches = self._batches_for_epoch(self.epoch)[self._start :]
-        self._position = self._start
-        if not batches:
-            self._start = 0
-            return
-        source = _RecordSource(self.shards, batches, self._batch_size, self.num_classes, int(self._cfg.get("label_offset", 0)))
+    def _iterate(self, batches):
+        label_offset = int(self._cfg.get("label_offset", 0))
+        source = _RecordSource(self.shards, batches, self.batches.batch_size, self.num_classes, label_offset)
         seed = zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF
-        pipe = _make_pipe(self._mp, source, self._cfg, train=self._train, seed=seed)
+        pipe = _make_pipe(self._mp, source, self._cfg, train=self.batches.train, seed=seed)
         iterator = iter(self._mp.Iterator(mediapipe=pipe))
         try:
-            for number, batch in enumerate(batches):
+            for batch in batches:
                 images, labels = next(iterator)
-                count = len(batch)
-                self._position = self._start + number + 1
-                yield images[:count], labels[:count].to(self.device).long()
+                yield images[: len(batch)], labels[: len(batch)].to(self.device).long()
         finally:
-            self._start = 0
             del iterator, pipe
-
-
-class _TrainBatches:
-    def __init__(self, plan: BatchPlan, rank: int, seed: int) -> None:
-        self.plan, self.rank, self.seed = plan, rank, seed
-
-    def __call__(self, epoch: int) -> list[np.ndarray]:
-        return list(rank_train_indices(self.plan, self.rank, self.seed, epoch).reshape(-1, self.plan.micro_batch_size))
 
 
 def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
@@ -328,25 +277,9 @@ def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int,
     if reason is not None:
         _warn_fallback(reason)
         return native.build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
-    _check_channels(data_cfg)
-    shards = ShardSet(_cfg(data_cfg, "root"), data_cfg.get("train_split", "train"), bool(data_cfg.get("verify_crc", True)))
-    if len(shards) != plan.num_samples:
-        raise UserError(
-            f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
-            f"{len(shards)} in split {shards.split!r}; build the plan from count_samples()",
-            key="data.root",
-        )
-    return MediaPipeLoader(
-        shards,
-        plan.micro_batches_per_epoch,
-        _TrainBatches(plan, rank, seed),
-        batch_size=plan.micro_batch_size,
-        train=True,
-        data_cfg=data_cfg,
-        seed=seed,
-        rank=rank,
-        device=device,
-    )
+    shards = train_shards(data_cfg, plan, verify_crc=bool(data_cfg.get("verify_crc", True)))
+    batches = MicroBatches.for_training(plan, rank, seed)
+    return MediaPipeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
 def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device):
@@ -355,18 +288,6 @@ def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size:
     if reason is not None:
         _warn_fallback(reason)
         return native.build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
-    _check_channels(data_cfg)
-    shards = ShardSet(_cfg(data_cfg, "root"), data_cfg.get("eval_split", "validation"), bool(data_cfg.get("verify_crc", True)))
-    indices = rank_eval_indices(len(shards), rank, world_size)
-    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    return MediaPipeLoader(
-        shards,
-        len(batches),
-        lambda epoch: batches,
-        batch_size=batch_size,
-        train=False,
-        data_cfg=data_cfg,
-        seed=0,
-        rank=rank,
-        device=device,
-    )
+    shards = eval_shards(data_cfg, verify_crc=bool(data_cfg.get("verify_crc", True)))
+    batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
+    return MediaPipeLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

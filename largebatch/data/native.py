@@ -21,56 +21,33 @@ reading or decoding the ones before it.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import simplejpeg
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from largebatch.batching import BatchPlan
+from largebatch.data.base import (
+    IndexedLoader,
+    MicroBatches,
+    check_normalisation,
+    eval_shards,
+    setting,
+    train_shards,
+)
 from largebatch.data.decode import (
     center_crop_box,
     decode_crop_resize,
     random_resized_crop_box,
 )
 from largebatch.data.example import ExampleDecodeError, decode_example
-from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet, count_samples
-from largebatch.errors import DataError, UserError
-from largebatch.randomness import AUGMENTATION_DRAWS, augmentation_uniforms, worker_generator
+from largebatch.errors import DataError
+from largebatch.randomness import AUGMENTATION_DRAWS, worker_generator
 
 __all__ = ["NativeLoader", "build_eval_loader", "build_train_loader", "count_samples"]
 
 _KEYS = ("image/encoded", "image/class/label")
-
-
-def _cfg(data_cfg: dict, key: str, default=None):
-    value = data_cfg.get(key, default)
-    if value is None:
-        raise UserError(f"missing data setting {key!r}", key=f"data.{key}")
-    return value
-
-
-class _TrainBatches:
-    """Epoch to this rank's micro-batches (index arrays), from the shared sharding plan."""
-
-    def __init__(self, plan: BatchPlan, rank: int, seed: int) -> None:
-        self.plan, self.rank, self.seed = plan, rank, seed
-
-    def __call__(self, epoch: int) -> list[np.ndarray]:
-        indices = rank_train_indices(self.plan, self.rank, self.seed, epoch)
-        return list(indices.reshape(-1, self.plan.micro_batch_size))
-
-
-class _FixedBatches:
-    """The same micro-batches every epoch (evaluation)."""
-
-    def __init__(self, batches: list[np.ndarray]) -> None:
-        self.batches = batches
-
-    def __call__(self, epoch: int) -> list[np.ndarray]:
-        return self.batches
 
 
 class _MicroBatchDataset(Dataset):
@@ -80,13 +57,9 @@ class _MicroBatchDataset(Dataset):
     ``DataError`` (a worker's exception would arrive wrapped in a traceback dump).
     """
 
-    def __init__(
-        self, shards: ShardSet, batches_for_epoch, *, train: bool, cfg: dict, seed: int
-    ) -> None:
+    def __init__(self, shards: ShardSet, batches: MicroBatches, cfg: dict) -> None:
         self.shards = shards
-        self.batches_for_epoch = batches_for_epoch
-        self.train = train
-        self.seed = seed
+        self.batches = batches
         self.size = int(cfg["image_size"])
         self.channels = int(cfg["channels"])
         self.num_classes = int(cfg["num_classes"])
@@ -109,9 +82,7 @@ class _MicroBatchDataset(Dataset):
             jpeg = features["image/encoded"][0]
             raw_label = features["image/class/label"][0]
         except (ExampleDecodeError, KeyError, IndexError) as err:
-            raise DataError(
-                f"{self.shards.where(index)}: not an ImageNet-schema Example ({err})"
-            ) from err
+            raise DataError(f"{self.shards.where(index)}: not an ImageNet-schema Example ({err})") from err
         label = raw_label - self.label_offset
         if not 0 <= label < self.num_classes:
             raise DataError(
@@ -123,42 +94,30 @@ class _MicroBatchDataset(Dataset):
             height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
             flip = False
             if draws is not None:
-                box = random_resized_crop_box(
-                    height, width, draws, self.scale, self.ratio
-                )
+                box = random_resized_crop_box(height, width, draws, self.scale, self.ratio)
                 flip = bool(draws[AUGMENTATION_DRAWS - 1] < self.hflip)
             else:
                 box = center_crop_box(height, width, self.size, self.crop_ratio)
-            decode_crop_resize(
-                jpeg, box, self.size, self.channels, (height, width), flip, out
-            )
+            decode_crop_resize(jpeg, box, self.size, self.channels, (height, width), flip, out)
         except ValueError as err:
-            raise DataError(
-                f"{self.shards.where(index)}: JPEG does not decode ({err})"
-            ) from err
+            raise DataError(f"{self.shards.where(index)}: JPEG does not decode ({err})") from err
         return label
 
     def __getitem__(self, item: tuple[int, int]):
         epoch, number = item
         if epoch != self._epoch:
             self._epoch = epoch
-            self._batches = self.batches_for_epoch(epoch)
+            self._batches = self.batches(epoch)
         indices = self._batches[number]
         # Contiguous NCHW, not a channels-last view: float conversion keeps the layout,
         # and channels-last inputs make DDP's gradient buckets mismatch the grad strides.
-        images = torch.empty(
-            (len(indices), self.channels, self.size, self.size), dtype=torch.uint8
-        )
+        images = torch.empty((len(indices), self.channels, self.size, self.size), dtype=torch.uint8)
         labels = np.empty(len(indices), dtype=np.int64)
-        draws = (
-            augmentation_uniforms(self.seed, epoch, indices) if self.train else None
-        )
+        draws = self.batches.draws(epoch, indices)
         slots = images.numpy()
         try:
             for j, index in enumerate(indices.tolist()):
-                labels[j] = self._load(
-                    index, None if draws is None else draws[j], slots[j]
-                )
+                labels[j] = self._load(index, None if draws is None else draws[j], slots[j])
         except DataError as err:
             return err.render()
         return images, torch.from_numpy(labels)
@@ -178,52 +137,25 @@ class _EpochSampler(Sampler):
         return len(self.loader) - self.loader._start
 
 
-class NativeLoader:
-    """A loader over TFRecord shards that follows the loader contract.
-
-    Attributes:
-        num_samples: records in the split (all ranks together).
-        num_classes: classes (labels are 0-based on output).
-    """
+class NativeLoader(IndexedLoader):
+    """A loader over TFRecord shards that follows the loader contract (``IndexedLoader``)."""
 
     def __init__(
         self,
         shards: ShardSet,
-        num_batches: int,
-        batches_for_epoch,
+        batches: MicroBatches,
         *,
-        train: bool,
         data_cfg: dict,
         seed: int,
         rank: int,
         device: torch.device,
     ) -> None:
+        super().__init__(len(shards), setting(data_cfg, "num_classes"), batches, device)
         self.shards = shards
-        self.num_samples = len(shards)
-        self.num_classes = int(_cfg(data_cfg, "num_classes"))
-        self.device = torch.device(device)
-        self.epoch = 0
-        self._start = 0
-        self._position = 0
-        self._num_batches = num_batches
-        channels = int(_cfg(data_cfg, "channels"))
-        mean = torch.tensor(
-            [float(m) * 255 for m in _cfg(data_cfg, "mean")], dtype=torch.float32
-        )
-        std = torch.tensor(
-            [float(s) * 255 for s in _cfg(data_cfg, "std")], dtype=torch.float32
-        )
-        if len(mean) != channels or len(std) != channels:
-            raise UserError(
-                f"data.mean and data.std need {channels} values (data.channels), got {len(mean)} and {len(std)}",
-                key="data.mean",
-            )
-        self._mean = mean.view(1, -1, 1, 1).to(self.device)
-        self._std = std.view(1, -1, 1, 1).to(self.device)
+        mean, std = check_normalisation(data_cfg)
+        self._mean = torch.tensor([m * 255 for m in mean], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
+        self._std = torch.tensor([s * 255 for s in std], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         workers = int(data_cfg.get("num_workers", 0))
-        dataset = _MicroBatchDataset(
-            shards, batches_for_epoch, train=train, cfg=data_cfg, seed=seed
-        )
         kwargs = {}
         if workers > 0:
             kwargs = {
@@ -231,7 +163,7 @@ class NativeLoader:
                 "persistent_workers": True,
             }
         self._loader = DataLoader(
-            dataset,
+            _MicroBatchDataset(shards, batches, data_cfg),
             batch_size=None,
             sampler=_EpochSampler(self),
             num_workers=workers,
@@ -239,24 +171,6 @@ class NativeLoader:
             generator=worker_generator(seed, rank),
             **kwargs,
         )
-
-    def __len__(self) -> int:
-        """Micro-batches this rank yields per epoch (a resumed epoch yields the rest of them)."""
-        return self._num_batches
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to read next; a different epoch than a loaded state restarts at 0."""
-        if epoch != self.epoch:
-            self._start = 0
-        self.epoch = int(epoch)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "micro_batch": self._position}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue ``state['epoch']`` at micro-batch ``state['micro_batch']``."""
-        self.epoch = int(state["epoch"])
-        self._start = self._position = min(int(state["micro_batch"]), len(self))
 
     def close(self) -> None:
         """Stop the worker processes now (idempotent). Left to the garbage collector, a
@@ -275,48 +189,31 @@ class NativeLoader:
         labels = labels.to(self.device, non_blocking=non_blocking)
         return images.sub_(self._mean).div_(self._std), labels
 
-    def __iter__(self):
-        self._position = self._start
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        pending = None
-        try:
+    def _iterate(self, batches):
+        # The sampler covers the same micro-batches as ``batches``: the workers compute
+        # them from the epoch themselves.
+        if self.device.type != "cuda":
             for batch in self._loader:
-                if (
-                    stream is not None
-                ):  # copy the next batch while the current one trains
-                    with torch.cuda.stream(stream):
-                        ready = self._to_device(batch)
-                    if pending is not None:
-                        yield self._hand_over(pending, stream)
-                    pending = ready
-                else:
-                    out = self._to_device(batch)
-                    self._position += 1
-                    yield out
+                yield self._to_device(batch)
+            return
+        stream, pending = torch.cuda.Stream(self.device), None
+        for batch in self._loader:  # copy the next batch while the current one trains
+            with torch.cuda.stream(stream):
+                ready = self._to_device(batch)
             if pending is not None:
                 yield self._hand_over(pending, stream)
-        finally:
-            self._start = 0
+            pending = ready
+        if pending is not None:
+            yield self._hand_over(pending, stream)
 
     def _hand_over(self, batch, stream):
         torch.cuda.current_stream(self.device).wait_stream(stream)
         for tensor in batch:
             tensor.record_stream(torch.cuda.current_stream(self.device))
-        self._position += 1
         return batch
 
 
-def _check_channels(data_cfg: dict) -> None:
-    if int(_cfg(data_cfg, "channels")) not in (1, 3):
-        raise UserError(
-            f"data.channels must be 1 or 3, got {data_cfg['channels']}",
-            key="data.channels",
-        )
-
-
-def build_train_loader(
-    data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device
-) -> NativeLoader:
+def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> NativeLoader:
     """The training loader of ``rank``: ``plan.micro_batches_per_epoch`` micro-batches per epoch.
 
     Args:
@@ -330,52 +227,15 @@ def build_train_loader(
         DataError: missing or inconsistent shards or index files.
         UserError: a plan made for a different sample count, a bad setting.
     """
-    _check_channels(data_cfg)
-    shards = ShardSet(
-        _cfg(data_cfg, "root"),
-        data_cfg.get("train_split", "train"),
-        bool(data_cfg.get("verify_crc", True)),
-    )
-    if len(shards) != plan.num_samples:
-        raise UserError(
-            f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
-            f"{len(shards)} in split {shards.split!r}; build the plan from count_samples()",
-            key="data.root",
-        )
-    return NativeLoader(
-        shards,
-        plan.micro_batches_per_epoch,
-        _TrainBatches(plan, rank, seed),
-        train=True,
-        data_cfg=data_cfg,
-        seed=seed,
-        rank=rank,
-        device=device,
-    )
+    shards = train_shards(data_cfg, plan, verify_crc=bool(data_cfg.get("verify_crc", True)))
+    return NativeLoader(shards, MicroBatches.for_training(plan, rank, seed), data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(
-    data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device
-) -> NativeLoader:
+def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> NativeLoader:
     """The evaluation loader of ``rank``: every record exactly once across ranks, in order.
 
     The rank's block comes from ``rank_eval_indices``; its last batch may be short.
     """
-    _check_channels(data_cfg)
-    shards = ShardSet(
-        _cfg(data_cfg, "root"),
-        data_cfg.get("eval_split", "validation"),
-        bool(data_cfg.get("verify_crc", True)),
-    )
-    indices = rank_eval_indices(len(shards), rank, world_size)
-    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    return NativeLoader(
-        shards,
-        math.ceil(len(indices) / batch_size),
-        _FixedBatches(batches),
-        train=False,
-        data_cfg=data_cfg,
-        seed=0,
-        rank=rank,
-        device=device,
-    )
+    shards = eval_shards(data_cfg, verify_crc=bool(data_cfg.get("verify_crc", True)))
+    batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
+    return NativeLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

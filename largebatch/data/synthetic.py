@@ -12,14 +12,14 @@ demo run shows the loss fall; nothing here is a real dataset.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from largebatch.batching import BatchPlan
-from largebatch.data.sharding import rank_eval_indices, rank_train_indices
+from largebatch.data.base import IndexedLoader, MicroBatches
 
 SPLIT_IDS = {"train": 1, "eval": 2}
 
@@ -54,50 +54,18 @@ class SyntheticImages:
         return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
 
-class SyntheticLoader:
-    """Micro-batches of ``SyntheticImages`` for one rank, following the sharding plan.
+class SyntheticLoader(IndexedLoader):
+    """Micro-batches of ``SyntheticImages`` for one rank, following the sharding plan and
+    the loader contract (``IndexedLoader``)."""
 
-    Follows the loader contract (``largebatch.data``): ``len()`` micro-batches per
-    epoch, ``set_epoch``, iteration yields ``(images, labels)`` on the device, and
-    ``state_dict`` / ``load_state_dict`` hold the position within the epoch.
-    """
-
-    def __init__(self, images: SyntheticImages, batches: list[np.ndarray], device: torch.device, *, epoch_fn=None) -> None:
+    def __init__(self, images: SyntheticImages, batches: MicroBatches, device: torch.device) -> None:
+        super().__init__(images.num_samples, images.num_classes, batches, device)
         self.images = images
-        self.device = device
-        self.num_samples = images.num_samples
-        self.num_classes = images.num_classes
-        self._epoch_fn = epoch_fn
-        self._batches = batches
-        self.epoch = 0
-        self._position = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._position = 0
-        self.epoch = epoch
-        if self._epoch_fn is not None:
-            self._batches = self._epoch_fn(epoch)
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while self._position < len(self._batches):
-            images, labels = self.images.batch(self._batches[self._position])
-            self._position += 1
+    def _iterate(self, batches):
+        for indices in batches:
+            images, labels = self.images.batch(indices)
             yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-        self._position = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "micro_batch": self._position}
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.set_epoch(int(state["epoch"]))
-        self._position = int(state["micro_batch"])
 
 
 def _images(data_cfg: dict[str, Any], split: str) -> SyntheticImages:
@@ -118,17 +86,9 @@ def count_samples(data_cfg: dict[str, Any], split: str) -> int:
 
 
 def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:
-    images = _images(data_cfg, "train")
-
-    def epoch_batches(epoch: int) -> list[np.ndarray]:
-        indices = rank_train_indices(plan, rank, seed, epoch)
-        return list(indices.reshape(-1, plan.micro_batch_size))
-
-    return SyntheticLoader(images, epoch_batches(0), device, epoch_fn=epoch_batches)
+    return SyntheticLoader(_images(data_cfg, "train"), MicroBatches.for_training(plan, rank, seed), device)
 
 
 def build_eval_loader(data_cfg: dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device) -> SyntheticLoader:
     images = _images(data_cfg, "eval")
-    indices = rank_eval_indices(images.num_samples, rank, world_size)
-    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    return SyntheticLoader(images, batches, device)
+    return SyntheticLoader(images, MicroBatches.for_evaluation(images.num_samples, batch_size, rank, world_size), device)

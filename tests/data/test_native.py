@@ -10,6 +10,7 @@ from tests.data.conftest import data_cfg
 from largebatch.batching import BatchPlan
 from largebatch.data import native
 from largebatch.data.sharding import rank_train_indices
+from largebatch.errors import UserError
 
 CPU = torch.device("cpu")
 SEED = 7
@@ -171,7 +172,7 @@ def test_plan_for_wrong_sample_count_is_a_user_error(unique_shards):
     wrong = BatchPlan.create(
         global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=64
     )
-    with pytest.raises(native.UserError, match="48"):
+    with pytest.raises(UserError, match="48"):
         native.build_train_loader(
             data_cfg(unique_shards, 48), wrong, rank=0, seed=0, device=CPU
         )

@@ -48,6 +48,9 @@ class ListLoader:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = state["epoch"], state["micro_batch"]
 
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 def make_engine(
     model: torch.nn.Module,

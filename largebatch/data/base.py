@@ -1,0 +1,216 @@
+"""The loader contract as a ``typing.Protocol``, and the base every built-in loader shares.
+
+``Loader`` is what the engine, the hooks and the tests type against (the contract itself
+is described in ``largebatch.data``'s module docstring). ``IndexedLoader`` owns what is the
+same for every loader: the epoch, the position in it, ``state_dict``/``load_state_dict``
+and the rule for which micro-batches a rank reads (``MicroBatches``). A loader built on it
+implements one method, ``_iterate(batches)``: turn the epoch's remaining micro-batches (arrays
+of record indices) into ``(images, labels)`` on the device. The helpers below hold the checks
+every TFRecord loader makes before it is built (shards against the batch plan, channels,
+normalisation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from largebatch.batching import BatchPlan
+from largebatch.data.sharding import rank_eval_indices, rank_train_indices
+from largebatch.data.tfrecord import ShardSet
+from largebatch.errors import UserError
+from largebatch.randomness import augmentation_uniforms
+
+__all__ = [
+    "IndexedLoader",
+    "Loader",
+    "MicroBatches",
+    "check_channels",
+    "check_normalisation",
+    "eval_shards",
+    "setting",
+    "train_shards",
+]
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """The loader contract (``largebatch.data``'s module docstring has the rules)."""
+
+    num_samples: int
+    num_classes: int
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MicroBatches:
+    """The micro-batches (arrays of record indices) a rank reads in each epoch, and the
+    random-stream rule that goes with them.
+
+    Training: ``sharding.rank_train_indices`` (a shuffle that is a function of
+    ``(seed, epoch)``, cut by the plan), and each sample's augmentation uniforms a function
+    of ``(seed, epoch, sample index)`` (``randomness.augmentation_uniforms``), so a micro-batch
+    is the same whichever loader, rank count or worker reads it. Evaluation: the rank's
+    block of ``sharding.rank_eval_indices``, the same every epoch, with no randomness.
+    Picklable, so worker processes can compute an epoch's batches themselves.
+    """
+
+    def __init__(
+        self,
+        count: int,
+        batch_size: int,
+        *,
+        plan: BatchPlan | None = None,
+        rank: int = 0,
+        seed: int = 0,
+        fixed: list[np.ndarray] | None = None,
+    ) -> None:
+        self.count, self.batch_size = count, batch_size
+        self.train = plan is not None
+        self._plan, self._rank, self._seed, self._fixed = plan, rank, seed, fixed
+
+    @classmethod
+    def for_training(cls, plan: BatchPlan, rank: int, seed: int) -> MicroBatches:
+        return cls(plan.micro_batches_per_epoch, plan.micro_batch_size, plan=plan, rank=rank, seed=seed)
+
+    @classmethod
+    def for_evaluation(cls, num_records: int, batch_size: int, rank: int, world_size: int) -> MicroBatches:
+        indices = rank_eval_indices(num_records, rank, world_size)
+        batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+        return cls(math.ceil(len(indices) / batch_size), batch_size, fixed=batches)
+
+    def __len__(self) -> int:
+        """Micro-batches per epoch."""
+        return self.count
+
+    def __call__(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's micro-batches, in the order they are read."""
+        if self._plan is None:
+            return list(self._fixed or [])
+        indices = rank_train_indices(self._plan, self._rank, self._seed, epoch)
+        return list(indices.reshape(-1, self._plan.micro_batch_size))
+
+    def draws(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
+        """Augmentation uniforms for ``indices`` in ``epoch`` (None for evaluation)."""
+        return augmentation_uniforms(self._seed, epoch, indices) if self.train else None
+
+
+class IndexedLoader:
+    """Epoch, position and state for a loader that reads ``MicroBatches``.
+
+    ``set_epoch`` to another epoch starts it from its first micro-batch; the epoch a
+    state was loaded into continues at the saved position. ``len()`` is the epoch's
+    micro-batch count (a resumed epoch yields the rest of them). Subclasses implement
+    ``_iterate`` and, when they hold processes or files, ``close``.
+
+    Attributes:
+        num_samples: records in the split (all ranks together).
+        num_classes: classes (labels are 0-based on output).
+        device: where batches are delivered.
+        batches: the rank's ``MicroBatches``.
+    """
+
+    def __init__(self, num_samples: int, num_classes: int, batches: MicroBatches, device: torch.device) -> None:
+        self.num_samples = int(num_samples)
+        self.num_classes = int(num_classes)
+        self.batches = batches
+        self.device = torch.device(device)
+        self.epoch = 0
+        self._start = 0  # where the next pass over the epoch begins
+        self._position = 0  # micro-batches of the epoch yielded so far
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to read next; a different epoch than a loaded state restarts at 0."""
+        if epoch != self.epoch:
+            self._start = 0
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "micro_batch": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue ``state['epoch']`` at micro-batch ``state['micro_batch']``."""
+        self.epoch = int(state["epoch"])
+        self._start = self._position = min(int(state["micro_batch"]), len(self))
+
+    def close(self) -> None:
+        """Release processes, pipelines and files (idempotent); nothing by default."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._position = self._start
+        try:
+            remaining = self.batches(self.epoch)[self._start :]
+            if remaining:
+                for batch in self._iterate(remaining):
+                    self._position += 1
+                    yield batch
+        finally:
+            self._start = 0
+
+    def _iterate(self, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(images, labels)`` on the device for each of ``batches``, in order."""
+        raise NotImplementedError
+
+
+def setting(data_cfg: dict, key: str, default: Any = None) -> Any:
+    """``data_cfg[key]``; a missing one is a ``UserError`` naming ``data.<key>``."""
+    value = data_cfg.get(key, default)
+    if value is None:
+        raise UserError(f"missing data setting {key!r}", key=f"data.{key}")
+    return value
+
+
+def check_channels(data_cfg: dict) -> int:
+    """``data.channels``, which must be 1 or 3."""
+    channels = int(setting(data_cfg, "channels"))
+    if channels not in (1, 3):
+        raise UserError(f"data.channels must be 1 or 3, got {channels}", key="data.channels")
+    return channels
+
+
+def check_normalisation(data_cfg: dict) -> tuple[list[float], list[float]]:
+    """``data.mean`` and ``data.std``, one value per channel."""
+    channels = check_channels(data_cfg)
+    mean, std = [float(m) for m in setting(data_cfg, "mean")], [float(s) for s in setting(data_cfg, "std")]
+    if len(mean) != channels or len(std) != channels:
+        raise UserError(
+            f"data.mean and data.std need {channels} values (data.channels), got {len(mean)} and {len(std)}",
+            key="data.mean",
+        )
+    return mean, std
+
+
+def train_shards(data_cfg: dict, plan: BatchPlan, *, verify_crc: bool) -> ShardSet:
+    """The training split's shards, checked against the batch plan's sample count."""
+    check_normalisation(data_cfg)
+    shards = ShardSet(setting(data_cfg, "root"), data_cfg.get("train_split", "train"), verify_crc)
+    if len(shards) != plan.num_samples:
+        raise UserError(
+            f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
+            f"{len(shards)} in split {shards.split!r}; build the plan from count_samples()",
+            key="data.root",
+        )
+    return shards
+
+
+def eval_shards(data_cfg: dict, *, verify_crc: bool) -> ShardSet:
+    """The evaluation split's shards."""
+    check_normalisation(data_cfg)
+    return ShardSet(setting(data_cfg, "root"), data_cfg.get("eval_split", "validation"), verify_crc)
