@@ -1,0 +1,118 @@
+"""Outputs the ecosystem loads: a folder timm (and the Hugging Face Hub) can read.
+
+A finished run's directory holds ``model.safetensors`` (the final weights, gathered when
+they were sharded) and, written beside it, timm's ``config.json``: the architecture, the
+model's constructor arguments, ``num_classes``, the class names when the dataset's
+``dataset.json`` lists them, and the ``pretrained_cfg`` preprocessing (input size, mean
+and std, interpolation, crop fraction and mode) that evaluation used. So both
+
+    timm.create_model('local-dir:RUN_DIR', pretrained=True)
+    timm.create_model('local-dir:EXPORT_DIR', pretrained=True)
+
+return the trained model, and ``timm.data.resolve_data_config({}, model=model)`` gives
+its evaluation transform. ``config.json`` is written by timm's own
+``save_config_for_hf``, so the layout is the one timm's Hub loader reads; fields that
+describe timm's published weights rather than these (their tag, licence, Hub id, URL) are
+left out. ``largebatch export RUN_DIR --out DIR`` writes the two files into a folder of
+their own, ready for ``huggingface_hub.upload_folder(repo_id=..., folder_path=DIR)``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from typing import Any
+
+import torch
+import yaml
+
+from largebatch.errors import UserError
+
+WEIGHTS = "model.safetensors"
+HUB_CONFIG = "config.json"
+_NOT_OURS = ("tag", "license", "hf_hub_id", "hf_hub_filename", "url", "file", "source", "paper_ids", "notes", "origin_url")
+
+
+def data_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """timm's preprocessing fields for the run's evaluation transform."""
+    data = cfg["data"]
+    size = int(data["image_size"])
+    return {
+        "input_size": (int(data["channels"]), size, size),
+        "mean": tuple(float(m) for m in data["mean"]),
+        "std": tuple(float(s) for s in data["std"]),
+        "interpolation": "bilinear",  # the loaders' resize filter
+        "crop_pct": float(data["eval_crop_ratio"]),
+        "crop_mode": "center",
+    }
+
+
+def class_names(cfg: dict[str, Any]) -> list[str] | None:
+    """The class names from ``data.root``'s ``dataset.json``, when it lists one per class."""
+    root = cfg["data"].get("root")
+    meta_path = pathlib.Path(root) / "dataset.json" if root else None
+    if meta_path is None or not meta_path.is_file():
+        return None
+    names = json.loads(meta_path.read_text()).get("classes")
+    return list(names) if isinstance(names, list) and len(names) == int(cfg["data"]["num_classes"]) else None
+
+
+def write_hub_config(model: torch.nn.Module, cfg: dict[str, Any], path: pathlib.Path) -> None:
+    """Write timm's ``config.json`` for ``model`` trained under ``cfg`` (atomically)."""
+    from timm.models._hub import save_config_for_hf
+
+    names = class_names(cfg)
+    tmp = path.with_name(path.name + ".tmp")
+    save_config_for_hf(model, str(tmp), model_config={"label_names": names} if names else None, data_config=data_config(cfg))
+    hub = json.loads(tmp.read_text())
+    for key in _NOT_OURS:
+        hub["pretrained_cfg"].pop(key, None)
+    tmp.write_text(json.dumps(hub, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def write_run_hub_config(cfg: dict[str, Any], run_dir: pathlib.Path) -> None:
+    """``config.json`` beside a finished run's ``model.safetensors``, from a model built on
+    the meta device (the config needs the model's attributes, not its weights)."""
+    from largebatch.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg)
+    write_hub_config(model, cfg, run_dir / HUB_CONFIG)
+
+
+def load_run(run_dir: pathlib.Path) -> tuple[dict[str, Any], torch.nn.Module]:
+    """The run's resolved config and its model with the final weights.
+
+    Raises:
+        UserError: not a finished run directory (no ``config.yaml`` or no final weights).
+    """
+    from safetensors.torch import load_file
+
+    from largebatch.models import build_model
+
+    config_path, weights_path = run_dir / "config.yaml", run_dir / WEIGHTS
+    if not config_path.is_file():
+        raise UserError(f"{run_dir} is not a run directory (no config.yaml)")
+    if not weights_path.is_file():
+        raise UserError(
+            f"{run_dir} has no {WEIGHTS}: the run has not finished; resume it to the end "
+            f"(largebatch train --config {config_path} --run-dir {run_dir} --resume auto)"
+        )
+    cfg = yaml.safe_load(config_path.read_text())
+    model = build_model(cfg)
+    model.load_state_dict(load_file(str(weights_path)))
+    return cfg, model
+
+
+def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
+    """Copy a finished run's weights into ``out`` with timm's ``config.json``; returns ``out``."""
+    run_dir, out = pathlib.Path(run_dir), pathlib.Path(out)
+    cfg, model = load_run(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (WEIGHTS + ".tmp")
+    shutil.copyfile(run_dir / WEIGHTS, tmp)
+    tmp.replace(out / WEIGHTS)
+    write_hub_config(model, cfg, out / HUB_CONFIG)
+    return out

@@ -1,0 +1,90 @@
+"""Run outputs timm loads: the run directory and ``largebatch export``, against the run's own model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from largebatch.models import build_model
+from tests.conftest import run_cli, tiny_config, write_config
+from tests.data.conftest import fmnist_shards  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow  # one real training run on Fashion-MNIST shards
+
+FMNIST_DATA = {
+    "loader": "native",
+    "image_size": 28,
+    "channels": 1,
+    "num_classes": 10,
+    "mean": [0.286],
+    "std": [0.353],
+    "scale": [0.5, 1.0],
+    "eval_crop_ratio": 0.875,
+    "num_workers": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, fmnist_shards):  # noqa: F811 - the fixture
+    work = tmp_path_factory.mktemp("export")
+    cfg = tiny_config(data={**FMNIST_DATA, "root": str(fmnist_shards)})
+    cfg["model"].update(patch_size=7)
+    cfg["eval"] = {"interval_epochs": 0, "at_end": False}
+    result = run_cli("train", "--config", str(write_config(work, cfg)), "--run-dir", str(work / "run"))
+    assert result.returncode == 0, result.stderr
+    return work / "run"
+
+
+def reference_model(run_dir):
+    """The model as largebatch builds it, with the run's final weights."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    model = build_model(cfg)
+    model.load_state_dict(load_file(str(run_dir / "model.safetensors")))
+    return model.eval()
+
+
+def assert_loads_as_the_run(folder, run_dir):
+    loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    x = torch.randn(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), reference_model(run_dir)(x))
+    assert timm.data.resolve_data_config({}, model=loaded) == {
+        "input_size": (1, 28, 28),
+        "interpolation": "bilinear",
+        "mean": [0.286],
+        "std": [0.353],
+        "crop_pct": 0.875,
+        "crop_mode": "center",
+    }
+
+
+def test_run_directory_loads_in_timm(finished_run):
+    assert_loads_as_the_run(finished_run, finished_run)
+    hub = json.loads((finished_run / "config.json").read_text())
+    assert hub["architecture"] == "vit_tiny_patch16_224" and hub["num_classes"] == 10
+    assert hub["label_names"][:2] == ["T-shirt/top", "Trouser"]  # from the shards' dataset.json
+    assert not {"tag", "license", "hf_hub_id"} & set(hub["pretrained_cfg"])  # timm's published weights' fields
+
+
+def test_export_writes_a_folder_timm_loads(finished_run, tmp_path):
+    result = run_cli("export", str(finished_run), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert_loads_as_the_run(tmp_path / "out", finished_run)
+
+
+def test_export_of_an_unfinished_run_is_one_error_line(finished_run, tmp_path):
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.yaml").write_text((finished_run / "config.yaml").read_text())
+    result = run_cli("export", str(unfinished), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "has no model.safetensors" in result.stderr and "--resume auto" in result.stderr
+    assert not (tmp_path / "out").exists()
+    result = run_cli("export", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "not a run directory" in result.stderr
