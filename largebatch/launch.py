@@ -26,6 +26,7 @@ from largebatch.dist import barrier, broadcast_object, destroy_process_group, di
 from largebatch.engine.engine import Engine
 from largebatch.engine.state import TrainState
 from largebatch.errors import UserError
+from largebatch.export import write_run_hub_config
 from largebatch.hooks import build_hooks
 from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model, check_model_config
@@ -214,6 +215,8 @@ def train(args: TrainArgs) -> TrainState:
             print(f"largebatch: stopped at step {state.step}: {state.stop_reason}", flush=True)
         if not state.interrupted:
             ckpt.save_final_weights(state.model, state.run_dir / "model.safetensors", is_main=state.is_main)
+            if state.is_main:
+                write_run_hub_config(state.config, state.run_dir)
         barrier()
         if state.interrupted and state.is_main:
             print(
