@@ -1,4 +1,4 @@
-"""The ``largebatch`` command line: ``train``, ``config show``, ``data ...``, ``plot``.
+"""The ``largebatch`` command line: ``train``, ``config show``, ``config keys``, ``data ...``, ``plot``.
 
 A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
 status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1, SIGUSR2 or
@@ -123,15 +123,12 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_config_keys(args: argparse.Namespace) -> int:
-    from largebatch.config.schema import SCHEMA, describe_keys
+    from largebatch.config import reference
 
-    rows = [row for row in describe_keys(SCHEMA) if row[0].startswith(args.prefix)]
-    if not rows:
-        close = difflib.get_close_matches(args.prefix, [row[0] for row in describe_keys(SCHEMA)], n=1)
-        raise UserError(f"no config key starts with {args.prefix!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
-    width, kinds = max(len(row[0]) for row in rows), max(len(row[1]) for row in rows)
-    for key, kind, default, doc in rows:
-        print(f"{key:<{width}}  {kind:<{kinds}}  {default:<14} {doc}")
+    if args.write:
+        reference.write_reference(args.write)
+        return 0
+    sys.stdout.write(reference.render_markdown(args.section) if args.markdown else reference.render_text(reference.select(args.section)))
     return 0
 
 
@@ -161,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_config_show)
 
     keys = config_commands.add_parser("keys", help="list every config key with its type, default and meaning")
-    keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this, e.g. optimizer or data.")
+    keys.add_argument("section", nargs="?", default="", help="one section or key, e.g. optimizer or optimizer.lr")
+    keys.add_argument("--markdown", action="store_true", help="print the markdown tables of docs/configs.md")
+    keys.add_argument("--write", metavar="PAGE", help="replace the generated key reference in PAGE (docs/configs.md)")
     keys.add_argument("--debug", action="store_true")
     keys.set_defaults(func=cmd_config_keys)
 
