@@ -132,6 +132,14 @@ def cmd_config_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from largebatch.export import export_run
+
+    out = export_run(args.run_dir, args.out)
+    print(f"{out}: model.safetensors and config.json; load with timm.create_model('local-dir:{out}', pretrained=True)")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from largebatch.plot import plot_run
 
@@ -163,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--write", metavar="PAGE", help="replace the generated key reference in PAGE (docs/configs.md)")
     keys.add_argument("--debug", action="store_true")
     keys.set_defaults(func=cmd_config_keys)
+
+    export = commands.add_parser("export", help="write a finished run's weights with timm's config.json into a folder")
+    export.add_argument("run_dir", help="the run directory (holds config.yaml and model.safetensors)")
+    export.add_argument("--out", required=True, help="the folder to write (timm 'local-dir:', Hub upload_folder)")
+    export.add_argument("--debug", action="store_true")
+    export.set_defaults(func=cmd_export)
 
     plot = commands.add_parser("plot", help="write PNG curves (loss, accuracy, lr, throughput, grad norm, trust ratio) of a run")
     plot.add_argument("run_dir", help="the run directory (holds metrics.jsonl); the PNGs are written there")

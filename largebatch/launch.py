@@ -127,7 +127,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         run_dir.mkdir(parents=True, exist_ok=True)
 
     seed_everything(cfg["seed"])  # the same initial weights on every rank
-    model = build_model(cfg)
+    model = build_model(cfg, initial_weights=True)
     sharding = info.distributed and derived["strategy"] != "ddp"
     if sharding:
         # Sharded on the host: FSDP2 moves each block's slices to the device as it

@@ -77,6 +77,15 @@ SCHEMA = Section(
         "model": Section(
             {
                 "name": Field(str, REQUIRED, "a timm model name, e.g. vit_base_patch16_224"),
+                "pretrained": Field(bool, False, "start from timm's published weights for model.name (from timm's cache or the Hub)"),
+                "init_from": Field(
+                    str,
+                    None,
+                    "start from these weights: a run directory, an export folder, a .safetensors file or a "
+                    "checkpoint; a glob picks the newest finished run; the classifier is re-initialised when "
+                    "num_classes differs",
+                    nullable=True,
+                ),
             },
             "timm model; every other key is a keyword argument of timm.create_model",
             open=True,

@@ -40,7 +40,14 @@ def vit_parameters(patch: int, width: int, depth: int, classes: int = 1000, imag
 def test_recipe_values_are_colossal_ai(name):
     cfg = load(name)
     model, _, _, _, micro = RECIPES[name]
-    assert cfg["model"] == {"name": model, "drop_rate": 0.0, "pos_drop_rate": 0.1, "proj_drop_rate": 0.1}
+    assert cfg["model"] == {
+        "name": model,
+        "drop_rate": 0.0,
+        "pos_drop_rate": 0.1,
+        "proj_drop_rate": 0.1,
+        "pretrained": False,
+        "init_from": None,
+    }
     assert (cfg["global_batch_size"], cfg["micro_batch_size"], cfg["epochs"]) == (32768, micro, 300)
     assert cfg["optimizer"]["type"] == "lamb"
     assert cfg["optimizer"]["lr"] == pytest.approx(1.8e-2)

@@ -1,0 +1,95 @@
+"""Fine-tuning: model.init_from and model.pretrained, against the weights that were saved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from largebatch import checkpoint as ckpt
+from largebatch.config import load_and_validate
+from largebatch.errors import ConfigError
+from largebatch.export import export_run
+from largebatch.models import build_model
+from tests.conftest import run_cli, tiny_config, write_config
+
+pytestmark = pytest.mark.slow  # training runs through the CLI
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(tmp_path_factory):
+    """A finished 4-class run with a checkpoint and its final weights."""
+    work = tmp_path_factory.mktemp("pretrain")
+    cfg = tiny_config(checkpoint={"interval_epochs": 1, "at_end": True})
+    result = run_cli("train", "--config", str(write_config(work, cfg)), "--run-dir", str(work / "run-1"))
+    assert result.returncode == 0, result.stderr
+    return work / "run-1"
+
+
+def fine_tune_config(tmp_path, init_from, **overrides):
+    cfg = tiny_config(**{"model.init_from": str(init_from), **overrides})
+    return load_and_validate(str(write_config(tmp_path, cfg)), [])
+
+
+def assert_starts_from(model, saved, *, except_prefixes=()):
+    state = model.state_dict()
+    assert state.keys() == saved.keys()
+    for key, value in saved.items():
+        if key.startswith(except_prefixes):
+            continue
+        assert torch.equal(state[key], value), key
+
+
+def test_each_kind_of_source_gives_the_saved_weights(pretrained_run, tmp_path):
+    saved = load_file(str(pretrained_run / "model.safetensors"))
+    export = export_run(pretrained_run, tmp_path / "export")
+    sources = [
+        pretrained_run,  # a run directory
+        export,  # an export folder
+        pretrained_run / "model.safetensors",
+        str(pretrained_run.parent / "run-*"),  # a glob: the newest finished run
+    ]
+    for source in sources:
+        assert_starts_from(build_model(fine_tune_config(tmp_path, source), initial_weights=True), saved)
+    checkpoint = ckpt.list_checkpoints(pretrained_run)[-1]  # a checkpoint's model weights
+    assert_starts_from(build_model(fine_tune_config(tmp_path, checkpoint), initial_weights=True), ckpt.read_checkpoint(checkpoint)["model"])
+    # without initial_weights (the meta-device and export builds) nothing is loaded
+    fresh = build_model(fine_tune_config(tmp_path, pretrained_run))
+    assert not torch.equal(fresh.state_dict()["blocks.0.attn.qkv.weight"], saved["blocks.0.attn.qkv.weight"])
+
+
+def test_other_classes_reinitialise_the_head_and_another_size_resamples_positions(pretrained_run, tmp_path):
+    saved = load_file(str(pretrained_run / "model.safetensors"))
+    model = build_model(fine_tune_config(tmp_path, pretrained_run, **{"data.num_classes": 3}), initial_weights=True)
+    assert model.head.weight.shape == (3, 32)
+    assert_starts_from(model, {k: v for k, v in saved.items() if not k.startswith("head.")} | {
+        "head.weight": model.head.weight, "head.bias": model.head.bias})  # fmt: skip
+    bigger = build_model(fine_tune_config(tmp_path, pretrained_run, **{"data.image_size": 24}), initial_weights=True)
+    assert bigger.pos_embed.shape == (1, 1 + 36, 32) and saved["pos_embed"].shape == (1, 1 + 16, 32)
+    assert torch.equal(bigger.pos_embed[0, 0], saved["pos_embed"][0, 0])  # the class token's position is kept
+    assert_starts_from(bigger, saved, except_prefixes=("pos_embed",))
+
+
+def test_fine_tuning_runs_end_to_end_from_the_cli(pretrained_run, tmp_path):
+    cfg = tiny_config(**{"model.init_from": str(pretrained_run), "optimizer.layer_decay": 0.75, "data.num_classes": 3})
+    result = run_cli("train", "--config", str(write_config(tmp_path, cfg)), "--run-dir", str(tmp_path / "fine"))
+    assert result.returncode == 0, result.stderr
+    assert load_file(str(tmp_path / "fine" / "model.safetensors"))["head.weight"].shape == (3, 32)
+
+
+def test_bad_sources_name_the_key(pretrained_run, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="neither a run directory") as missing:
+        build_model(fine_tune_config(tmp_path, tmp_path / "nowhere"), initial_weights=True)
+    assert missing.value.key == "model.init_from"
+    with pytest.raises(ConfigError, match="no finished run"):
+        build_model(fine_tune_config(tmp_path, tmp_path / "runs-*"), initial_weights=True)
+    wider = fine_tune_config(tmp_path, pretrained_run, **{"model.embed_dim": 48})
+    with pytest.raises(ConfigError, match="do not fit") as misfit:
+        build_model(wider, initial_weights=True)
+    assert misfit.value.key == "model.init_from"
+    # timm's published weights, with the Hub unreachable and an empty cache: one clear error
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ConfigError, match="published weights") as offline:
+        build_model(load_and_validate(str(write_config(tmp_path, tiny_config(**{"model.pretrained": True}))), []), initial_weights=True)
+    assert offline.value.key == "model.pretrained"
