@@ -58,6 +58,17 @@ def test_each_kind_of_source_gives_the_saved_weights(pretrained_run, tmp_path):
     assert not torch.equal(fresh.state_dict()["blocks.0.attn.qkv.weight"], saved["blocks.0.attn.qkv.weight"])
 
 
+def test_a_sharded_checkpoint_folder_gives_its_full_weights(pretrained_run, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    saved = load_file(str(pretrained_run / "model.safetensors"))
+    folder = tmp_path / "step-4"
+    with pytest.warns(UserWarning, match="single process"):  # one process, no group: what DCP says
+        dcp.save({"model": dict(saved), "optimizer": {}}, checkpoint_id=str(folder))
+    assert (folder / ".metadata").is_file()
+    assert_starts_from(build_model(fine_tune_config(tmp_path, folder), initial_weights=True), saved)
+
+
 def test_other_classes_reinitialise_the_head_and_another_size_resamples_positions(pretrained_run, tmp_path):
     saved = load_file(str(pretrained_run / "model.safetensors"))
     model = build_model(fine_tune_config(tmp_path, pretrained_run, **{"data.num_classes": 3}), initial_weights=True)
