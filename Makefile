@@ -1,4 +1,4 @@
-# Benchmarks (see README "Benchmarks"): side-by-side comparisons, reported as ratios.
+# Benchmarks (see docs/benchmarks.md): side-by-side comparisons, reported as ratios.
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python)
 
 .PHONY: bench bench-quick

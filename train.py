@@ -1,8 +1,8 @@
 """Entry point: ``torchrun --nproc_per_node=8 train.py --config configs/vit-b16.py``.
 
-The same as ``largebatch train ...``; see the README for the options. Exit status: 0 when
-training is done, 2 for a user mistake, 75 when a preemption signal (SIGUSR1, SIGTERM)
-stopped the run after a checkpoint (requeue it; ``docs/cluster.md``).
+The same as ``largebatch train ...``; the options are in ``docs/training.md``. Exit status:
+0 when training is done, 2 for a user mistake, 75 when a preemption signal (SIGUSR1,
+SIGTERM) stopped the run after a checkpoint (requeue it; ``docs/clusters.md``).
 """
 
 import sys

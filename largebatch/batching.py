@@ -1,6 +1,6 @@
 """Batch arithmetic: how a global batch splits into ranks, windows and micro-batches.
 
-Words (see the README's "Batch arithmetic"):
+Words (see "Batch arithmetic" in docs/large-batch.md):
 
 * **micro-batch**: what one device runs forward and backward at once.
 * **accumulation** ``A``: micro-batches per device per optimizer step.

@@ -79,6 +79,21 @@ def _no_launcher_env(monkeypatch):
             monkeypatch.delenv(key)
 
 
+@pytest.fixture
+def preemption_handlers_restored():
+    """For tests that call train.py's entry point in this process: it installs the
+    preemption signal handlers, which are put back (and any caught signal forgotten) after."""
+    import signal
+
+    from largebatch import preemption
+
+    saved = {sig: signal.getsignal(sig) for sig in preemption.PREEMPTION_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    preemption.clear()
+
+
 # Multi-process runs (preemption, Slurm, MPI, node loss) share these.
 
 TORCHRUN = str(pathlib.Path(sys.executable).with_name("torchrun"))

@@ -10,25 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-import signal
 import textwrap
 
 import pytest
 
-from largebatch import cli, preemption
+from largebatch import cli
 from tests.conftest import tiny_config, write_config
 from tests.data.conftest import write_unique_label_shards
 
 TRAIN = "train.py"  # train_main's argv; anything else goes to ``largebatch``'s main
 
 
-@pytest.fixture(autouse=True)
-def _restore_signal_handlers():
-    saved = {sig: signal.getsignal(sig) for sig in preemption.PREEMPTION_SIGNALS}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-    preemption.clear()
+pytestmark = pytest.mark.usefixtures("preemption_handlers_restored")
 
 
 def invoke(argv: list[str]) -> int:

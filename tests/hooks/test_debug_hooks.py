@@ -290,9 +290,12 @@ def test_custom_hook_file_may_define_dataclasses(tmp_path):
     assert cls(size=5).window.size == 5
 
 
-def test_readme_example_is_hooks_loss_spike():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Write your first debugging hook") :]
+@pytest.mark.parametrize(
+    ("page", "heading"), [("README.md", "## A first custom hook"), ("docs/hooks.md", "## Write your first debugging hook")]
+)
+def test_first_hook_example_is_hooks_loss_spike(page, heading):
+    text = (REPO / page).read_text()
+    section = text[text.index(heading) :]
     code = section[section.index("```python\n") + len("```python\n") :]
     code = code[: code.index("```")]
     assert code.startswith("# hooks/loss_spike.py\n")

@@ -143,9 +143,9 @@ def test_every_hooks_state_round_trips_through_a_checkpoint(tmp_path):
 
 
 def test_every_builtin_is_registered_and_documented():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Hooks") : readme.index("### Write your first debugging hook")]
+    page = (REPO / "docs/hooks.md").read_text()
+    section = page[page.index("## Built-in hooks") : page.index("## Write your first debugging hook")]
     for name in BUILTIN_HOOKS:
         assert _builtin_class(name).__module__.startswith("largebatch.hooks.")
-        assert f"`{name}`" in section, f"README's Hooks section does not describe {name!r}"
+        assert f"`{name}`" in section, f"docs/hooks.md's Built-in hooks section does not describe {name!r}"
     assert set(DEFAULT_HOOKS) <= set(BUILTIN_HOOKS)

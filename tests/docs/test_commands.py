@@ -1,0 +1,323 @@
+"""Every command in README.md and docs/*.md is executed by a test.
+
+Which lines are commands is stated in ``tests/docs/markdown.py`` and docs/README.md.
+Each command found there is, in this order:
+
+1. run here, in this process, when it is cheap: ``largebatch config show|keys``, any
+   ``--help``, and every ``$ `` command (whose shown output must be what it prints);
+2. run in a scratch folder (``RUN_IN_SCRATCH``, slow tier): short CPU trainings and what
+   reads their output, with ``.venv/bin`` on the PATH and the repository's configs,
+   hooks, data and scripts linked in;
+3. a pytest command: the files it names exist, and the bare one is the command CI runs;
+4. registered as covered by a named test that runs it or its equivalent (``COVERED``;
+   the test must exist), or as needing hardware this machine lacks (``HARDWARE_ONLY``,
+   with the reason).
+
+A command that is none of these fails, naming its page and line. Every command that is
+not run here must at least parse: its train.py arguments go through train.py's parser
+and the config it names loads and validates with its ``--set`` values; a ``largebatch``
+command goes through the ``largebatch`` parser; a script it names exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from largebatch import cli
+from largebatch.errors import UserError
+from largebatch.launch import resolve_config
+from tests.conftest import clean_env
+from tests.docs import markdown
+from tests.docs.markdown import REPO
+
+FMNIST = REPO / "data/fashion-mnist/dataset.json"
+
+# Command -> the test that runs it, or the equivalent it runs (said after "#").
+COVERED = {
+    "bash scripts/setup.sh": "tests/test_train_runs.py::test_torchrun_two_ranks_end_with_identical_weights"
+    "  # CI (.ci/run) runs its first half, scripts/install.sh; the test runs its second, the demo's two-rank torchrun launch"
+    " (on the synthetic demo config)",
+    "torchrun --standalone --nproc_per_node=2 train.py --config configs/demo/vit-tiny-fmnist.py": (
+        "tests/test_train_runs.py::test_torchrun_two_ranks_end_with_identical_weights"
+        "  # the same launch on configs/demo/vit-tiny-synthetic.py; this one is scripts/setup.sh's demo"
+    ),
+    "torchrun --standalone --nproc_per_node=2 train.py --config configs/demo/vit-tiny-synthetic.py": (
+        "tests/test_train_runs.py::test_torchrun_two_ranks_end_with_identical_weights"
+    ),
+    "torchrun --standalone --nproc_per_node=2 train.py --config configs/demo/vit-tiny-synthetic.py --set dist.strategy=fsdp": (
+        "tests/sharding/test_fsdp_runs.py::test_fsdp_run_equals_ddp_run_with_lamb_accumulation_and_clipping"
+        "  # two ranks under torchrun with dist.strategy fsdp, on a small LAMB config"
+    ),
+    'srun python train.py --config "$CONFIG" --run-dir runs/$SLURM_JOB_NAME-$SLURM_JOB_ID --resume auto --set slurm.requeue=true': (
+        "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly  # the srun line of slurm/cpu-test.sbatch"
+    ),
+    "scancel --signal=USR1 <job id>": "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly",
+    "scontrol update JobId=<job id> StartTime=now": "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly",
+    "python data/prepare_fmnist.py": "tests/data/test_convert.py::test_fashion_mnist_subset  # its converter on Debian's files, 64 images",
+    "largebatch data convert folder /path/imagenet --out data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
+    "largebatch data convert fashion-mnist --out data/fashion-mnist": "tests/data/test_convert.py::test_fashion_mnist_subset",
+    "largebatch data index data/other/train-00000-of-00004": "tests/data/test_convert.py::test_cli_convert_index_verify",
+    "largebatch data verify data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
+    "largebatch config keys --write docs/configs.md": "tests/config/test_reference.py::test_docs_configs_page_matches_the_schema",
+    "python -m bench": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # the same entry point at --quick sizes",
+    "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report",
+    "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # --quick --only",
+    "OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2": (
+        "tests/bench/test_critical_batch.py::test_quick_study_runs_every_optimizer  # the study at --quick sizes"
+    ),
+    "python bench/critical_batch.py --quick --out /tmp/cb": "tests/bench/test_critical_batch.py::test_quick_study_runs_every_optimizer",
+    "python bench/critical_batch.py --report-only": "tests/bench/test_critical_batch.py::test_report_renders_from_results",
+}
+
+# Command -> why it cannot run on a CPU machine (it still has to parse).
+_GAUDI = "needs Gaudi HPUs, Habana's PyTorch bridge and media pipeline, and ImageNet shards"
+_GPUS = "needs CUDA GPUs and ImageNet shards"
+HARDWARE_ONLY = {
+    "torchrun --nproc_per_node=8 train.py --config configs/vit-b16.py": _GPUS,
+    "torchrun --standalone --nproc_per_node=8 train.py --config configs/vit-b16.py": _GPUS,
+    "python train.py --config configs/vit-b16.py": _GPUS,
+    "torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=gpu-node-0 --master_port=29500 train.py"
+    " --config configs/vit-b16.py": _GPUS + " on two machines",
+    "sbatch --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 --cpus-per-task=10 --wrap"
+    ' "srun python -u train.py --config configs/vit-b16.py --resume auto"': _GPUS + " on a Slurm cluster",
+    "srun --ntasks=8 --gpus-per-task=1 python train.py --config configs/vit-b16.py": (
+        _GPUS + "; srun itself: tests/test_slurm.py::test_srun_two_tasks_match_torchrun (2 CPU tasks)"
+    ),
+    "srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc-per-node=8 --rdzv-backend=c10d"
+    " --rdzv-endpoint=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 --rdzv-id=$SLURM_JOB_ID train.py"
+    " --config configs/vit-b16.py": _GPUS + " on several Slurm nodes",
+    "sbatch slurm/gpu-1node.sbatch configs/vit-b16.py --set optimizer.lr=0.003": (
+        _GPUS + " on a Slurm cluster; tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly"
+        " submits slurm/cpu-test.sbatch, the same script for 2 CPU ranks"
+    ),
+    "sbatch --nodes=8 slurm/gpu-multinode.sbatch configs/vit-b16.py": _GPUS + " on 8 Slurm nodes",
+    "mpirun -n 8 --bind-to core --map-by socket:PE=6 --rank-by core --allow-run-as-root python train.py"
+    " --config configs/vit-b16.py --set device=hpu": _GAUDI + "; mpirun itself: tests/test_mpi.py (2 CPU ranks)",
+    "python train.py --config configs/vit-b16.py --set data.loader=mediapipe": _GAUDI,
+    "torchrun --standalone --nproc_per_node=8 train.py --config configs/vit-b16.py --set data.loader=mediapipe": _GAUDI,
+    "mpirun -n 8 --bind-to core --map-by socket:PE=6 --rank-by core --report-bindings --allow-run-as-root python -u train.py"
+    " --config configs/vit-b16.py --set data.loader=mediapipe": _GAUDI,
+    "mpirun -n 16 --hostfile hosts --map-by ppr:8:node --bind-to core --allow-run-as-root -x MASTER_ADDR=gaudi-node-0"
+    " -x MASTER_PORT=29500 python -u train.py --config configs/vit-b16.py --set data.loader=mediapipe": _GAUDI + " on two machines",
+    "sbatch --nodes=2 --ntasks-per-node=8 --cpus-per-task=10 --wrap"
+    ' "srun python -u train.py --config configs/vit-b16.py --set data.loader=mediapipe --resume auto"': _GAUDI + " on a Slurm cluster",
+}
+
+_NOISE = "python train.py --config configs/demo/vit-tiny-fmnist.py --run-dir runs/noise --set 'hooks=[\"noise_scale\"]' --set max_steps=60"
+_HOOKS_DEMO = (
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/demo"
+    ' --set \'hooks=["memory", "csv", "hook_timer", {"type": "eval", "interval_steps": 8}]\''
+)
+_FIRST = "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/first --set max_steps=8"
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> pathlib.Path:
+    """A working folder with the repository's inputs (and tests/support) linked in; runs/ lands here."""
+    folder = tmp_path_factory.mktemp("docs-scratch")
+    for name in ("configs", "hooks", "data", "bench", "slurm", "scripts", "tests", "train.py"):
+        (folder / name).symlink_to(REPO / name)
+    return folder
+
+
+# Command -> (the command it reads the output of, or None; whether it needs data/fashion-mnist).
+RUN_IN_SCRATCH = {
+    "python train.py --config configs/demo/vit-tiny-synthetic.py": (None, False),
+    _FIRST: (None, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/first --resume auto": (_FIRST, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --set max_steps=4"
+    " --set \"hooks=[{type: 'hooks/loss_spike.py:LossSpikeHook', factor: 4.0}]\"": (None, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --set max_steps=4"
+    " --set \"hooks=[{type: 'hooks/grad_stats.py:GradStatsHook', interval: 2}]\"": (None, False),
+    _HOOKS_DEMO: (None, False),
+    "largebatch plot runs/demo": (_HOOKS_DEMO, False),
+    _NOISE: (None, True),
+    "python -c \"import json,sys; [print(r['step'], round(r['noise_scale/b_simple'])) for r in map(json.loads, open(sys.argv[1]))"
+    " if 'noise_scale/b_simple' in r]\" runs/noise/metrics.jsonl": (_NOISE, True),
+    "mkdir -p runs": (None, False),
+}
+
+ALL = [command for page in markdown.pages() for command in markdown.commands(page)]
+IN_PROCESS = {"largebatch": [], "python -m largebatch": [], "python train.py": ["train.py"]}
+
+
+def _words(text: str) -> list[str]:
+    return shlex.split(text)
+
+
+def _program(words: list[str]) -> tuple[str, list[str]] | None:
+    """Which in-process entry point a command calls, and its arguments."""
+    for prefix in IN_PROCESS:
+        size = len(prefix.split())
+        if words[:size] == prefix.split():
+            return prefix, IN_PROCESS[prefix] + words[size:]
+    return None
+
+
+def runs_here(command: markdown.Command) -> bool:
+    words = _words(command.text)
+    found = _program(words)
+    if found is None or any(op in command.text for op in ("|", ">", "$(", "&&", ";")):
+        return False
+    argv = found[1]
+    cheap = argv[:2] in (["config", "show"], ["config", "keys"]) and "--write" not in argv
+    return command.prompted or cheap or "--help" in argv
+
+
+def is_pytest(command: markdown.Command) -> bool:
+    return command.text.startswith(".venv/bin/python -m pytest")
+
+
+def _node_exists(node: str) -> bool:
+    path, *names = node.split("  #")[0].strip().split("::")
+    file = REPO / path
+    if not file.is_file():
+        return False
+    tree = ast.parse(file.read_text())
+    scope = tree.body
+    for name in names:
+        match = [n for n in scope if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == name.split("[")[0]]
+        if not match:
+            return False
+        scope = match[0].body
+    return True
+
+
+def _call(argv: list[str]) -> int:
+    try:
+        if argv and argv[0] == "train.py":
+            return cli.train_main(argv[1:])
+        return cli.main(argv)
+    except SystemExit as exc:  # argparse: --help, or a mistake
+        return exc.code if isinstance(exc.code, int) else 1
+
+
+def _argv_after_train_py(words: list[str]) -> list[str] | None:
+    """The arguments a command gives train.py (or ``largebatch train``), looking inside
+    ``--wrap "..."`` strings; None when it does not run train.py."""
+    for i, word in enumerate(words):
+        if " " in word:
+            inner = _argv_after_train_py(_words(word))
+            if inner is not None:
+                return inner
+        if word.endswith("train.py") or (word == "train" and i and words[i - 1] == "largebatch"):
+            rest = words[i + 1 :]
+            stop = [j for j, w in enumerate(rest) if w in ("|", "&&", ";", "||", ">")]
+            return rest[: stop[0]] if stop else rest
+    return None
+
+
+def _placeholder(path: str) -> bool:
+    return "$" in path or path.isupper() or "<" in path
+
+
+def check_parses(command: markdown.Command) -> None:
+    """train.py's parser takes the arguments, the config loads with its --set values, a
+    ``largebatch`` command parses, and the scripts and files named exist."""
+    words = _words(command.text)
+    argv = _argv_after_train_py(words)
+    sbatch_script = next((w for w in words if w.endswith(".sbatch")), None)
+    if sbatch_script is not None:
+        assert (REPO / sbatch_script).is_file(), f"{command.where}: no script {sbatch_script}"
+        rest = words[words.index(sbatch_script) + 1 :]
+        argv = ["--config", *rest] if rest else None
+    if argv is not None:
+        parser = cli.ArgumentParser(prog="train.py")
+        cli.add_train_arguments(parser)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{command.where}: train.py does not take the arguments of `{command.text}`")
+        if not _placeholder(args.config):
+            try:
+                resolve_config(str(REPO / args.config), args.overrides)
+            except UserError as exc:
+                pytest.fail(f"{command.where}: `{command.text}`: {exc}")
+        return
+    found = _program(words)
+    if found is not None and found[0] != "python train.py":
+        try:
+            cli.build_parser().parse_args(found[1])
+        except SystemExit:
+            pytest.fail(f"{command.where}: `largebatch` does not take the arguments of `{command.text}`")
+    for word in words:
+        if word.endswith((".py", ".sh")) and "/" in word and not _placeholder(word) and not word.startswith("/"):
+            assert (REPO / word).is_file(), f"{command.where}: `{command.text}` names {word}, which does not exist"
+
+
+@pytest.mark.parametrize("command", ALL, ids=[c.where for c in ALL])
+def test_every_command_is_run_or_registered(command, capsys, monkeypatch, preemption_handlers_restored):
+    if runs_here(command):
+        monkeypatch.chdir(REPO)
+        capsys.readouterr()
+        status = _call(_program(_words(command.text))[1])
+        out = capsys.readouterr()
+        printed = "\n".join(line.rstrip() for line in (out.out + out.err).strip("\n").split("\n"))
+        if command.output:
+            assert printed == command.output, f"{command.where}: `{command.text}` printed\n{printed}\nbut the page shows\n{command.output}"
+            assert status == (2 if printed.startswith("error:") else 0), f"{command.where}: `{command.text}` ended with status {status}"
+        else:
+            assert status == 0, f"{command.where}: `{command.text}` ended with status {status}:\n{printed[-2000:]}"
+        return
+    if is_pytest(command):
+        for word in _words(command.text)[3:]:
+            if word.startswith("tests/"):
+                assert (REPO / word).exists(), f"{command.where}: `{command.text}` names {word}, which does not exist"
+        if command.text == ".venv/bin/python -m pytest":
+            assert command.text in (REPO / ".ci/run").read_text().splitlines(), f"{command.where}: .ci/run no longer runs `{command.text}`"
+        return
+    assert any(command.text in table for table in (RUN_IN_SCRATCH, COVERED, HARDWARE_ONLY)), (
+        f"{command.where}: `{command.text}` is neither run by tests/docs/test_commands.py nor registered there; add it to "
+        "RUN_IN_SCRATCH (a short CPU run), COVERED (the test that runs it) or HARDWARE_ONLY (why it cannot run here)"
+    )
+    if command.text in COVERED:
+        node = COVERED[command.text]
+        assert _node_exists(node), f"{command.where}: `{command.text}` is registered as covered by {node}, which does not exist"
+    check_parses(command)
+
+
+def test_every_registered_command_is_still_in_the_docs():
+    texts = {command.text for command in ALL}
+    for table in (COVERED, HARDWARE_ONLY, RUN_IN_SCRATCH):
+        stale = sorted(set(table) - texts)
+        assert not stale, f"registered in tests/docs/test_commands.py but in no page any more (remove them): {stale}"
+
+
+def test_no_command_hides_in_an_untagged_block():
+    stray = [line for page in markdown.pages() for line in markdown.stray_commands(page)]
+    assert not stray, "commands in a block without a language and without `$ ` prompts; tag the block bash (or text): " + "; ".join(stray)
+
+
+_DONE: dict[str, str] = {}  # command -> its scratch output, once it has run in this session
+
+
+def _run_in_scratch(text: str, where: str, folder: pathlib.Path) -> None:
+    if text in _DONE:
+        return
+    env = clean_env(PATH=f"{REPO / '.venv/bin'}{os.pathsep}{os.environ['PATH']}")
+    result = subprocess.run(["bash", "-c", text], cwd=folder, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, f"{where}: `{text}` ended with status {result.returncode}:\n{(result.stdout + result.stderr)[-3000:]}"
+    _DONE[text] = result.stdout
+
+
+SCRATCH = [c for c in ALL if c.text in RUN_IN_SCRATCH and not runs_here(c)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", SCRATCH, ids=[c.where for c in SCRATCH])
+def test_scratch_commands_run(command, scratch):
+    after, needs_fmnist = RUN_IN_SCRATCH[command.text]
+    if needs_fmnist and not FMNIST.exists():
+        pytest.skip("needs data/fashion-mnist (python data/prepare_fmnist.py, or bash scripts/setup.sh)")
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    if after is not None:
+        _run_in_scratch(after, command.where, scratch)
+    _run_in_scratch(command.text, command.where, scratch)
