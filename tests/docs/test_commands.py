@@ -66,6 +66,10 @@ COVERED = {
     "largebatch data index data/other/train-00000-of-00004": "tests/data/test_convert.py::test_cli_convert_index_verify",
     "largebatch data verify data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
     "largebatch config keys --write docs/configs.md": "tests/config/test_reference.py::test_docs_configs_page_matches_the_schema",
+    "torchrun --standalone --nproc_per_node=2 train.py --config configs/demo/finetune-vit-tiny-fmnist.py": (
+        "tests/test_finetune.py::test_fine_tuning_runs_end_to_end_from_the_cli"
+        "  # model.init_from from a finished run, with layer decay and another class count, on the tiny config"
+    ),
     "python -m bench": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # the same entry point at --quick sizes",
     "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report",
     "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # --quick --only",
@@ -142,6 +146,11 @@ RUN_IN_SCRATCH = {
     "python -c \"import json,sys; [print(r['step'], round(r['noise_scale/b_simple'])) for r in map(json.loads, open(sys.argv[1]))"
     " if 'noise_scale/b_simple' in r]\" runs/noise/metrics.jsonl": (_NOISE, True),
     "mkdir -p runs": (None, False),
+    "largebatch export runs/first --out exports/first": (_FIRST, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/mse --set task.type=tests/support/onehot_mse.py:OneHotMSE": (
+        None,
+        False,
+    ),
 }
 
 ALL = [command for page in markdown.pages() for command in markdown.commands(page)]
