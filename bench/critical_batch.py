@@ -179,9 +179,7 @@ class StudyEval(Hook):
             state.request_eval()
 
     def after_eval(self, state) -> None:
-        from largebatch.engine.engine import evaluate_loader
-
-        metrics = evaluate_loader(state.model, self._loader, state.backend, prefix="test")
+        metrics = state.task.evaluate(state.model, self._loader, state.backend, prefix="test")
         state.eval_metrics = {**state.eval_metrics, "test/loss": metrics["test/loss"], "test/top1": metrics["test/top1"]}
         for key in self.reached:
             self.reached[key] = self.reached[key] or state.eval_metrics[key] >= self.target

@@ -51,7 +51,6 @@ import warnings
 
 import torch
 
-from largebatch.data.mixup import soft_cross_entropy
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
 
@@ -127,7 +126,7 @@ class FirstNaNHook(Hook):
             with torch.enable_grad(), state.backend.autocast(), warnings.catch_warnings():
                 # the first module's inputs (the images) need no gradient; torch warns about it
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                loss = soft_cross_entropy(model(batch.images), batch.targets)
+                loss = state.task.loss(state.task.forward(model, batch.images), batch)
                 params = [p for p in model.parameters() if p.requires_grad]
                 if not forward_bad and _finite(loss):
                     torch.autograd.grad(loss, params, allow_unused=True)

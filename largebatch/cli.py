@@ -110,9 +110,11 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     from largebatch.footprint import estimate_memory
     from largebatch.hooks import build_hooks
     from largebatch.launch import resolve_config
+    from largebatch.tasks import build_task
 
     cfg = resolve_config(args.config, args.overrides)
-    build_hooks(cfg, pathlib.Path(args.config))  # a bad hook spec is a config mistake too
+    build_hooks(cfg, pathlib.Path(args.config))  # a bad hook or task spec is a config mistake too
+    build_task(cfg, pathlib.Path(args.config))
     world_size = args.world_size or discover().world_size
     samples, source = train_sample_count(cfg)
     derived = derive(cfg, world_size, samples)

@@ -31,6 +31,7 @@ from largebatch.hooks import build_hooks
 from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model, check_model_config
 from largebatch.optim.schedules import build_schedule
+from largebatch.tasks import build_task
 
 
 @dataclasses.dataclass
@@ -111,6 +112,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
     cfg = resolve_config(args.config, args.overrides)
     hooks = build_hooks(cfg, pathlib.Path(args.config))
+    task = build_task(cfg, pathlib.Path(args.config))
     if args.run_dir:
         check_run_dir(pathlib.Path(args.run_dir), resuming=bool(args.resume))
     info = discover()
@@ -176,6 +178,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         scaler=backend.make_grad_scaler(),
         mixup=mixup,
         run_dir=run_dir,
+        task=task,
     )
     if args.resume:
         found = ckpt.read_resume_checkpoint(args.resume, run_dir, warn=info.is_main)

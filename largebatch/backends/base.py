@@ -16,19 +16,12 @@ from typing import Any
 
 import torch
 
+from largebatch.config.schema import section_defaults
+from largebatch.dist import init_process_group
 from largebatch.errors import UserError
+from largebatch.optim import build_optimizer, sharded
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def section_defaults(name: str) -> dict[str, Any]:
-    """The schema's defaults of config section ``name`` (``{}`` when there is none)."""
-    from largebatch.config.schema import SCHEMA, Field
-
-    section = SCHEMA.fields.get(name)
-    if section is None or isinstance(section, Field):
-        return {}
-    return {key: spec.default for key, spec in section.fields.items() if isinstance(spec, Field)}
 
 
 def clip_coefficient(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -85,8 +78,6 @@ class Backend:
 
     def init_process_group(self, info: Any, dist_backend: str, timeout_minutes: float) -> None:
         """Join the job's process group (no-op for one process); ``info`` is a ``DistInfo``."""
-        from largebatch.dist import init_process_group
-
         init_process_group(info, dist_backend, timeout_minutes)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -161,8 +152,6 @@ class Backend:
 
     def build_optimizer(self, cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
         """The config's optimizer; a backend may substitute a fused implementation."""
-        from largebatch.optim import build_optimizer
-
         return build_optimizer(cfg, model)
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
@@ -177,8 +166,6 @@ class Backend:
             norms: the gradients' per-parameter norms when a caller already has them
                 (``TrainState.compute_grad_norms``), so they are not computed twice.
         """
-        from largebatch.optim import sharded
-
         grads = [p.grad for p in parameters if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)

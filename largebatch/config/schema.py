@@ -11,10 +11,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib
 from typing import Any
 
 from largebatch.errors import ConfigError
-from largebatch.optim.param_groups import DEFAULT_PATTERNS
 
 REQUIRED = object()
 
@@ -48,14 +48,30 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    """A dict of known keys. ``open`` sections also accept keys checked elsewhere."""
+    """A dict of known keys. ``open`` sections also accept keys checked elsewhere.
+
+    Attributes:
+        checked_by: ``'package.module:function'`` that validation calls with the
+            section's values to check the keys it passes on (the optimizer's signature);
+            named, not imported, so this package depends on nothing above it.
+    """
 
     fields: dict[str, Field | Section]
     doc: str = ""
     open: bool = False
+    checked_by: str | None = None
 
 
-DEFAULT_NO_WEIGHT_DECAY = list(DEFAULT_PATTERNS)
+# Parameter names that get no weight decay (``largebatch.optim.param_groups``): biases,
+# normalisation weights, position embeddings and class tokens.
+DEFAULT_NO_WEIGHT_DECAY: tuple[str, ...] = (
+    "*.bias",
+    "*norm*.weight",
+    "pos_embed",
+    "*.pos_embed",
+    "cls_token",
+    "*.cls_token",
+)
 
 SCHEMA = Section(
     {
@@ -90,19 +106,33 @@ SCHEMA = Section(
             "timm model; every other key is a keyword argument of timm.create_model",
             open=True,
         ),
+        "task": Section(
+            {
+                "type": Field(
+                    str,
+                    "classification",
+                    "the training objective and its metrics: 'classification', or your Task subclass as "
+                    "'path/file.py:Class' or 'package.module:Class'",
+                ),
+            },
+            "what the model is trained for: the loss of a micro-batch, train and eval metrics (docs/tasks.md); "
+            "every other key is a keyword argument of the task class",
+            open=True,
+        ),
         "optimizer": Section(
             {
                 "type": Field(str, "adamw", "optimizer", choices=("adamw", "sgd", "lamb", "lars")),
                 "lr": Field(float, REQUIRED, "peak learning rate (before lr_schedule.scaling)", low=0, low_open=True),
                 "weight_decay": Field(float, 0.0, "weight decay for the decayed group", low=0),
                 "no_weight_decay": Field(
-                    list, DEFAULT_NO_WEIGHT_DECAY, "fnmatch patterns of parameter names without weight decay", items=str
+                    list, list(DEFAULT_NO_WEIGHT_DECAY), "fnmatch patterns of parameter names without weight decay", items=str
                 ),
                 "exclude_1d": Field(bool, True, "no weight decay for parameters with ndim <= 1"),
                 "layer_decay": Field(float, None, "layer-wise lr decay for ViTs (None: off)", low=0, high=1, low_open=True, nullable=True),
             },
             "every other key is a keyword argument of the optimizer class",
             open=True,
+            checked_by="largebatch.optim:optimizer_kwargs",
         ),
         "lr_schedule": Section(
             {
@@ -296,6 +326,14 @@ def describe_keys(section: Section, prefix: str = "") -> list[tuple[str, str, st
     return rows
 
 
+def section_defaults(name: str) -> dict[str, Any]:
+    """The defaults of the keys of top-level section ``name`` (``{}`` when there is none)."""
+    section = SCHEMA.fields.get(name)
+    if not isinstance(section, Section):
+        return {}
+    return {key: spec.default for key, spec in section.fields.items() if isinstance(spec, Field)}
+
+
 def _check_section(section: Section, values: Any, prefix: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"must be a dict, got {type(values).__name__} {values!r}", key=prefix.rstrip("."))
@@ -415,9 +453,10 @@ def _check_rules(cfg: dict[str, Any]) -> None:
     mix = cfg["mixup"]
     if mix["cutmix_alpha"] > 0 and data["image_size"] < 2:
         raise ConfigError("CutMix needs images of at least 2 pixels", key="mixup.cutmix_alpha")
-    from largebatch.optim import optimizer_kwargs  # the optimizer's own signature
-
-    optimizer_kwargs(cfg["optimizer"])
+    for name, spec in SCHEMA.fields.items():
+        if isinstance(spec, Section) and spec.checked_by:
+            module, _, function = spec.checked_by.partition(":")
+            getattr(importlib.import_module(module), function)(cfg[name])
     if cfg["optimizer"].get("max_grad_norm") is not None and cfg["clip_grad_norm"]:
         raise ConfigError(
             f"clips inside the optimizer while clip_grad_norm {cfg['clip_grad_norm']} clips once per step already; set one of them to null",

@@ -29,7 +29,7 @@ class MixedBatch:
     Attributes:
         images: the mixed images.
         targets: soft targets ``[B, C]``, or the int64 labels when nothing mixes or
-            smooths (then plain cross-entropy runs).
+            smooths (the task's loss reads them, ``largebatch.tasks``).
         labels: the original labels.
         labels_b: the labels mixed in (``labels.flip(0)``), or None.
         lam: the weight of ``labels`` (1.0 when unmixed).
@@ -121,10 +121,3 @@ class MixupCutmix:
         if lam < 1.0:
             targets = targets.mul_(lam).add_(one_hot(labels_b), alpha=1.0 - lam)
         return targets
-
-
-def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy against soft targets (or int labels), averaged over the batch."""
-    if targets.dtype == torch.int64:
-        return torch.nn.functional.cross_entropy(logits, targets)
-    return torch.sum(-targets * torch.log_softmax(logits.float(), dim=-1), dim=-1).mean()

@@ -1,7 +1,8 @@
 """The training loop. Short on purpose: everything optional is a hook.
 
 The loop's shape and its events are documented in ``largebatch.engine.events``; the
-gradient-accumulation rules in ``largebatch.engine.accumulation``.
+gradient-accumulation rules in ``largebatch.engine.accumulation``. What is computed on
+a batch (forward, loss, metrics) is the task's (``state.task``, ``largebatch.tasks``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from typing import Any
 
 import torch
 
-from largebatch.data.mixup import soft_cross_entropy
-from largebatch.dist import all_reduce_sum
 from largebatch.engine.accumulation import micro_loss_weight, sync_context
 from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
@@ -143,8 +142,8 @@ class Engine:
             with sync_context(state.train_model, micro, window, sync_first=state.sync_first_micro, sync_all=state.sync_every_micro):
                 state.random.seed_forward(state.step, micro)  # dropout: a function of (seed, rank, step, micro)
                 with state.backend.autocast():
-                    state.outputs = state.train_model(state.batch.images)
-                    state.loss = soft_cross_entropy(state.outputs, state.batch.targets)
+                    state.outputs = state.task.forward(state.train_model, state.batch.images)
+                    state.loss = state.task.loss(state.outputs, state.batch)
                 self.fire(Event.AFTER_FORWARD)
                 scaled = state.loss * micro_loss_weight(window)
                 (state.scaler.scale(scaled) if state.scaler else scaled).backward()
@@ -174,56 +173,21 @@ class Engine:
         self._eval_if_requested()
 
     def evaluate(self) -> dict[str, float]:
-        """Top-1, top-5 and loss over the evaluation split (every sample once across ranks)."""
+        """The task's metrics over the evaluation split (every sample once across ranks;
+        classification: ``eval/loss``, ``eval/top1``, ``eval/top5``)."""
         state = self.state
         if self.eval_loader is None:
             return {}
         self.fire(Event.BEFORE_EVAL)
 
-        def after_batch(images: torch.Tensor, labels: torch.Tensor, logits: torch.Tensor) -> None:
-            state.eval_batch = (images, labels, logits)
+        def after_batch(images: torch.Tensor, labels: torch.Tensor, outputs: Any) -> None:
+            state.eval_batch = (images, labels, outputs)
             self.fire(Event.AFTER_EVAL_BATCH)
 
         try:
-            state.eval_metrics = evaluate_loader(state.model, self.eval_loader, state.backend, prefix="eval", on_batch=after_batch)
+            state.eval_metrics = state.task.evaluate(state.model, self.eval_loader, state.backend, prefix="eval", on_batch=after_batch)
         finally:
             state.eval_batch = None
         self._last_eval_step = state.step
         self.fire(Event.AFTER_EVAL)
         return state.eval_metrics
-
-
-@torch.no_grad()
-def evaluate_loader(model: torch.nn.Module, loader: Any, backend: Any, *, prefix: str = "eval", on_batch: Any = None) -> dict[str, float]:
-    """Loss, top-1 and top-5 of ``model`` over ``loader``, summed over ranks.
-
-    Every rank must call it (it all-reduces once at the end). The model is put in eval
-    mode for the pass and back in train mode after it. ``on_batch(images, labels,
-    logits)`` is called after each batch. Returns ``{prefix}/loss``, ``/top1``, ``/top5``
-    and ``/samples``.
-    """
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=backend.device)  # loss, top1, top5, count
-    try:
-        for images, labels in loader:
-            with backend.autocast():
-                logits = model(images)
-            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-            k = min(5, logits.shape[-1])
-            hits = logits.topk(k, dim=-1).indices.eq(labels.unsqueeze(1))
-            sums += torch.stack(
-                [
-                    loss.double(),
-                    hits[:, 0].sum().double(),
-                    hits.any(1).sum().double(),
-                    torch.tensor(float(labels.numel()), dtype=torch.float64, device=sums.device),
-                ]
-            )
-            if on_batch is not None:
-                on_batch(images, labels, logits)
-    finally:
-        model.train()
-    all_reduce_sum(sums)
-    loss, top1, top5, count = sums.tolist()
-    count = max(count, 1.0)
-    return {f"{prefix}/loss": loss / count, f"{prefix}/top1": top1 / count, f"{prefix}/top5": top5 / count, f"{prefix}/samples": count}

@@ -27,6 +27,7 @@ from largebatch.batching import BatchPlan
 from largebatch.dist import DistInfo
 from largebatch.optim import sharded
 from largebatch.randomness import RandomStreams
+from largebatch.tasks import ClassificationTask, Task
 
 
 @dataclasses.dataclass
@@ -80,11 +81,14 @@ class TrainState:
         model: the model being trained (unwrapped; its ``state_dict`` is the weights).
         train_model: what the forward pass calls (the DDP wrapper when distributed).
         optimizer, schedule, scaler, mixup: as built from the config (scaler may be None).
+        task: the objective (``largebatch.tasks``): forward, loss, train and eval
+            metrics (default: ``ClassificationTask``).
         run_dir: the run directory.
         random: the run's random streams (``largebatch.randomness``); the engine reseeds
             the model's generators from it before every forward pass.
         batch: the current micro-batch (``MixedBatch``) in micro events.
-        outputs / loss: the current micro-batch's logits and mean loss (``after_forward`` on).
+        outputs / loss: the current micro-batch's outputs (``task.forward``: logits for
+            classification) and mean loss (``after_forward`` on).
         window_size / micro_in_window: micro-batches in this step's window, and the
             current one's index.
         step_loss: the step's loss so far (mean over the window's micro-batches, detached).
@@ -130,6 +134,7 @@ class TrainState:
         mixup: Any,
         run_dir: pathlib.Path,
         random: RandomStreams | None = None,
+        task: Task | None = None,
     ) -> None:
         self.config = config
         self.derived = derived
@@ -142,11 +147,12 @@ class TrainState:
         self.schedule = schedule
         self.scaler = scaler
         self.mixup = mixup
+        self.task = task if task is not None else ClassificationTask()
         self.run_dir = run_dir
         self.random = random or RandomStreams(config.get("seed", 0), dist.rank, backend)
         self._counters = Counters()
         self.batch = None
-        self.outputs: torch.Tensor | None = None
+        self.outputs: Any = None
         self.loss: torch.Tensor | None = None
         self.window_size = plan.accumulation
         self.micro_in_window = 0

@@ -10,21 +10,15 @@ In a config::
 
 Default hooks (``DEFAULT_HOOKS``) always run; listing one by name replaces its
 arguments. A path is read relative to the working directory, then to the config file's
-folder and its parents.
+folder and its parents; ``'package.module:Class'`` names a hook in an importable module.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import importlib
-import importlib.util
-import inspect
 import pathlib
-import sys
 from typing import Any
 
-from largebatch.config.signature import check_call
+from largebatch.config.resolve import check_arguments, construct, load_class
 from largebatch.engine.hook import Hook, parse_priority
 from largebatch.errors import ConfigError
 
@@ -52,81 +46,28 @@ DEFAULT_HOOKS = ("loss", "lr", "throughput", "grad_norm", "nan_guard", "logger",
 
 
 def _builtin_class(name: str) -> type[Hook]:
-    module, _, cls = BUILTIN_HOOKS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-def _search_paths(file: str, config_path: pathlib.Path | None) -> list[pathlib.Path]:
-    path = pathlib.Path(file)
-    if path.is_absolute():
-        return [path]
-    candidates = [pathlib.Path.cwd() / path]
-    if config_path is not None:
-        candidates += [parent / path for parent in pathlib.Path(config_path).resolve().parents]
-    return candidates
+    return load_hook_class(name, f"hooks ({name})")
 
 
 def load_hook_class(spec: str, key: str, config_path: pathlib.Path | None = None) -> type[Hook]:
-    """The class a hook ``type`` names: a built-in name or ``'path/file.py:Class'``.
+    """The class a hook ``type`` names: a built-in name, ``'path/file.py:Class'`` or
+    ``'package.module:Class'`` (``largebatch.config.resolve``).
 
     Raises:
-        ConfigError: unknown name, missing file or class, a class that is not a ``Hook``.
+        ConfigError: unknown name, missing file, module or class, a class that is not a ``Hook``.
     """
-    if spec in BUILTIN_HOOKS:
-        return _builtin_class(spec)
-    if ":" not in spec:
-        close = difflib.get_close_matches(spec, list(BUILTIN_HOOKS), n=1)
-        hint = (
-            f"did you mean {close[0]!r}?" if close else f"built-in hooks: {', '.join(BUILTIN_HOOKS)}; a custom hook is 'path/file.py:Class'"
-        )
-        raise ConfigError(f"unknown hook {spec!r}; {hint}", key=key)
-    file, _, class_name = spec.rpartition(":")
-    found = next((p for p in _search_paths(file, config_path) if p.is_file()), None)
-    if found is None:
-        raise ConfigError(f"hook file {file!r} not found (looked in the working directory and above the config); check the path", key=key)
-    module_name = f"largebatch_user_hook_{hashlib.sha1(str(found).encode()).hexdigest()[:12]}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        module_spec = importlib.util.spec_from_file_location(module_name, found)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module  # before running it, as an import does: dataclasses and pickle look it up
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[module_name]
-            raise ConfigError(f"importing {found} raised {type(exc).__name__}: {exc}", key=key) from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        classes = [n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, Hook) and v is not Hook]
-        close = difflib.get_close_matches(class_name, classes, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"hook classes in it: {', '.join(classes) or 'none'}"
-        raise ConfigError(f"{file} has no class {class_name!r}; {hint}", key=key)
-    if not (inspect.isclass(cls) and issubclass(cls, Hook)):
-        raise ConfigError(f"{file}:{class_name} is not a subclass of largebatch.engine.hook.Hook; subclass Hook", key=key)
-    if cls is Hook:
-        raise ConfigError(f"{file}:{class_name} is the Hook base class itself; name your subclass of it", key=key)
-    return cls
+    return load_class(spec, key=key, kind="hook", base=Hook, builtins=BUILTIN_HOOKS, config_path=config_path)
 
 
 def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
     """``cls(**kwargs)`` with bad arguments reported as a ``ConfigError``."""
-    try:
-        inspect.signature(cls).bind(**kwargs)
-    except TypeError as exc:
-        accepted = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
-        raise ConfigError(f"{cls.__name__} arguments: {exc}; it takes {', '.join(accepted) or 'none'}", key=key) from exc
+    check_arguments(cls, kwargs, key, untyped=("priority",))
     if "priority" in kwargs:
         try:
             parse_priority(kwargs["priority"])
         except ValueError as exc:
             raise ConfigError(str(exc), key=f"{key}.priority") from exc
-    check_call(cls, {k: v for k, v in kwargs.items() if k != "priority"}, key)
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as exc:  # the hook rejected a value: still the config's mistake
-        raise ConfigError(f"{cls.__name__}: {exc}", key=key) from exc
-    except Exception as exc:  # any other failure of its constructor: one line naming the entry (traceback with --debug)
-        raise ConfigError(f"{cls.__name__}() raised {type(exc).__name__}: {exc}", key=key) from exc
+    return construct(cls, kwargs, key)
 
 
 def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> list[Hook]:

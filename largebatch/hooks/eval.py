@@ -4,8 +4,8 @@ The config's ``eval.interval_epochs`` and ``eval.at_end`` already evaluate per e
 after training; this hook adds evaluation in the middle of epochs. It asks with
 ``state.request_eval()`` at ``after_step`` (or ``after_epoch``); the engine evaluates once
 every hook of that event has run, never twice for the same step, and not in a run
-stopped to be resumed. Results go to ``state.eval_metrics`` and the sinks
-(``eval/loss``, ``eval/top1``, ``eval/top5``).
+stopped to be resumed. Results (the task's ``eval/`` metrics; classification:
+``eval/loss``, ``eval/top1``, ``eval/top5``) go to ``state.eval_metrics`` and the sinks.
 """
 
 from __future__ import annotations

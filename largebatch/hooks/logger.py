@@ -66,7 +66,8 @@ class MetricsLogger(Hook):
 
     def _line(self, state, record: dict) -> str:
         parts = [f"step {state.step}/{state.total_steps}", f"epoch {state.epoch + 1}/{state.epochs}"]
-        for key in ("loss", "train/top1", "train/top5", "lr", "samples_per_sec", "grad_norm"):
+        task_metrics = [k for k in record if k.startswith("train/")]  # the task's (classification: train/top1, train/top5)
+        for key in ("loss", *task_metrics, "lr", "samples_per_sec", "grad_norm"):
             if key in record:
                 value = record[key]
                 parts.append(f"{key} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{key} {value}")

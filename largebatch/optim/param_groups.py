@@ -25,16 +25,8 @@ from typing import Any
 
 from torch import nn
 
+from largebatch.config.schema import DEFAULT_NO_WEIGHT_DECAY
 from largebatch.errors import UserError
-
-DEFAULT_PATTERNS: tuple[str, ...] = (
-    "*.bias",
-    "*norm*.weight",
-    "pos_embed",
-    "*.pos_embed",
-    "cls_token",
-    "*.cls_token",
-)
 
 _EMBEDDING_PREFIXES = ("patch_embed", "cls_token", "pos_embed", "reg_token", "dist_token")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -62,7 +54,7 @@ def build_param_groups(
     model: nn.Module,
     *,
     weight_decay: float,
-    no_weight_decay: Sequence[str] = DEFAULT_PATTERNS,
+    no_weight_decay: Sequence[str] = DEFAULT_NO_WEIGHT_DECAY,
     exclude_1d: bool = True,
     use_model_no_weight_decay: bool = True,
     layer_decay: float | None = None,

@@ -11,10 +11,10 @@ import signal
 import pytest
 import torch
 
-from largebatch.data.mixup import soft_cross_entropy
 from largebatch.engine.engine import Engine
 from largebatch.engine.hook import Hook, HookError, Priority
 from largebatch.launch import TrainArgs, build_run
+from largebatch.tasks.classification import soft_cross_entropy
 from tests.conftest import REPO, hooks_override, tiny_config, write_config
 
 DEMO = REPO / "configs/demo/vit-tiny-synthetic.py"

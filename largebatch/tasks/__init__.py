@@ -1,0 +1,40 @@
+"""Tasks: what the model is trained for (``largebatch.tasks.base.Task``), chosen by the
+config's ``task`` section::
+
+    task = dict(type='classification')                          # the default
+    task = dict(type='tasks/onehot_mse.py:OneHotMSE', scale=2.0)  # a file of yours, with arguments
+    task = dict(type='mypackage.tasks:Distill')                 # a class in an importable module
+
+Names are resolved like hooks' (``largebatch.config.resolve``); ``docs/tasks.md`` shows
+how to write one.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+from largebatch.config.resolve import check_arguments, construct, load_class
+from largebatch.tasks.base import Task
+from largebatch.tasks.classification import ClassificationTask
+
+__all__ = ["BUILTIN_TASKS", "ClassificationTask", "Task", "build_task"]
+
+BUILTIN_TASKS = {"classification": "largebatch.tasks.classification:ClassificationTask"}
+
+
+def build_task(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> Task:
+    """The task the config's ``task`` section names, built with its other keys.
+
+    Args:
+        cfg: the validated config.
+        config_path: the config file (a task file's path may be relative to its folders).
+
+    Raises:
+        ConfigError: an unknown name, a missing file, module or class, a class that is
+            not a ``Task``, or arguments it does not take.
+    """
+    kwargs = dict(cfg["task"])
+    cls = load_class(kwargs.pop("type"), key="task.type", kind="task", base=Task, builtins=BUILTIN_TASKS, config_path=config_path)
+    check_arguments(cls, kwargs, "task")
+    return construct(cls, kwargs, "task")
