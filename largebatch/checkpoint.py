@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from largebatch.config.schema import default_of
 from largebatch.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -107,10 +108,18 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ, ignoring ``RESUME_FREE_KEYS``."""
+    """Dotted keys whose values differ, ignoring ``RESUME_FREE_KEYS`` and keys the saved
+    config lacks because they were added to the schema after it was written, when this
+    run leaves them at their default (which keeps the old behaviour)."""
     a, b = flatten(saved), flatten(current)
     keys = sorted(set(a) | set(b))
-    return [k for k in keys if a.get(k) != b.get(k) and not any(k == f or k.startswith(f) for f in RESUME_FREE_KEYS)]
+    return [
+        k
+        for k in keys
+        if a.get(k) != b.get(k)
+        and not any(k == f or k.startswith(f) for f in RESUME_FREE_KEYS)
+        and not (k not in a and b.get(k) == default_of(k))
+    ]
 
 
 def list_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -1,6 +1,7 @@
 """Whole runs through the command line: torchrun with 2 ranks, exact resume, the outputs."""
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -88,6 +89,24 @@ def test_resume_with_a_different_config_is_refused(tmp_path):
     assert "optimizer.lr (0.001 -> 0.005)" in result.stderr and "--resume-ignore-config" in result.stderr
     ok = run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run"), "--resume", "auto", "--resume-ignore-config")
     assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_checkpoint_older_than_a_new_config_key_resumes_while_the_key_keeps_its_default(tmp_path):
+    """A key added to the schema after a checkpoint was written (absent from its saved
+    config) is no config change while the run leaves it at its default."""
+    cfg = tiny_config(**{"checkpoint.at_end": True})
+    _train(tmp_path, {**cfg, "max_steps": 2}, tmp_path / "run")
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000002.pt"
+    payload = torch.load(checkpoint, weights_only=False)
+    del payload["config"]["task"], payload["config"]["model"]["init_from"]  # as written before the keys existed
+    torch.save(payload, checkpoint)
+    shutil.copytree(tmp_path / "run", tmp_path / "other")
+    ok = run_cli("train.py", "--config", str(write_config(tmp_path, cfg)), "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    assert ok.returncode == 0 and "resumed from" in ok.stdout, ok.stderr[-2000:]
+    changed = write_config(tmp_path, tiny_config(**{"checkpoint.at_end": True, "model.init_from": str(tmp_path / "run")}), "changed.yaml")
+    result = run_cli("train.py", "--config", str(changed), "--run-dir", str(tmp_path / "other"), "--resume", "auto")
+    assert result.returncode == 2 and "model.init_from (None -> " in result.stderr, result.stderr
 
 
 @pytest.mark.slow

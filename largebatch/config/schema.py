@@ -334,6 +334,15 @@ def section_defaults(name: str) -> dict[str, Any]:
     return {key: spec.default for key, spec in section.fields.items() if isinstance(spec, Field)}
 
 
+def default_of(dotted: str) -> Any:
+    """The schema's default for a dotted key (``REQUIRED`` for a required key or one the
+    schema does not know)."""
+    spec: Field | Section | None = SCHEMA
+    for part in dotted.split("."):
+        spec = spec.fields.get(part) if isinstance(spec, Section) else None
+    return spec.default if isinstance(spec, Field) else REQUIRED
+
+
 def _check_section(section: Section, values: Any, prefix: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"must be a dict, got {type(values).__name__} {values!r}", key=prefix.rstrip("."))
