@@ -5,7 +5,14 @@ Hooks (``hooks``) and the task (``task.type``) are named the same way:
 * a built-in name (``'logger'``, ``'classification'``);
 * ``'path/file.py:Class'``: a file of yours, read relative to the working directory,
   then to the config file's folder and its parents;
-* ``'package.module:Class'``: a module on the Python path.
+* ``'package.module:Class'``: a module on the Python path;
+* a name an installed package registers under the entry-point group ``largebatch.hooks``
+  (hooks) or ``largebatch.tasks`` (tasks), e.g. in its ``pyproject.toml``::
+
+      [project.entry-points."largebatch.hooks"]
+      grad_histogram = "mypkg.hooks:GradHistogram"
+
+  A built-in name wins over a registered one.
 
 Every mistake is a ``ConfigError`` naming the config key: an unknown name with a "did
 you mean", a missing file or module, a class that is not of the expected kind, an
@@ -17,6 +24,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import pathlib
@@ -73,9 +81,26 @@ def _load_module(name: str, key: str, kind: str) -> ModuleType:
         raise ConfigError(f"importing module {name!r} raised {type(exc).__name__}: {exc}", key=key) from exc
 
 
+ENTRY_POINT_GROUPS = {"hook": "largebatch.hooks", "task": "largebatch.tasks"}
+
+
+def registered(kind: str) -> dict[str, importlib.metadata.EntryPoint]:
+    """The names installed packages register for ``kind`` (``hook``, ``task``)."""
+    group = ENTRY_POINT_GROUPS.get(kind)
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)} if group else {}
+
+
+def _load_entry_point(entry: importlib.metadata.EntryPoint, key: str, kind: str) -> Any:
+    where = f"{entry.value!r} (registered as {kind} {entry.name!r} by {entry.dist.name if entry.dist else 'a package'})"
+    try:
+        return entry.load()
+    except Exception as exc:
+        raise ConfigError(f"loading {where} raised {type(exc).__name__}: {exc}; reinstall or fix that package", key=key) from exc
+
+
 def load_class(spec: str, *, key: str, kind: str, base: type, builtins: dict[str, str], config_path: pathlib.Path | None = None) -> type:
-    """The class ``spec`` names: a key of ``builtins``, ``'path/file.py:Class'`` or
-    ``'package.module:Class'``.
+    """The class ``spec`` names: a key of ``builtins``, a name installed packages register
+    (``ENTRY_POINT_GROUPS``), ``'path/file.py:Class'`` or ``'package.module:Class'``.
 
     Args:
         spec: the config's value.
@@ -93,11 +118,16 @@ def load_class(spec: str, *, key: str, kind: str, base: type, builtins: dict[str
         module_name, _, class_name = builtins[spec].partition(":")
         return getattr(importlib.import_module(module_name), class_name)
     if ":" not in spec:
-        close = difflib.get_close_matches(spec, list(builtins), n=1)
+        entries = registered(kind)
+        if spec in entries:
+            return _checked(_load_entry_point(entries[spec], key, kind), f"{entries[spec].value}", key, base)
+        close = difflib.get_close_matches(spec, [*builtins, *entries], n=1)
         hint = (
             f"did you mean {close[0]!r}?"
             if close
-            else f"built-in {kind}s: {', '.join(builtins)}; a custom {kind} is 'path/file.py:Class' or 'package.module:Class'"
+            else f"built-in {kind}s: {', '.join(builtins)}"
+            + (f"; installed: {', '.join(sorted(entries))}" if entries else "")
+            + f"; a custom {kind} is 'path/file.py:Class' or 'package.module:Class'"
         )
         raise ConfigError(f"unknown {kind} {spec!r}; {hint}", key=key)
     location, _, class_name = spec.rpartition(":")
@@ -108,12 +138,14 @@ def load_class(spec: str, *, key: str, kind: str, base: type, builtins: dict[str
         close = difflib.get_close_matches(class_name, classes, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"{kind} classes in it: {', '.join(classes) or 'none'}"
         raise ConfigError(f"{location} has no class {class_name!r}; {hint}", key=key)
+    return _checked(cls, f"{location}:{class_name}", key, base)
+
+
+def _checked(cls: Any, where: str, key: str, base: type) -> type:
     if not (inspect.isclass(cls) and issubclass(cls, base)):
-        raise ConfigError(
-            f"{location}:{class_name} is not a subclass of {base.__module__}.{base.__name__}; subclass {base.__name__}", key=key
-        )
+        raise ConfigError(f"{where} is not a subclass of {base.__module__}.{base.__name__}; subclass {base.__name__}", key=key)
     if cls is base:
-        raise ConfigError(f"{location}:{class_name} is the {base.__name__} base class itself; name your subclass of it", key=key)
+        raise ConfigError(f"{where} is the {base.__name__} base class itself; name your subclass of it", key=key)
     return cls
 
 
