@@ -54,7 +54,18 @@ def installed(tmp_path_factory):
     (work / "src").mkdir()
     (work / "src" / "pyproject.toml").write_text(PYPROJECT)
     (work / "src" / "lbmarker.py").write_text(textwrap.dedent(MODULE))
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(work / "site"), str(work / "src")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+        str(work / "site"),
+        str(work / "src"),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert (work / "site" / "largebatch_marker_hooks-0.1.dist-info" / "entry_points.txt").is_file()
