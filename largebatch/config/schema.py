@@ -26,7 +26,7 @@ class Field:
     Attributes:
         kind: ``int``, ``float``, ``str``, ``bool``, ``list`` or ``dict`` (a free dict).
         default: the value when the key is absent; ``REQUIRED`` makes it mandatory.
-        doc: one line for ``largebatch config keys`` and the README.
+        doc: one line for ``largebatch config keys`` and the generated key reference in docs/configs.md.
         choices: allowed values, if a closed set.
         low / high: inclusive bounds for numbers; ``low_open`` makes ``low`` exclusive.
         nullable: ``None`` is allowed.
