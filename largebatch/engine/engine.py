@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from largebatch.data.base import Loader
 from largebatch.engine.accumulation import micro_loss_weight, sync_context
 from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
@@ -26,11 +27,11 @@ class Engine:
     Args:
         state: the run's state, built by ``largebatch.launch``.
         hooks: hooks to fire; sorted by priority (stable: equal priorities keep order).
-        train_loader: yields this rank's micro-batches (``largebatch.data`` contract).
+        train_loader: yields this rank's micro-batches (the ``largebatch.data.base.Loader`` contract).
         eval_loader: the evaluation loader, or None.
     """
 
-    def __init__(self, state: TrainState, hooks: list[Hook], train_loader: Any, eval_loader: Any = None) -> None:
+    def __init__(self, state: TrainState, hooks: list[Hook], train_loader: Loader, eval_loader: Loader | None = None) -> None:
         self.state = state
         self.hooks = sorted(hooks, key=lambda h: h.priority)
         state.hooks = self.hooks  # what a checkpoint saves besides the state itself
