@@ -32,17 +32,20 @@ ratio. Where the switches come from:
 * ``max_grad_norm``: global-norm clipping inside ``step`` (timm, apex and Habana clip at
   1.0 by default). Off here: the engine clips once per step, after unscaling.
 
-Implementation: the foreach path runs ``torch._foreach_*`` ops over all tensors of a
-group, folds bias correction into scalars, computes norms with ``torch._foreach_norm``
-and the ratios in one vectorised op, and on accelerators never reads a value back to the
-host. On the CPU (where foreach ops are loops of ordinary kernels) it walks the tensors
-in cache-sized chunks: a tensor above ``chunk_elements`` is cut into flat pieces whose
-norms are summed back, and each window of whole tensors is updated as soon as its norms
-are known, backwards, while its pieces are still in cache. The update is written into a
-reusable buffer the size of the largest window (a fresh temporary per chunk costs more in
-page faults than the arithmetic), and the step sizes are read as Python floats, a memory
-read on the CPU rather than a device sync. The per-tensor path (``foreach=False``) writes
-the algorithm out literally; it is the reference the foreach path is tested against.
+Implementation, three paths with the same arithmetic (tested against each other and
+against the update written out):
+
+* per tensor (``foreach=False``): the algorithm written out literally, the reference.
+* multi-tensor (``foreach=True``, the default): ``torch._foreach_*`` ops over all tensors
+  of a group, bias correction folded into two scalars, the norms from one
+  ``torch._foreach_norm`` and the ratios in one vectorised op; on accelerators it never
+  reads a value back to the host. On the CPU a bucket whose tensors allow it goes to
+  ``largebatch.optim.lamb_cpu`` instead: cache-sized chunks on torch's fused Adam
+  kernel, taken only where ``lamb_cpu.applies`` says the private kernel is there and
+  usable (otherwise this path runs).
+* sharded (FSDP2's DTensors, ``_step_sharded``): the multi-tensor path on each rank's
+  slices, with every norm of the step summed across the shard group in one collective
+  (``largebatch.optim.sharded``).
 """
 
 from __future__ import annotations
@@ -55,24 +58,8 @@ import torch
 from torch import Tensor
 
 from largebatch.errors import UserError
-from largebatch.optim import sharded
-
-# Elements per chunk on the CPU: the five float32 streams of a chunk (10 MiB) stay in a
-# server L3; 256Ki to 1Mi measured within noise of each other on ViT-B (bench/).
-CPU_CHUNK_ELEMENTS = 512 * 1024
-
-_GROUP_KEYS = (
-    "lr",
-    "betas",
-    "eps",
-    "weight_decay",
-    "bias_correction",
-    "decoupled_weight_decay",
-    "adapt",
-    "max_trust_ratio",
-    "min_trust_ratio",
-)
-
+from largebatch.optim import lamb_cpu, sharded
+from largebatch.optim.lamb_cpu import CPU_CHUNK_ELEMENTS
 
 # Optimizer-wide switches (not per group), kept by pickling and deepcopy.
 _OPTIMIZER_KEYS = ("adam", "no_decay_adapt", "max_grad_norm", "foreach", "chunk_elements")
@@ -116,8 +103,9 @@ class Lamb(torch.optim.Optimizer):
             ``torch.nn.utils.clip_grad_norm_`` would, without modifying ``.grad``);
             ``None`` (default) because the engine already clips once per step.
         foreach: multi-tensor path (default) or the per-tensor reference path.
-        chunk_elements: foreach chunk size in elements; ``None`` picks
-            ``CPU_CHUNK_ELEMENTS`` on the CPU and no chunking elsewhere, ``0`` disables.
+        chunk_elements: chunk size in elements of the CPU kernel
+            (``largebatch.optim.lamb_cpu``); ``None`` picks ``CPU_CHUNK_ELEMENTS``, ``0``
+            turns the kernel off (the plain foreach path). Other devices do not chunk.
 
     Raises:
         UserError: an option is out of range.
@@ -153,6 +141,7 @@ class Lamb(torch.optim.Optimizer):
         self.chunk_elements = chunk_elements
         self.last_stats: dict[str, dict[str, Any]] = {}
         self._stats_requested = False
+        self._scratch = lamb_cpu.Scratch()
         defaults = {
             "lr": lr,
             "betas": betas,
@@ -212,6 +201,7 @@ class Lamb(torch.optim.Optimizer):
         self.__dict__.setdefault("no_decay_adapt", True)
         self.__dict__.setdefault("last_stats", {})
         self.__dict__.setdefault("_stats_requested", False)
+        self.__dict__.setdefault("_scratch", lamb_cpu.Scratch())
 
     def request_stats(self) -> None:
         """Record trust ratios and norms during the next ``step()`` into ``last_stats``."""
@@ -237,31 +227,18 @@ class Lamb(torch.optim.Optimizer):
         record = self._stats_requested
         self._stats_requested = False
         groups = [self._collect(index, group) for index, group in enumerate(self.param_groups)]
-        all_params = [p for _, params, _, _ in groups for p in params]
-        shard_group = sharded.reduction_group(all_params)
-        clip = self._clip_coefficient([g for _, _, grads, _ in groups for g in grads])
+        shard_group = sharded.reduction_group([p for entry in groups for p in entry.params])
+        clip = self._clip_coefficient([g for entry in groups for g in entry.grads])
         if shard_group is not None and self.foreach:
             results = self._step_sharded(groups, shard_group, clip, record)
         else:
             fn = self._group_foreach if self.foreach else self._group_per_tensor
-            results = [fn(group, params, grads, clip, record) if params else None for group, params, grads, _ in groups]
-        stats: dict[str, dict[str, Any]] = {}
-        for index, ((group, params, _, names), result) in enumerate(zip(groups, results)):
-            if not params:
-                continue
-            if record:
-                ratio, w_norm, u_norm = result
-                stats[group.get("name", f"group{index}")] = {
-                    "param_names": names,
-                    "trust_ratio": ratio,
-                    "weight_norm": w_norm,
-                    "update_norm": u_norm,
-                }
+            results = [fn(entry.group, entry.params, entry.grads, clip, record) if entry.params else None for entry in groups]
         if record:
-            self.last_stats = stats
+            self.last_stats = _stats_by_name(groups, results)
         return loss
 
-    def _collect(self, index: int, group: dict[str, Any]) -> tuple[dict[str, Any], list[Tensor], list[Tensor], list[str]]:
+    def _collect(self, index: int, group: dict[str, Any]) -> _Collected:
         """The group's parameters with gradients, their gradients and names; inits state."""
         params, grads, names = [], [], []
         given = group.get("param_names")
@@ -281,7 +258,7 @@ class Lamb(torch.optim.Optimizer):
             params.append(p)
             grads.append(p.grad)
             names.append(name)
-        return group, params, grads, names
+        return _Collected(group, params, grads, names)
 
     def _clip_coefficient(self, grads: list[Tensor]) -> Tensor | None:
         """``min(1, max_norm / (global_norm + 1e-6))`` as ``clip_grad_norm_``, or None.
@@ -291,97 +268,11 @@ class Lamb(torch.optim.Optimizer):
         total = torch.linalg.vector_norm(sharded.grad_norms(grads))
         return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
 
-    @staticmethod
-    def _bias_scalars(group: dict[str, Any], step: int) -> tuple[float, float]:
-        """``(scale, eps')`` with ``m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps')``:
-        the bias corrections as scalars instead of passes over every tensor."""
-        if not group["bias_correction"]:
-            return 1.0, group["eps"]
-        beta1, beta2 = group["betas"]
-        bc1, bc2_sqrt = 1 - beta1**step, math.sqrt(1 - beta2**step)
-        return bc2_sqrt / bc1, group["eps"] * bc2_sqrt
-
-    def _step_sharded(self, groups: list, shard_group, clip: Tensor | None, record: bool) -> list[tuple[Tensor, Tensor, Tensor] | None]:
-        """The foreach step on FSDP2-sharded parameters: each rank updates its slices,
-        and every norm of the step (weights and updates of all groups) is summed across
-        the shard group in one collective (``largebatch.optim.sharded``); ``clip`` from
-        ``_clip_coefficient`` took a second one when ``max_grad_norm`` clips inside the
-        step. Same arithmetic as the unchunked foreach path, so the trust ratios are the
-        unsharded optimizer's."""
-        reduction = sharded.NormReduction(shard_group)
-        pending = []
-        for group, params, grads, _ in groups:
-            if not params:
-                pending.append(None)
-                continue
-            beta1, beta2 = group["betas"]
-            lr, wd, decoupled = group["lr"], group["weight_decay"], group["decoupled_weight_decay"]
-            adapt = self._adapts(group)
-            buckets: dict[int, list[int]] = {}
-            for i, step in enumerate(self._advance(group, params)):
-                buckets.setdefault(step, []).append(i)
-            parts = []
-            for step, idx in buckets.items():
-                ps = sharded.locals_of(params[i] for i in idx)
-                gs = sharded.locals_of(grads[i] for i in idx)
-                ms = sharded.locals_of(self.state[params[i]]["exp_avg"] for i in idx)
-                vs = sharded.locals_of(self.state[params[i]]["exp_avg_sq"] for i in idx)
-                if clip is not None:
-                    gs = torch._foreach_mul(gs, clip)
-                scale, eps = self._bias_scalars(group, step)
-                torch._foreach_lerp_(ms, gs, 1 - beta1)
-                torch._foreach_mul_(vs, beta2)
-                torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
-                us = torch._foreach_sqrt(vs)  # the step's only parameter-sized temporary
-                torch._foreach_add_(us, eps)
-                for u, m in zip(us, ms):
-                    torch.div(m, u, out=u)  # in place: a foreach division would take a second one
-                if not decoupled and wd != 0:
-                    torch._foreach_add_(us, ps, alpha=wd / scale)  # u = scale * (us + wd / scale * x)
-                handles = (reduction.add(ps), reduction.add(us)) if adapt or record else None
-                parts.append((idx, ps, us, scale, 1 - lr * wd if decoupled else 1.0, handles))
-            pending.append((group, adapt, parts, len(params)))
-        if any(h is not None for entry in pending if entry for *_, h in entry[2]):
-            reduction.reduce()
-        results: list[tuple[Tensor, Tensor, Tensor] | None] = []
-        for entry in pending:
-            if entry is None:
-                results.append(None)
-                continue
-            group, adapt, parts, count = entry
-            lr = group["lr"]
-            collected = []
-            for idx, ps, us, scale, decay, handles in parts:
-                if decay != 1.0:
-                    torch._foreach_mul_(ps, decay)
-                if handles is None:
-                    torch._foreach_add_(ps, us, alpha=-lr * scale)
-                    continue
-                w_norm = reduction.norms(handles[0]) * abs(decay)
-                u_norm = reduction.norms(handles[1]) * scale
-                ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
-                if adapt:
-                    sizes = (ratio * (-lr * scale)).to(ps[0].dtype).unbind(0) if ps else []
-                    torch._foreach_addcmul_(ps, us, list(sizes))
-                else:
-                    torch._foreach_add_(ps, us, alpha=-lr * scale)
-                collected.append((idx, ratio, w_norm, u_norm))
-            if not record:
-                results.append(None)
-                continue
-            order = torch.tensor([i for idx, *_ in collected for i in idx]).argsort()
-            results.append(tuple(torch.cat([c[k] for c in collected])[order.to(collected[0][1].device)] for k in (1, 2, 3)))  # type: ignore[arg-type]
-        return results
-
     def _adapts(self, group: dict[str, Any]) -> bool:
         """Whether the group's step is scaled by the trust ratio."""
         if self.adam or not group["adapt"]:
             return False
         return self.no_decay_adapt or group["weight_decay"] != 0
-
-    @staticmethod
-    def _ratio_bounds(group: dict[str, Any]) -> tuple[float | None, float | None]:
-        return group["min_trust_ratio"], group["max_trust_ratio"]
 
     def _ratio(self, group: dict[str, Any], w_norm: Tensor, u_norm: Tensor) -> Tensor:
         """Trust ratios ``||x|| / ||u||`` (clamped), 1 where either norm is zero."""
@@ -390,20 +281,17 @@ class Lamb(torch.optim.Optimizer):
             ratio = ratio.clamp(min=group["min_trust_ratio"], max=group["max_trust_ratio"])
         return torch.where((w_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio))
 
-    def _scratch(self, device: torch.device, dtype: torch.dtype, size: int, slot: int = 0) -> Tensor:
-        """A reusable flat buffer of ``size`` elements (not part of the state)."""
-        key = (device, dtype, slot)
-        buffers: dict[tuple[Any, ...], Tensor] = self.__dict__.setdefault("_buffers", {})
-        if key not in buffers or buffers[key].numel() < size:
-            buffers[key] = torch.empty(size, device=device, dtype=dtype)
-        return buffers[key]
-
-    def _advance(self, group: dict[str, Any], params: list[Tensor]) -> list[int]:
+    def _advance(self, params: list[Tensor]) -> list[int]:
+        """Count one more step for each parameter; returns the new counts."""
         steps = []
         for p in params:
             self.state[p]["step"] += 1
             steps.append(self.state[p]["step"])
         return steps
+
+    def _moments(self, params: Iterable[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        states = [self.state[p] for p in params]
+        return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
 
     def _group_per_tensor(
         self,
@@ -418,7 +306,7 @@ class Lamb(torch.optim.Optimizer):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         adapt = self._adapts(group)
         ratios, w_norms, u_norms = [], [], []
-        for p, g, step in zip(params, grads, self._advance(group, params)):
+        for p, g, step in zip(params, grads, self._advance(params)):
             state = self.state[p]
             m, v = state["exp_avg"], state["exp_avg_sq"]
             if clip is not None:
@@ -435,10 +323,7 @@ class Lamb(torch.optim.Optimizer):
             elif wd != 0:
                 update.add_(p, alpha=wd)
             if adapt or record:
-                w_norm, u_norm = (
-                    torch.linalg.vector_norm(p),
-                    torch.linalg.vector_norm(update),
-                )
+                w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)
                 ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
                 ratios.append(ratio)
                 w_norms.append(w_norm)
@@ -461,307 +346,205 @@ class Lamb(torch.optim.Optimizer):
     ) -> tuple[Tensor, Tensor, Tensor] | None:
         """Multi-tensor step; buckets tensors by device, dtype and step count."""
         buckets: dict[tuple[Any, ...], list[int]] = {}
-        for i, (p, step) in enumerate(zip(params, self._advance(group, params))):
+        for i, (p, step) in enumerate(zip(params, self._advance(params))):
             buckets.setdefault((p.device, p.dtype, step), []).append(i)
         parts = []
-        for (device, _, step), idx in buckets.items():
-            result = self._bucket_foreach(
-                group,
-                [params[i] for i in idx],
-                [grads[i] for i in idx],
-                step,
-                device,
-                clip,
-                record,
-            )
-            parts.append((idx, result))
-        if not record:
-            return None
-        if len(parts) == 1:
-            return parts[0][1]
-        order = torch.tensor([i for idx, _ in parts for i in idx]).argsort()
-        device = params[0].device
-        return tuple(torch.cat([r[k].to(device) for _, r in parts])[order.to(device)] for k in range(3))  # type: ignore[return-value]
+        for (_, _, step), idx in buckets.items():
+            stats = self._bucket_foreach(group, step, [params[i] for i in idx], [grads[i] for i in idx], clip, record)
+            parts.append((idx, stats))
+        return _in_order(parts) if record else None
 
     def _bucket_foreach(
         self,
         group: dict[str, Any],
+        step: int,
         params: list[Tensor],
         grads: list[Tensor],
-        step: int,
-        device: torch.device,
         clip: Tensor | None,
         record: bool,
     ) -> tuple[Tensor, Tensor, Tensor] | None:
-        beta1, beta2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        decoupled = group["decoupled_weight_decay"]
+        """One bucket (device, dtype, step count): the CPU kernel where it applies, else foreach ops."""
+        exp_avgs, exp_avg_sqs = self._moments(params)
         adapt = self._adapts(group)
-        limit = self.chunk_elements
-        if limit is None:
-            limit = CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
-        states = [self.state[p] for p in params]
-        exp_avgs = [s["exp_avg"] for s in states]
-        exp_avg_sqs = [s["exp_avg_sq"] for s in states]
-        # On the CPU, torch's fused Adam kernel (what Adam(fused=True) runs) computes the
-        # moments and r = m_hat / (sqrt(v_hat) + eps) in one pass; given lr = -1 it adds r
-        # to its "parameter", here the update buffer. Bias correction off = step at inf.
-        fused = (
-            limit > 0
-            and device.type == "cpu"
-            and params[0].dtype in (torch.float32, torch.float64)
-            and hasattr(torch, "_fused_adam_")
-            and all(t.is_contiguous() for tensors in (params, grads, exp_avgs, exp_avg_sqs) for t in tensors)
-        )
-        if fused:
-            scale, eps = 1.0, group["eps"]
-            step_tensor = torch.tensor(float(step) if group["bias_correction"] else math.inf)
-        else:
-            scale, eps = self._bias_scalars(group, step)
-        coupled_wd = 0.0 if decoupled else wd / scale  # u = scale * (u' + coupled_wd x)
-        # Decoupled decay scales the weights by a scalar, so the decayed weight norm is
-        # decay * ||x|| and the decay itself is done in the final pass over the weights.
-        decay = 1 - lr * wd if decoupled else 1.0
-        states = [self.state[p] for p in params]
-        exp_avgs = [s["exp_avg"] for s in states]
-        exp_avg_sqs = [s["exp_avg_sq"] for s in states]
-        windows = _plan_windows(params, grads, exp_avgs, exp_avg_sqs, limit)
-        need_norms = adapt or record
-
-        dtype = params[0].dtype
-        # On the CPU a fresh temporary per chunk costs more in page faults than the math:
-        # the update goes into a buffer kept between steps, sized to the largest window.
-        buffer = None
-        if limit:
-            buffer = self._scratch(device, dtype, max(w.numel for w in windows))
-        clip_buffer = self._scratch(device, dtype, limit, slot=1) if limit and clip is not None else None
-        offset = 0
-
-        def direction(ps: list[Tensor], ms: list[Tensor], vs: list[Tensor]) -> list[Tensor]:
-            nonlocal offset
-            if buffer is None:
-                us = torch._foreach_sqrt(vs)
-                torch._foreach_add_(us, eps)
-                us = torch._foreach_div(ms, us)
-            else:
-                # foreach ops have no out= form; writing straight into the buffer saves
-                # the copy in and the reciprocal a foreach version needs.
-                us = _views(buffer, vs, offset)
-                offset += sum(u.numel() for u in us)
-                for u, m, v in zip(us, ms, vs):
-                    torch.sqrt(v, out=u)
-                    u.add_(eps)
-                    torch.div(m, u, out=u)
-            if coupled_wd != 0:
-                torch._foreach_add_(us, ps, alpha=coupled_wd)
-            return us
-
-        def apply(ps: list[Tensor], us: list[Tensor], sizes: list[Tensor] | list[float] | None) -> None:
-            if decay != 1.0:
-                torch._foreach_mul_(ps, decay)
-            if sizes is None:
-                torch._foreach_add_(ps, us, alpha=-lr * scale)
-            elif isinstance(sizes[0], float):
-                for p, u, size in zip(ps, us, sizes):
-                    p.add_(u, alpha=size)
-            else:
-                torch._foreach_addcmul_(ps, us, sizes)
-
-        # A foreach multiply by a Python number takes a temporary per tensor on the CPU;
-        # by a 0-dim tensor it is in place.
-        beta2_scalar: float | Tensor = torch.tensor(beta2, dtype=dtype) if buffer is not None else beta2
-        results: list[tuple[Tensor, ...]] = []
-        on_host = device.type == "cpu" and buffer is not None
-        for window in windows:
-            offset = 0
-            w_parts: list[Tensor] = []
-            u_parts: list[Tensor] = []
-            updates: list[list[Tensor]] = []
-            for ps, gs, ms, vs in window.chunks:
-                if clip is not None:
-                    if clip_buffer is None:
-                        gs = torch._foreach_mul(gs, clip)
-                    else:
-                        clipped = _views(clip_buffer, gs)
-                        torch._foreach_copy_(clipped, gs)
-                        torch._foreach_mul_(clipped, clip)
-                        gs = clipped
-                if fused:
-                    us = _views(buffer, ps, offset)
-                    offset += sum(u.numel() for u in us)
-                    if coupled_wd != 0:
-                        for u, p in zip(us, ps):
-                            torch.mul(p, coupled_wd, out=u)
-                    else:
-                        torch._foreach_zero_(us)
-                    torch._fused_adam_(
-                        us, gs, ms, vs, [], [step_tensor] * len(us),
-                        lr=-1.0, beta1=beta1, beta2=beta2, weight_decay=0.0,
-                        eps=eps, amsgrad=False, maximize=False,
-                    )  # fmt: skip
-                else:
-                    torch._foreach_lerp_(ms, gs, 1 - beta1)
-                    torch._foreach_mul_(vs, beta2_scalar)
-                    torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
-                    us = direction(ps, ms, vs)
-                if need_norms:
-                    norms = torch._foreach_norm([*ps, *us])  # one call for both
-                    w_parts.extend(norms[: len(ps)])
-                    u_parts.extend(norms[len(ps) :])
-                    updates.append(us)
-                else:
-                    apply(ps, us, None)  # no ratio to wait for: one pass
-            if not need_norms:
-                continue
-            sizes: list[float] | list[Tensor] | None = None
-            if on_host:
-                # On the CPU the norms are host memory already (tolist() is a read, not a
-                # device sync): the few scalars per tensor are cheaper in Python than as
-                # a dozen tiny tensor ops, and float step sizes make the final update one
-                # op per piece (multiplying by 0-dim tensors takes a temporary there).
-                ratios, w_norms, u_norms = _host_ratios(
-                    self._ratio_bounds(group) if adapt else None,
-                    torch.stack(w_parts).tolist(),
-                    torch.stack(u_parts).tolist(),
-                    window.owner,
-                    window.count,
-                    abs(decay),
-                    scale,
-                )
-                if record:
-                    results.append(tuple(torch.tensor(x, dtype=dtype) for x in (ratios, w_norms, u_norms)))
-                if adapt:
-                    sizes = [ratios[i] * (-lr * scale) for i in window.owner]
-            else:
-                # Built only when a tensor was split (not on the unchunked path, where
-                # it would be a host-to-device copy every step).
-                owner = None
-                if len(window.owner) != window.count:
-                    owner = torch.tensor(window.owner, device=device)
-                w_norm = _per_tensor_norm(w_parts, owner, window.count) * abs(decay)
-                u_norm = _per_tensor_norm(u_parts, owner, window.count) * scale
-                ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
-                results.append((ratio, w_norm, u_norm))
-                if adapt:
-                    step_size = ratio * (-lr * scale)
-                    if owner is not None:
-                        step_size = step_size[owner]
-                    sizes = list(step_size.unbind(0))
-            # Backwards: the pieces touched last are the ones still in cache.
-            end = len(sizes) if sizes is not None else 0
-            for (ps, *_), us in reversed(list(zip(window.chunks, updates))):
-                apply(ps, us, sizes[end - len(ps) : end] if sizes is not None else None)
-                end -= len(ps)
-        if not record:
+        limit = CPU_CHUNK_ELEMENTS if self.chunk_elements is None else self.chunk_elements
+        if limit and lamb_cpu.applies(params, grads, exp_avgs, exp_avg_sqs):
+            settings = lamb_cpu.Settings.of(group, step, adapt, record)
+            return lamb_cpu.step(settings, (params, grads, exp_avgs, exp_avg_sqs), clip, limit, self._scratch)
+        us, scale, decay = _directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
+        if not (adapt or record):
+            _apply(params, us, None, decay, -group["lr"] * scale)  # no ratio to wait for: one pass
             return None
-        if len(results) == 1:
-            return results[0]
-        return tuple(torch.cat([r[k] for r in results]) for k in range(3))  # type: ignore[return-value]
+        norms = torch._foreach_norm([*params, *us])  # one call for both
+        w_norm, u_norm = torch.stack(norms[: len(params)]), torch.stack(norms[len(params) :])
+        return self._adapt_and_apply(group, adapt, params, us, (w_norm, u_norm), scale, decay)
+
+    def _adapt_and_apply(
+        self,
+        group: dict[str, Any],
+        adapt: bool,
+        params: list[Tensor],
+        us: list[Tensor],
+        norms: tuple[Tensor, Tensor],
+        scale: float,
+        decay: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The trust ratios from ``norms`` (of the weights before decay and of ``us``, with
+        ``u = scale * us``), then the step; returns ``(ratio, ||x||, ||u||)`` per tensor.
+
+        Decoupled decay scales the weights by a scalar, so the decayed weight norm is
+        ``decay * ||x||`` and the decay itself is done in the same pass as the step."""
+        lr = group["lr"]
+        w_norm, u_norm = norms[0] * abs(decay), norms[1] * scale
+        ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
+        sizes = list((ratio * (-lr * scale)).to(params[0].dtype).unbind(0)) if adapt else None
+        _apply(params, us, sizes, decay, -lr * scale)
+        return ratio, w_norm, u_norm
+
+    def _step_sharded(
+        self, groups: list[_Collected], shard_group: Any, clip: Tensor | None, record: bool
+    ) -> list[tuple[Tensor, Tensor, Tensor] | None]:
+        """The foreach step on FSDP2-sharded parameters: each rank updates its slices,
+        and every norm of the step (weights and updates of all groups) is summed across
+        the shard group in one collective (``largebatch.optim.sharded``); ``clip`` from
+        ``_clip_coefficient`` took a second one when ``max_grad_norm`` clips inside the
+        step. Same arithmetic as the foreach path, so the trust ratios are the unsharded
+        optimizer's."""
+        reduction = sharded.NormReduction(shard_group)
+        pending = [self._sharded_directions(entry, clip, record, reduction) if entry.params else [] for entry in groups]
+        if any(part.norms is not None for parts in pending for part in parts):
+            reduction.reduce()
+        results: list[tuple[Tensor, Tensor, Tensor] | None] = []
+        for entry, parts in zip(groups, pending):
+            done = [(part.idx, self._sharded_apply(entry.group, part, reduction)) for part in parts]
+            results.append(_in_order(done) if record and parts else None)  # type: ignore[arg-type]
+        return results
+
+    def _sharded_directions(
+        self, entry: _Collected, clip: Tensor | None, record: bool, reduction: sharded.NormReduction
+    ) -> list[_ShardedPart]:
+        """Per step count, the moments advanced and the update directions of this rank's
+        slices, their norms queued in ``reduction``."""
+        group, params = entry.group, entry.params
+        buckets: dict[int, list[int]] = {}
+        for i, step in enumerate(self._advance(params)):
+            buckets.setdefault(step, []).append(i)
+        parts = []
+        for step, idx in buckets.items():
+            ps = sharded.locals_of(params[i] for i in idx)
+            gs = sharded.locals_of(entry.grads[i] for i in idx)
+            ms, vs = (sharded.locals_of(moments) for moments in self._moments(params[i] for i in idx))
+            # Dividing in place keeps the step's parameter-sized temporaries at one.
+            us, scale, decay = _directions(group, step, ps, gs, ms, vs, clip, in_place=True)
+            norms = (reduction.add(ps), reduction.add(us)) if self._adapts(group) or record else None
+            parts.append(_ShardedPart(idx, ps, us, scale, decay, norms))
+        return parts
+
+    def _sharded_apply(
+        self, group: dict[str, Any], part: _ShardedPart, reduction: sharded.NormReduction
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """The step of one part, once the norms are reduced; its statistics, if it had norms."""
+        if part.norms is None:
+            _apply(part.params, part.us, None, part.decay, -group["lr"] * part.scale)
+            return None
+        norms = reduction.norms(part.norms[0]), reduction.norms(part.norms[1])
+        return self._adapt_and_apply(group, self._adapts(group), part.params, part.us, norms, part.scale, part.decay)
 
 
-class _Window(NamedTuple):
-    """Whole tensors whose update is applied as soon as their norms are known."""
+class _Collected(NamedTuple):
+    """A group's parameters that have gradients, their gradients and names."""
 
-    chunks: list[tuple[list[Tensor], ...]]  # (params, grads, exp_avgs, exp_avg_sqs) pieces
-    owner: list[int]  # for each piece, the index of its tensor within the window
-    count: int  # tensors in the window
-    numel: int
-
-
-def _plan_windows(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    limit: int,
-) -> list[_Window]:
-    """Split the tensors into windows of chunks of at most ``limit`` elements.
-
-    A tensor larger than ``limit`` is cut into flat pieces of ``limit`` elements (when
-    all four tensors are contiguous), one chunk each, and forms a window on its own;
-    smaller tensors are packed into chunks of whole tensors, one window each. With
-    ``limit`` 0 everything is one chunk in one window.
-    """
-    if limit == 0:
-        owner = list(range(len(params)))
-        numel = sum(p.numel() for p in params)
-        return [_Window([(params, grads, exp_avgs, exp_avg_sqs)], owner, len(params), numel)]
-    windows: list[_Window] = []
-    current: tuple[list[Tensor], ...] = ([], [], [], [])
-    size = 0
-
-    def flush() -> None:
-        nonlocal current, size
-        if current[0]:
-            owner = list(range(len(current[0])))
-            windows.append(_Window([current], owner, len(current[0]), size))
-        current, size = ([], [], [], []), 0
-
-    for tensors in zip(params, grads, exp_avgs, exp_avg_sqs):
-        numel = tensors[0].numel()
-        if numel > limit and all(t.is_contiguous() for t in tensors):
-            flush()
-            pieces = list(zip(*(t.view(-1).split(limit) for t in tensors)))
-            chunks = [tuple([t] for t in piece) for piece in pieces]
-            owner = [0] * len(pieces)
-            windows.append(_Window(chunks, owner, 1, numel))
-            continue
-        if size and size + numel > limit:
-            flush()
-        for lst, t in zip(current, tensors):
-            lst.append(t)
-        size += numel
-    flush()
-    return windows
+    group: dict[str, Any]
+    params: list[Tensor]
+    grads: list[Tensor]
+    names: list[str]
 
 
-def _views(buffer: Tensor, like: list[Tensor], offset: int = 0) -> list[Tensor]:
-    """Consecutive views of ``buffer`` from ``offset`` on, shaped like ``like``."""
-    out = []
-    for t in like:
-        out.append(buffer[offset : offset + t.numel()].view(t.shape))
-        offset += t.numel()
-    return out
+class _ShardedPart(NamedTuple):
+    """One step count's slices of a group, between their directions and their step."""
+
+    idx: list[int]  # the tensors' indices within the group
+    params: list[Tensor]
+    us: list[Tensor]
+    scale: float
+    decay: float
+    norms: tuple[int, int] | None  # NormReduction handles of the weights and of us
 
 
-def _host_ratios(
-    bounds: tuple[float | None, float | None] | None,
-    w_parts: list[float],
-    u_parts: list[float],
-    owner: list[int],
-    count: int,
-    w_factor: float,
-    u_factor: float,
-) -> tuple[list[float], list[float], list[float]]:
-    """``Lamb._ratio`` in Python floats, from the norms of pieces; bounds None: ratio 1."""
-    if len(w_parts) == count:
-        w_norms, u_norms = list(w_parts), list(u_parts)
+def bias_scalars(group: dict[str, Any], step: int) -> tuple[float, float]:
+    """``(scale, eps')`` with ``m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps')``:
+    the bias corrections as scalars instead of passes over every tensor."""
+    if not group["bias_correction"]:
+        return 1.0, group["eps"]
+    beta1, beta2 = group["betas"]
+    bc1, bc2_sqrt = 1 - beta1**step, math.sqrt(1 - beta2**step)
+    return bc2_sqrt / bc1, group["eps"] * bc2_sqrt
+
+
+def _directions(
+    group: dict[str, Any],
+    step: int,
+    ps: list[Tensor],
+    gs: list[Tensor],
+    ms: list[Tensor],
+    vs: list[Tensor],
+    clip: Tensor | None,
+    in_place: bool = False,
+) -> tuple[list[Tensor], float, float]:
+    """Advance the moments; returns ``(us, scale, decay)``: the update is ``u = scale * us``
+    and decoupled weight decay multiplies the weights by ``decay``.
+
+    ``in_place`` divides tensor by tensor into the square roots: one parameter-sized
+    temporary instead of two, for a kernel launch per tensor instead of one."""
+    beta1, beta2 = group["betas"]
+    lr, wd, decoupled = group["lr"], group["weight_decay"], group["decoupled_weight_decay"]
+    if clip is not None:
+        gs = torch._foreach_mul(gs, clip)
+    scale, eps = bias_scalars(group, step)
+    torch._foreach_lerp_(ms, gs, 1 - beta1)
+    torch._foreach_mul_(vs, beta2)
+    torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
+    us = torch._foreach_sqrt(vs)
+    torch._foreach_add_(us, eps)
+    if in_place:
+        for u, m in zip(us, ms):
+            torch.div(m, u, out=u)
     else:
-        w_sq, u_sq = [0.0] * count, [0.0] * count
-        for i, w, u in zip(owner, w_parts, u_parts):
-            w_sq[i] += w * w
-            u_sq[i] += u * u
-        w_norms, u_norms = [math.sqrt(x) for x in w_sq], [math.sqrt(x) for x in u_sq]
-    w_norms = [w * w_factor for w in w_norms]
-    u_norms = [u * u_factor for u in u_norms]
-    ratios = [1.0] * count
-    if bounds is not None:
-        low, high = bounds
-        for i, (w, u) in enumerate(zip(w_norms, u_norms)):
-            if w > 0 and u > 0:
-                ratio = w / u
-                if low is not None:
-                    ratio = max(ratio, low)
-                if high is not None:
-                    ratio = min(ratio, high)
-                ratios[i] = ratio
-    return ratios, w_norms, u_norms
+        us = torch._foreach_div(ms, us)
+    if not decoupled and wd != 0:
+        torch._foreach_add_(us, ps, alpha=wd / scale)  # u = scale * (us + wd / scale * x)
+    return us, scale, 1 - lr * wd if decoupled else 1.0
 
 
-def _per_tensor_norm(parts: list[Tensor], owner: Tensor | None, count: int) -> Tensor:
-    """Combine the L2 norms of pieces into the norm of each whole tensor."""
-    norms = torch.stack(parts)
-    if owner is None:
-        return norms
-    total = torch.zeros(count, dtype=norms.dtype, device=norms.device)
-    return total.index_add_(0, owner, norms * norms).sqrt()
+def _apply(params: list[Tensor], us: list[Tensor], sizes: list[Tensor] | None, decay: float, step_size: float) -> None:
+    """``x = decay * x + size * u`` per tensor, with ``step_size`` for every tensor where ``sizes`` is None."""
+    if decay != 1.0:
+        torch._foreach_mul_(params, decay)
+    if sizes is None:
+        torch._foreach_add_(params, us, alpha=step_size)
+    else:
+        torch._foreach_addcmul_(params, us, sizes)
+
+
+def _in_order(parts: list[tuple[list[int], Any]]) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-tensor statistics of a group's buckets ``(indices, (ratio, ||x||, ||u||))``,
+    back in the group's order."""
+    if len(parts) == 1:
+        return parts[0][1]
+    device = parts[0][1][0].device
+    order = torch.tensor([i for idx, _ in parts for i in idx]).argsort().to(device)
+    return tuple(torch.cat([stats[k].to(device) for _, stats in parts])[order] for k in range(3))  # type: ignore[return-value]
+
+
+def _stats_by_name(groups: list[_Collected], results: list[Any]) -> dict[str, dict[str, Any]]:
+    """``last_stats``: per group with gradients, its parameters' names and statistics."""
+    stats: dict[str, dict[str, Any]] = {}
+    for index, (entry, result) in enumerate(zip(groups, results)):
+        if entry.params:
+            ratio, w_norm, u_norm = result
+            stats[entry.group.get("name", f"group{index}")] = {
+                "param_names": entry.names,
+                "trust_ratio": ratio,
+                "weight_norm": w_norm,
+                "update_norm": u_norm,
+            }
+    return stats

@@ -85,16 +85,9 @@ def build_param_groups(
         UserError: a bad ``weight_decay``, ``no_weight_decay`` pattern or
             ``layer_decay``, or layer decay on a model without ``blocks``.
     """
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or weight_decay < 0:
-        raise UserError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
-    if isinstance(no_weight_decay, str):
-        raise UserError(f"no_weight_decay must be a list of glob patterns, got the string {no_weight_decay!r}; write [{no_weight_decay!r}]")
-    for pattern in no_weight_decay:
-        if not isinstance(pattern, str) or not pattern:
-            raise UserError(f"no_weight_decay patterns must be non-empty glob strings (fnmatch), got {pattern!r}")
-    excluded_names: set[str] = set()
-    if use_model_no_weight_decay and hasattr(model, "no_weight_decay"):
-        excluded_names = set(model.no_weight_decay())
+    _check_decay_options(weight_decay, no_weight_decay)
+    use_model_names = use_model_no_weight_decay and hasattr(model, "no_weight_decay")
+    excluded_names = set(model.no_weight_decay()) if use_model_names else set()
     layer_of = _layer_function(model, layer_decay, layer_id, num_layers)
 
     groups: dict[str, dict[str, Any]] = {}
@@ -111,19 +104,26 @@ def build_param_groups(
         if layer_of is not None:
             layer, scale = layer_of(name)
             key, lr_scale = f"layer{layer}_{key}", scale
-        group = groups.setdefault(
-            key,
-            {
-                "params": [],
-                "param_names": [],
-                "weight_decay": 0.0 if excluded else float(weight_decay),
-                "lr_scale": lr_scale,
-                "name": key,
-            },
-        )
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _new_group(key, 0.0 if excluded else float(weight_decay), lr_scale)
         group["params"].append(param)
         group["param_names"].append(name)
     return list(groups.values())
+
+
+def _check_decay_options(weight_decay: float, no_weight_decay: Sequence[str]) -> None:
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or weight_decay < 0:
+        raise UserError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+    if isinstance(no_weight_decay, str):
+        raise UserError(f"no_weight_decay must be a list of glob patterns, got the string {no_weight_decay!r}; write [{no_weight_decay!r}]")
+    for pattern in no_weight_decay:
+        if not isinstance(pattern, str) or not pattern:
+            raise UserError(f"no_weight_decay patterns must be non-empty glob strings (fnmatch), got {pattern!r}")
+
+
+def _new_group(key: str, weight_decay: float, lr_scale: float) -> dict[str, Any]:
+    return {"params": [], "param_names": [], "weight_decay": weight_decay, "lr_scale": lr_scale, "name": key}
 
 
 def _layer_function(
