@@ -1,12 +1,18 @@
 """Optimizer step time of our LAMB against its peers on ViT-B/16's parameters.
 
-Not a test: prints a markdown table of ms/step (median and min over blocks of steps),
+Not a test: prints a markdown table of ms/step (median and min over all timed steps),
 each optimizer's time as a multiple of ours, and for each peer the largest absolute
 difference between its update and ours under matched options, all in one run on the same
 tensors. ``torch.optim.Adam(fused=True)`` runs beside them as a floor: one fused pass
 over the same tensors, without the norms and the second pass LAMB needs.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=.:.bench-site python bench/lamb_step.py --threads 1 --steps 3 --rounds 4
+The optimizers take turns in blocks of ``--steps`` timed steps, one block each per
+round, the order reversed every other round; "per round x ours" is the median over
+rounds of the ratio of an optimizer's block median to ours in the same round (quartiles
+in brackets). The A/A control is a second instance of ours in the rotation, timed in
+exactly the same way: how far its ratio is from 1.00 is the method's noise.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=.:.bench-site python bench/lamb_step.py --threads 1 --steps 3 --rounds 10
 
 Peers (see bench/requirements.txt): timm's ``timm.optim.Lamb`` (foreach and per-tensor),
 ``torch_optimizer.Lamb`` 0.3.0 and Colossal-AI 0.5.0's ``colossalai.nn.optimizer.lamb``
@@ -50,24 +56,30 @@ def colossal_lamb() -> type | None:
     return module.Lamb
 
 
+def ours_paper(ps: list) -> Lamb:
+    return Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY)
+
+
+def ours_no_bc(ps: list) -> Lamb:
+    return Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False)
+
+
+AA_LABEL = "A/A control: ours foreach, second instance"
+
+
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
-    """(label, peer factory, matched factory of ours or None for ours)."""
+    """(label, factory, matched factory of ours, or None where no update is compared);
+    ours first, the A/A control second."""
     out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
-        ("ours foreach", lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY), None),
+        ("ours foreach", ours_paper, None),
+        (AA_LABEL, ours_paper, ours_paper),
         (
             "ours per-tensor",
             lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False),
             None,
         ),
+        ("reference: torch.optim.Adam fused (not LAMB)", lambda ps: torch.optim.Adam(ps, lr=LR, fused=True), None),
     ]
-
-    def ours_paper(ps):
-        return Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY)
-
-    def ours_no_bc(ps):
-        return Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False)
-
-    out.append(("reference: torch.optim.Adam fused (not LAMB)", lambda ps: torch.optim.Adam(ps, lr=LR, fused=True), None))
 
     from timm.optim import Lamb as TimmLamb
 
@@ -119,26 +131,40 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
     return out
 
 
-def time_in_blocks(factories: list[Callable[[list], Any]], params: list, steps: int, rounds: int) -> list[list[float]]:
-    """ms of each optimizer's steps, in blocks of ``steps``, the blocks taking turns.
+def time_in_blocks(factories: list[Callable[[list], Any]], params: list, steps: int, rounds: int) -> list[list[list[float]]]:
+    """ms of each optimizer's steps, per round a block of ``steps``, the blocks taking turns.
 
     Each block starts with one untimed step: it creates the state the first time and
     lets the allocator settle on the optimizer's temporaries after the previous one's
     (alternating single steps penalises the peers that allocate per tensor). Taking
-    turns for ``rounds`` rounds spreads load from elsewhere over all of them.
+    turns for ``rounds`` rounds, the order reversed every other round, spreads load from
+    elsewhere and the effect of whoever ran before over all of them. Returns, per
+    optimizer, per round, the step times.
     """
     optimizers = [factory(params) for factory in factories]
-    times: list[list[float]] = [[] for _ in optimizers]
-    for _ in range(rounds):
-        for optimizer, out in zip(optimizers, times):
+    times: list[list[list[float]]] = [[] for _ in optimizers]
+    for round_ in range(rounds):
+        turns = list(zip(optimizers, times))
+        for optimizer, out in turns if round_ % 2 == 0 else turns[::-1]:
             optimizer.step()
+            block = []
             for _ in range(steps):
                 start = time.perf_counter()
                 optimizer.step()
-                out.append((time.perf_counter() - start) * 1e3)
+                block.append((time.perf_counter() - start) * 1e3)
+            out.append(block)
     del optimizers
     gc.collect()
     return times
+
+
+def per_round_ratio(blocks: list[list[float]], ours: list[list[float]]) -> tuple[float, float, float]:
+    """Median over rounds of (block median / our block median in that round), and its quartiles."""
+    ratios = [statistics.median(b) / statistics.median(o) for b, o in zip(blocks, ours)]
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), quartiles[0], quartiles[2]
 
 
 def update_after(factory: Callable[[list], Any], start: list, grads: list[list]) -> list:
@@ -171,6 +197,9 @@ def main() -> None:
     params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
+    from bench.machine import machine_description
+
+    print(f"Machine: {machine_description()}.")
     print(
         f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
@@ -179,7 +208,7 @@ def main() -> None:
     factories = [factory for _, factory, _ in found]
     times = time_in_blocks(factories, params, args.steps, args.rounds)
     rows = []
-    for (label, factory, ours), ms in zip(found, times):
+    for (label, factory, ours), blocks in zip(found, times):
         diff = None
         if ours is not None:
             grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(args.compare_steps)]
@@ -187,23 +216,39 @@ def main() -> None:
             diff = max_difference(update_after(factory, start, grads), update_after(ours, start, grads))
             del grads
             gc.collect()
-        rows.append((label, min(ms), statistics.median(ms), diff))
+        ms = [t for block in blocks for t in block]
+        rows.append((label, min(ms), statistics.median(ms), per_round_ratio(blocks, times[0]), diff))
+    print_table(rows, args)
+
+
+def print_table(rows: list[tuple[str, float, float, tuple[float, float, float], float | None]], args: argparse.Namespace) -> None:
     ours_low, ours_median = rows[0][1], rows[0][2]
     print(
-        f"\n{args.rounds} rounds of {args.steps} timed steps per optimizer, blocks taking turns; "
-        "'x ours' is the optimizer's time divided by ours (foreach)"
+        f"\n{args.rounds} rounds of {args.steps} timed steps per optimizer, blocks taking turns, the order reversed "
+        "every other round; 'x ours' is the optimizer's time divided by ours (foreach); 'per round x ours' is the "
+        "median over rounds of the ratio of block medians (quartiles in brackets)"
     )
-    print("\n| optimizer | ms/step median | ms/step min | median x ours | min x ours | max abs update diff vs ours |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for label, low, median, diff in rows:
+    print("\n| optimizer | ms/step median | ms/step min | median x ours | min x ours | per round x ours | max abs update diff vs ours |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, low, median, (paired, q1, q3), diff in rows:
         shown = f"{diff:.1e}" if diff is not None else "(reference)" if "reference" in label else "(ours)"
-        print(f"| {label} | {median:.1f} | {low:.1f} | {median / ours_median:.2f} | {low / ours_low:.2f} | {shown} |")
-    peers = [row for row in rows if row[3] is not None]
+        print(
+            f"| {label} | {median:.1f} | {low:.1f} | {median / ours_median:.2f} | {low / ours_low:.2f} "
+            f"| {paired:.2f} ({q1:.2f}-{q3:.2f}) | {shown} |"
+        )
+    control = next(row for row in rows if row[0] == AA_LABEL)
+    peers = [row for row in rows if row[4] is not None and row is not control]
     fastest_median = min(peers, key=lambda row: row[2])
     fastest_min = min(peers, key=lambda row: row[1])
+    fastest_paired = min(peers, key=lambda row: row[3][0])
     print(
         f"\nours vs the fastest peer: {fastest_median[2] / ours_median:.2f}x faster by median "
-        f"({fastest_median[0]}), {fastest_min[1] / ours_low:.2f}x by min ({fastest_min[0]})"
+        f"({fastest_median[0]}), {fastest_min[1] / ours_low:.2f}x by min ({fastest_min[0]}), "
+        f"{fastest_paired[3][0]:.2f}x per round ({fastest_paired[0]})"
+    )
+    print(
+        f"A/A control (ours / ours): {control[2] / ours_median:.2f} by median, {control[1] / ours_low:.2f} by min, "
+        f"{control[3][0]:.2f} per round ({control[3][1]:.2f}-{control[3][2]:.2f})"
     )
 
 
