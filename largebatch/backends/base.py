@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from largebatch import dist
 from largebatch.config.schema import section_defaults
-from largebatch.dist import init_process_group
 from largebatch.errors import UserError
 from largebatch.optim import build_optimizer, sharded
 
@@ -78,7 +78,7 @@ class Backend:
 
     def init_process_group(self, info: Any, dist_backend: str, timeout_minutes: float) -> None:
         """Join the job's process group (no-op for one process); ``info`` is a ``DistInfo``."""
-        init_process_group(info, dist_backend, timeout_minutes)
+        dist.init_process_group(info, dist_backend, timeout_minutes)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to the device (and apply backend-specific settings)."""
