@@ -191,7 +191,16 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
             raise UserError("no checkpoint to resume from", path=args.resume)
     if info.is_main:  # only once a resume has been accepted: a refused one leaves the run's config as it was
         (run_dir / "config.yaml").write_text(dump_yaml({**cfg, "derived": derived}))
-    return Engine(state, hooks, train_loader, eval_loader), hooks
+    return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
+
+
+def write_final_outputs(state: TrainState) -> None:
+    """The finished run's ``model.safetensors`` and ``config.json`` (rank 0 writes; every
+    rank calls: sharded weights are gathered). The engine calls this between
+    ``after_train`` and ``after_run`` of a run that was not interrupted."""
+    ckpt.save_final_weights(state.model, state.run_dir / "model.safetensors", is_main=state.is_main)
+    if state.is_main:
+        write_run_hub_config(state.config, state.run_dir)
 
 
 def train(args: TrainArgs) -> TrainState:
@@ -216,10 +225,6 @@ def train(args: TrainArgs) -> TrainState:
         engine.run()
         if state.is_main and state.should_stop and not state.interrupted:
             print(f"largebatch: stopped at step {state.step}: {state.stop_reason}", flush=True)
-        if not state.interrupted:
-            ckpt.save_final_weights(state.model, state.run_dir / "model.safetensors", is_main=state.is_main)
-            if state.is_main:
-                write_run_hub_config(state.config, state.run_dir)
         barrier()
         if state.interrupted and state.is_main:
             print(

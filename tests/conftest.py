@@ -154,3 +154,19 @@ def wait_for_pause(proc: subprocess.Popen, paused: pathlib.Path, timeout: float 
     while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert paused.exists(), proc.communicate(timeout=5) if proc.poll() is not None else "the save never paused"
+
+
+@pytest.fixture
+def signal_handlers():
+    """The handlers ``train.py`` installs first thing, restored afterwards."""
+    import signal
+
+    from largebatch import preemption
+
+    saved = {sig: signal.getsignal(sig) for sig in preemption.PREEMPTION_SIGNALS}
+    preemption.clear()
+    preemption.install_signal_handlers()
+    yield
+    preemption.clear()
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

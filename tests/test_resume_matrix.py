@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import signal
 
 import pytest
 
@@ -64,18 +63,6 @@ def loader_param(name: str):
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> pathlib.Path:
     return write_unique_label_shards(tmp_path_factory.mktemp("shards"), {"train": 64, "validation": 8}, {"train": 4, "validation": 1})
-
-
-@pytest.fixture
-def signal_handlers():
-    """The handlers ``train.py`` installs first thing, restored afterwards."""
-    saved = {sig: signal.getsignal(sig) for sig in preemption.PREEMPTION_SIGNALS}
-    preemption.clear()
-    preemption.install_signal_handlers()
-    yield
-    preemption.clear()
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def matrix_config(shards: pathlib.Path, loader: str, dropout: str) -> dict:

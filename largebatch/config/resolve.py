@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from largebatch.config.signature import check_call
-from largebatch.errors import ConfigError
+from largebatch.errors import ConfigError, UserError
 
 
 def _search_paths(file: str, config_path: pathlib.Path | None) -> list[pathlib.Path]:
@@ -170,11 +170,14 @@ def construct(cls: type, kwargs: dict[str, Any], key: str) -> Any:
     (call ``check_arguments`` first).
 
     Raises:
-        ConfigError: the constructor raised: a ``ValueError`` or ``TypeError`` is the
-            config's mistake in a value; anything else is named with its type.
+        ConfigError: the constructor raised: a ``UserError`` keeps its message (a
+            missing package, say), a ``ValueError`` or ``TypeError`` is the config's
+            mistake in a value; anything else is named with its type.
     """
     try:
         return cls(**kwargs)
+    except UserError as exc:
+        raise ConfigError(f"{cls.__name__}: {exc.message}", key=key, path=exc.path) from exc
     except (ValueError, TypeError) as exc:  # the class rejected a value: still the config's mistake
         raise ConfigError(f"{cls.__name__}: {exc}", key=key) from exc
     except Exception as exc:  # any other failure of its constructor: one line naming the entry (traceback with --debug)

@@ -8,7 +8,7 @@ a batch (forward, loss, metrics) is the task's (``state.task``, ``largebatch.tas
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,10 +29,21 @@ class Engine:
         hooks: hooks to fire; sorted by priority (stable: equal priorities keep order).
         train_loader: yields this rank's micro-batches (the ``largebatch.data.base.Loader`` contract).
         eval_loader: the evaluation loader, or None.
+        finish: called on every rank between ``after_train`` and ``after_run`` when the run
+            was not interrupted (``largebatch.launch`` writes the final weights there, so
+            ``after_run`` hooks such as the trackers find them).
     """
 
-    def __init__(self, state: TrainState, hooks: list[Hook], train_loader: Loader, eval_loader: Loader | None = None) -> None:
+    def __init__(
+        self,
+        state: TrainState,
+        hooks: list[Hook],
+        train_loader: Loader,
+        eval_loader: Loader | None = None,
+        finish: Callable[[TrainState], None] | None = None,
+    ) -> None:
         self.state = state
+        self.finish = finish
         self.hooks = sorted(hooks, key=lambda h: h.priority)
         state.hooks = self.hooks  # what a checkpoint saves besides the state itself
         self.train_loader = train_loader
@@ -80,6 +91,8 @@ class Engine:
             if state.config["eval"]["at_end"] and self._last_eval_step != state.step and not state.interrupted:
                 self.evaluate()
             self.fire(Event.AFTER_TRAIN)
+            if self.finish is not None and not state.interrupted:
+                self.finish(state)
             self.fire(Event.AFTER_RUN)
         except BaseException as exc:
             for hook in self._by_event[Event.ON_EXCEPTION]:

@@ -20,7 +20,7 @@
         before_eval                             # when evaluation is due
         after_eval_batch                        # per evaluation batch
         after_eval
-    after_train
+    after_train                                 # then the final weights (largebatch.launch), unless interrupted
     after_run
     on_exception                                # on any error, then the error is re-raised
 

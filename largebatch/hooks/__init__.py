@@ -35,6 +35,8 @@ BUILTIN_HOOKS = {
     "progress": "largebatch.hooks.progress:ProgressBar",
     "csv": "largebatch.hooks.csv_sink:CsvSink",
     "tensorboard": "largebatch.hooks.tensorboard:TensorBoardSink",
+    "mlflow": "largebatch.hooks.trackers:MlflowHook",
+    "wandb": "largebatch.hooks.trackers:WandbHook",
     "checkpoint": "largebatch.hooks.checkpoint:CheckpointHook",
     "eval": "largebatch.hooks.eval:EvalHook",
     "stop": "largebatch.hooks.stop:StopHook",

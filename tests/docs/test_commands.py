@@ -146,6 +146,8 @@ RUN_IN_SCRATCH = {
     "python -c \"import json,sys; [print(r['step'], round(r['noise_scale/b_simple'])) for r in map(json.loads, open(sys.argv[1]))"
     " if 'noise_scale/b_simple' in r]\" runs/noise/metrics.jsonl": (_NOISE, True),
     "mkdir -p runs": (None, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/tracked --set max_steps=4"
+    ' --set "hooks=[{type: wandb, mode: offline}]"': (None, False),
     "largebatch export runs/first --out exports/first": (_FIRST, False),
     "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/mse --set task.type=tests/support/onehot_mse.py:OneHotMSE": (
         None,

@@ -1,0 +1,302 @@
+"""Experiment trackers as hooks: MLflow (``'mlflow'``) and Weights & Biases (``'wandb'``), on rank 0.
+
+Both log the same things:
+
+* at the start, the run's config, flattened to dotted keys (``optimizer.lr``), with the
+  derived batch arithmetic (``derived.accumulation``, ...);
+* every numeric value of ``metrics.jsonl`` at its optimizer step: each logging step's
+  record (``loss``, ``lr``, ``train/top1``, ``grad_norm``, ...) and each evaluation's
+  (``eval/top1``, ...); text values are skipped;
+* at the end, as artifacts: ``config.yaml`` and ``metrics.jsonl``, the ``largebatch plot``
+  figures (``plots=True``, needs matplotlib) and, for a finished run, the final weights
+  ``model.safetensors`` with timm's ``config.json`` (``largebatch.export``);
+* the tracker run's status: finished, failed (an exception) or, for a run stopped by a
+  preemption signal, killed (MLflow) / preempting (W&B).
+
+The tracker's run id is saved in checkpoints (the hook's state), so a resumed run
+(``--resume auto``, a Slurm requeue) logs into the same tracker run. Both need their
+package (``pip install 'largebatch[mlflow]'`` / ``'largebatch[wandb]'``); asking for a
+hook without it is an error before training starts.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any
+
+from largebatch.engine.hook import Hook, Priority
+from largebatch.errors import UserError
+
+# MLflow's limits: parameters and metrics per log_batch call, characters per parameter value
+MLFLOW_PARAMS_PER_BATCH = 100
+MLFLOW_METRICS_PER_BATCH = 1000
+MLFLOW_PARAM_CHARS = 6000
+
+
+def numeric_items(record: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics record, without its ``step``."""
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    }
+
+
+def flat_config(config: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
+    from largebatch.checkpoint import flatten
+
+    return flatten({**config, "derived": derived})
+
+
+def _require(module: str, needed_by: str, extra: str, otherwise: str) -> None:
+    try:
+        __import__(module)
+    except ImportError:
+        raise UserError(
+            f"{needed_by} needs the {module} package, which is not installed; "
+            f"pip install 'largebatch[{extra}]' (or {module}), or {otherwise}",
+            key="hooks",
+        ) from None
+
+
+class TrackerHook(Hook):
+    """What the trackers share: when to log what, and the run id kept in checkpoints.
+
+    A tracker implements ``_start`` (returns the run id), ``_log_params``,
+    ``_log_metrics``, ``_log_files`` and ``_end``.
+    """
+
+    priority = Priority.LOWEST
+    package = ""  # the module the tracker needs, also the name of its pip extra
+
+    def __init__(self, artifacts: bool = True, plots: bool = True, priority: int | str | None = None) -> None:
+        super().__init__(priority)
+        _require(self.package, f"the {self.package} hook", self.package, "drop the hook")
+        if artifacts and plots:
+            _require("matplotlib", f"the {self.package} hook's plots", "plot", "set plots=False in the hook's arguments")
+        self.artifacts = artifacts
+        self.plots = plots
+        self.run_id: str | None = None
+        self._active = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run_id = state.get("run_id")
+
+    def before_run(self, state) -> None:
+        if not state.is_main:
+            return
+        resumed = self.run_id is not None
+        self.run_id = self._start(state, self.run_id)
+        self._active = True
+        if not resumed:  # a resumed run's parameters are already there (and may not change)
+            self._log_params(flat_config(state.config, state.derived))
+
+    def after_step(self, state) -> None:
+        if self._active and state.log_record is not None:
+            self._log_metrics(numeric_items(state.log_record), state.step)
+
+    def after_eval(self, state) -> None:
+        if self._active:
+            self._log_metrics(numeric_items({"epoch": state.epoch, **state.eval_metrics}), state.step)
+
+    def after_run(self, state) -> None:
+        if not self._active:
+            return
+        if self.artifacts:
+            self._log_files(*self._outputs(state.run_dir, finished=not state.interrupted))
+        self._end("interrupted" if state.interrupted else "finished")
+        self._active = False
+
+    def on_exception(self, state, exception: BaseException) -> None:
+        if self._active:
+            self._active = False
+            self._end("failed")
+
+    def _outputs(self, run_dir: pathlib.Path, finished: bool) -> tuple[list[pathlib.Path], list[pathlib.Path], list[pathlib.Path]]:
+        """(run files, plots, model files) that exist."""
+        run_files = [p for p in (run_dir / "config.yaml", run_dir / "metrics.jsonl") if p.is_file()]
+        plots: list[pathlib.Path] = []
+        if self.plots and (run_dir / "metrics.jsonl").is_file():
+            from largebatch.plot import plot_run
+
+            plots = plot_run(run_dir)
+        model = [p for p in (run_dir / "model.safetensors", run_dir / "config.json") if finished and p.is_file()]
+        return run_files, plots, model
+
+    # what each tracker implements
+    def _start(self, state, resume_id: str | None) -> str:
+        raise NotImplementedError
+
+    def _log_params(self, params: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _log_metrics(self, values: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def _log_files(self, run_files: list[pathlib.Path], plots: list[pathlib.Path], model: list[pathlib.Path]) -> None:
+        raise NotImplementedError
+
+    def _end(self, outcome: str) -> None:
+        raise NotImplementedError
+
+
+class MlflowHook(TrackerHook):
+    """Log to an MLflow tracking server (or a local store) through ``MlflowClient``.
+
+    Args:
+        tracking_uri: the server (``http://host:5000``) or store; None: MLflow's own
+            default (``MLFLOW_TRACKING_URI``, else its local default).
+        experiment: the experiment's name, created when missing.
+        run_name: the MLflow run's name; None: the run directory's name.
+        tags: extra tags of the MLflow run.
+        artifacts: log config.yaml, metrics.jsonl, plots and the final weights at the end.
+        plots: include the ``largebatch plot`` figures (needs matplotlib).
+
+    Artifacts land under ``run/`` (config.yaml, metrics.jsonl), ``plots/`` and ``model/``
+    (model.safetensors, config.json). The run carries the tag ``largebatch.run_dir``.
+    """
+
+    package = "mlflow"
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = "largebatch",
+        run_name: str | None = None,
+        tags: dict[str, str] | None = None,
+        artifacts: bool = True,
+        plots: bool = True,
+        priority: int | str | None = None,
+    ) -> None:
+        super().__init__(artifacts=artifacts, plots=plots, priority=priority)
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.run_name = run_name
+        self.tags = dict(tags or {})
+        self.client = None
+
+    def _start(self, state, resume_id: str | None) -> str:
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        if resume_id is not None:
+            self.client.update_run(resume_id, status="RUNNING")
+            return resume_id
+        found = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
+        tags = {"largebatch.run_dir": str(state.run_dir), **self.tags}
+        run = self.client.create_run(experiment_id, run_name=self.run_name or state.run_dir.name, tags=tags)
+        return run.info.run_id
+
+    def _log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(key, str(value)[:MLFLOW_PARAM_CHARS]) for key, value in params.items()]
+        for i in range(0, len(items), MLFLOW_PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=items[i : i + MLFLOW_PARAMS_PER_BATCH])
+
+    def _log_metrics(self, values: dict[str, float], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(key, value, now, step) for key, value in values.items()]
+        for i in range(0, len(items), MLFLOW_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i : i + MLFLOW_METRICS_PER_BATCH])
+
+    def _log_files(self, run_files: list[pathlib.Path], plots: list[pathlib.Path], model: list[pathlib.Path]) -> None:
+        for folder, paths in (("run", run_files), ("plots", plots), ("model", model)):
+            for path in paths:
+                self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
+
+    def _end(self, outcome: str) -> None:
+        status = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}[outcome]
+        self.client.set_terminated(self.run_id, status=status)
+
+
+class WandbHook(TrackerHook):
+    """Log to Weights & Biases through ``wandb.init``.
+
+    Args:
+        project / entity / group / tags: as ``wandb.init`` takes them.
+        run_name: the W&B run's display name (``wandb.init``'s ``name``); None: the run
+            directory's name.
+        mode: ``'online'``, ``'offline'`` (files under ``<run_dir>/wandb``, uploaded later
+            with ``wandb sync``) or ``'disabled'``; None: W&B's own (``WANDB_MODE``).
+        artifacts: log config.yaml, metrics.jsonl, plots and the final weights at the end.
+        plots: include the ``largebatch plot`` figures (needs matplotlib).
+
+    The run's config is the nested config (with ``derived``); metrics are plotted against
+    ``step`` (the optimizer step, ``define_metric``), so a resumed run that repeats steps
+    past its last checkpoint is still accepted. Artifacts: ``<run id>-run`` (type ``run``:
+    config.yaml, metrics.jsonl, plots) and ``<run id>-model`` (type ``model``:
+    model.safetensors, config.json).
+    """
+
+    package = "wandb"
+
+    def __init__(
+        self,
+        project: str = "largebatch",
+        entity: str | None = None,
+        run_name: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        mode: str | None = None,
+        artifacts: bool = True,
+        plots: bool = True,
+        priority: int | str | None = None,
+    ) -> None:
+        super().__init__(artifacts=artifacts, plots=plots, priority=priority)
+        if mode not in (None, "online", "offline", "disabled"):
+            raise UserError(f"wandb hook: mode {mode!r} is not one of 'online', 'offline', 'disabled'", key="hooks")
+        self.project, self.entity, self.run_name, self.group = project, entity, run_name, group
+        self.tags = list(tags or [])
+        self.mode = mode
+        self.run = None
+
+    def _start(self, state, resume_id: str | None) -> str:
+        import wandb
+
+        self.run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            name=self.run_name or state.run_dir.name,
+            group=self.group,
+            tags=self.tags or None,
+            mode=self.mode,
+            dir=str(state.run_dir),
+            id=resume_id,
+            resume="allow" if resume_id is not None else None,
+            config={**state.config, "derived": state.derived},
+        )
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+        return self.run.id
+
+    def _log_params(self, params: dict[str, Any]) -> None:
+        """Nothing more: ``wandb.init`` took the nested config (W&B flattens it itself)."""
+
+    def _log_metrics(self, values: dict[str, float], step: int) -> None:
+        self.run.log({"step": step, **values})
+
+    def _log_files(self, run_files: list[pathlib.Path], plots: list[pathlib.Path], model: list[pathlib.Path]) -> None:
+        import wandb
+
+        for kind, paths in (("run", run_files + plots), ("model", model)):
+            if paths:
+                artifact = wandb.Artifact(f"{self.run.id}-{kind}", type=kind)
+                for path in paths:
+                    artifact.add_file(str(path), name=f"plots/{path.name}" if path in plots else path.name)
+                self.run.log_artifact(artifact)
+
+    def _end(self, outcome: str) -> None:
+        if outcome == "interrupted":
+            self.run.mark_preempting()
+        self.run.finish(exit_code=1 if outcome == "failed" else 0)
+        self.run = None
