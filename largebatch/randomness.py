@@ -13,7 +13,12 @@ The rule, for every loader, device and launcher:
 * **Augmentation** (random-resized-crop box, flip) is a function of
   ``(seed, epoch, sample index)`` alone (``augmentation_uniforms``): the same sample gets
   the same crop on every rank, world size, worker count and loader (native and DALI
-  compute the same boxes from the same numbers).
+  compute the same boxes from the same numbers). The policies taken from timm and
+  torchvision (RandAugment / AutoAugment, colour jitter, random erasing), which draw from
+  Python's, NumPy's and torch's global generators, run with those generators seeded from
+  a per-sample seed of the same ``(seed, epoch, sample index)`` (``augmentation_seeds``)
+  and restored afterwards (``seeded_globals``). Under repeated augmentation the index is
+  the copy's virtual index (``largebatch.data.sharding``), so copies differ.
 * **Shuffling** is a function of ``(seed, epoch)`` (``largebatch.data.sharding``).
 * **Loader workers** draw nothing; their base seed comes from a generator of their own,
   seeded from ``(seed, rank)``, never from the global one.
@@ -37,7 +42,7 @@ import numpy as np
 import torch
 
 # Purposes, so streams made from the same counters never coincide.
-_FORWARD, _MIXUP, _WORKERS, _AUGMENT = 1, 2, 3, 4
+_FORWARD, _MIXUP, _WORKERS, _AUGMENT, _POLICY = 1, 2, 3, 4, 5
 
 CROP_ATTEMPTS = 10
 """Tries of the random-resized-crop sampling rule (torchvision's ``get_params``)."""
@@ -76,6 +81,40 @@ def augmentation_uniforms(seed: int, epoch: int, indices: np.ndarray, count: int
     counter = np.asarray(indices, dtype=np.uint64).reshape(-1, 1) * np.uint64(count) + np.arange(count, dtype=np.uint64)
     bits = _mix64(_mix64(counter ^ key) + np.uint64(0x9E3779B97F4A7C15))
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def augmentation_seeds(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
+    """One 63-bit seed per training sample, a function of ``(seed, epoch, index)``, for the
+    augmentation policies that draw from global generators (``seeded_globals``)."""
+    key = np.uint64(derive_seed(seed, epoch, _POLICY))
+    bits = _mix64(_mix64(np.asarray(indices, dtype=np.uint64) ^ key) + np.uint64(0x9E3779B97F4A7C15))
+    return (bits >> np.uint64(1)).astype(np.int64)
+
+
+class seeded_globals:  # noqa: N801 - used as a context manager, like torch.random.fork_rng
+    """Python's, NumPy's and torch's global generators (torch's on ``device`` too, when it
+    is not the CPU) seeded from ``seed`` inside the block and restored after it, so a
+    library's draws there are a function of ``seed`` and shift no other stream."""
+
+    def __init__(self, seed: int, device: torch.device | None = None) -> None:
+        self.seed = int(seed)
+        self.device = device
+
+    def __enter__(self) -> None:
+        self._saved = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+        on_cuda = self.device is not None and self.device.type == "cuda"
+        self._cuda = torch.cuda.get_rng_state(self.device) if on_cuda else None
+        random.seed(self.seed)
+        np.random.seed(self.seed % (1 << 32))
+        torch.manual_seed(self.seed)  # also seeds CUDA's generators: restored below
+
+    def __exit__(self, *exc: object) -> None:
+        python, numpy_state, torch_state = self._saved
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+        torch.random.set_rng_state(torch_state)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state(self._cuda, self.device)
 
 
 class RandomStreams:

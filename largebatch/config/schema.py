@@ -168,6 +168,31 @@ SCHEMA = Section(
                 "scale": Field(list, [0.08, 1.0], "RandomResizedCrop area range", items=float, length=2),
                 "ratio": Field(list, [0.75, 1.3333333333333333], "RandomResizedCrop aspect range", items=float, length=2),
                 "hflip": Field(float, 0.5, "horizontal flip probability", low=0, high=1),
+                "auto_augment": Field(
+                    str,
+                    None,
+                    "native: timm's augmentation policy after the crop, e.g. 'rand-m9-mstd0.5-inc1' (RandAugment), "
+                    "'original' (AutoAugment), 'augmix-m5-w4-d2'; None: none",
+                    nullable=True,
+                ),
+                "color_jitter": Field(
+                    float,
+                    None,
+                    "native: brightness, contrast and saturation jitter (torchvision ColorJitter); not with auto_augment",
+                    nullable=True,
+                    low=0,
+                ),
+                "reprob": Field(float, 0.0, "native: random erasing probability per image (timm RandomErasing)", low=0, high=1),
+                "remode": Field(
+                    str,
+                    "pixel",
+                    "random erasing fill: 'const' (zeros), 'rand' (a normal colour per patch), 'pixel' (per pixel)",
+                    choices=("const", "rand", "pixel"),
+                ),
+                "recount": Field(int, 1, "random erasing: up to this many patches per image", low=1),
+                "repeated_aug": Field(
+                    int, 1, "native, synthetic: copies of each sample per epoch, on different ranks (DeiT's RASampler: 3); 1: off", low=1
+                ),
                 "eval_crop_ratio": Field(float, 0.875, "centre crop / resize ratio in evaluation", low=0, high=1, low_open=True),
                 "verify_crc": Field(bool, True, "check every record's CRC-32C while reading"),
                 "train_samples": Field(

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from largebatch.batching import BatchPlan
+from largebatch.data.policies import refuse_policies
 
 LOADER_MODULES = {
     "synthetic": "largebatch.data.synthetic",
@@ -57,6 +58,11 @@ def count_samples(data_cfg: dict[str, Any], split: str) -> int:
 
 
 def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
+    """The training loader of ``data.loader``; augmentation policies it lacks are refused
+    (``largebatch.data.policies``: all but native; synthetic takes ``repeated_aug``)."""
+    if data_cfg["loader"] != "native":
+        asked = {**data_cfg, "repeated_aug": 1} if data_cfg["loader"] == "synthetic" else data_cfg
+        refuse_policies(asked, data_cfg["loader"])
     return loader_module(data_cfg).build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
 
 

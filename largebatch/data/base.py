@@ -23,7 +23,7 @@ from largebatch.batching import BatchPlan
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import UserError
-from largebatch.randomness import augmentation_uniforms
+from largebatch.randomness import augmentation_seeds, augmentation_uniforms
 
 __all__ = [
     "IndexedLoader",
@@ -78,14 +78,18 @@ class MicroBatches:
         rank: int = 0,
         seed: int = 0,
         fixed: list[np.ndarray] | None = None,
+        repeats: int = 1,
     ) -> None:
         self.count, self.batch_size = count, batch_size
         self.train = plan is not None
+        self.repeats = repeats
         self._plan, self._rank, self._seed, self._fixed = plan, rank, seed, fixed
 
     @classmethod
-    def for_training(cls, plan: BatchPlan, rank: int, seed: int) -> MicroBatches:
-        return cls(plan.micro_batches_per_epoch, plan.micro_batch_size, plan=plan, rank=rank, seed=seed)
+    def for_training(cls, plan: BatchPlan, rank: int, seed: int, repeats: int = 1) -> MicroBatches:
+        """``repeats`` > 1: repeated augmentation; the batches hold virtual indices
+        (``largebatch.data.sharding``: read sample ``index % num_samples``)."""
+        return cls(plan.micro_batches_per_epoch, plan.micro_batch_size, plan=plan, rank=rank, seed=seed, repeats=repeats)
 
     @classmethod
     def for_evaluation(cls, num_records: int, batch_size: int, rank: int, world_size: int) -> MicroBatches:
@@ -101,12 +105,16 @@ class MicroBatches:
         """The epoch's micro-batches, in the order they are read."""
         if self._plan is None:
             return list(self._fixed or [])
-        indices = rank_train_indices(self._plan, self._rank, self._seed, epoch)
+        indices = rank_train_indices(self._plan, self._rank, self._seed, epoch, repeats=self.repeats)
         return list(indices.reshape(-1, self._plan.micro_batch_size))
 
     def draws(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
         """Augmentation uniforms for ``indices`` in ``epoch`` (None for evaluation)."""
         return augmentation_uniforms(self._seed, epoch, indices) if self.train else None
+
+    def seeds(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
+        """Per-sample seeds for the policies that draw from global generators (None for evaluation)."""
+        return augmentation_seeds(self._seed, epoch, indices) if self.train else None
 
 
 class IndexedLoader:

@@ -41,6 +41,7 @@ from largebatch.data.decode import (
     random_resized_crop_box,
 )
 from largebatch.data.example import ExampleDecodeError, decode_example
+from largebatch.data.policies import apply_policy, erase, image_policy, random_eraser
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError
 from largebatch.randomness import AUGMENTATION_DRAWS, worker_generator
@@ -68,6 +69,7 @@ class _MicroBatchDataset(Dataset):
         self.ratio = tuple(cfg.get("ratio", (3 / 4, 4 / 3)))
         self.hflip = float(cfg.get("hflip", 0.5))
         self.crop_ratio = float(cfg.get("eval_crop_ratio", 0.875))
+        self.policy = image_policy(cfg) if batches.train else None
         self._epoch: int | None = None
         self._batches: list[np.ndarray] = []
 
@@ -75,8 +77,9 @@ class _MicroBatchDataset(Dataset):
         return len(self._batches)
 
     def _load(self, index: int, draws: np.ndarray | None, out: np.ndarray) -> int:
-        """Decode sample ``index`` into ``out`` (uint8 CHW) and return its label."""
-        data = self.shards.read(index)
+        """Decode sample ``index`` (a virtual index under repeated augmentation) into
+        ``out`` (uint8 CHW) and return its label."""
+        data = self.shards.read(index % len(self.shards))
         try:
             features = decode_example(data, _KEYS)
             jpeg = features["image/encoded"][0]
@@ -113,14 +116,16 @@ class _MicroBatchDataset(Dataset):
         # and channels-last inputs make DDP's gradient buckets mismatch the grad strides.
         images = torch.empty((len(indices), self.channels, self.size, self.size), dtype=torch.uint8)
         labels = np.empty(len(indices), dtype=np.int64)
-        draws = self.batches.draws(epoch, indices)
+        draws, seeds = self.batches.draws(epoch, indices), self.batches.seeds(epoch, indices)
         slots = images.numpy()
         try:
             for j, index in enumerate(indices.tolist()):
                 labels[j] = self._load(index, None if draws is None else draws[j], slots[j])
+                if self.policy is not None:
+                    apply_policy(self.policy, slots[j], seeds[j])
         except DataError as err:
             return err.render()
-        return images, torch.from_numpy(labels)
+        return images, torch.from_numpy(labels), None if seeds is None else torch.from_numpy(seeds)
 
 
 class _EpochSampler(Sampler):
@@ -155,6 +160,7 @@ class NativeLoader(IndexedLoader):
         mean, std = check_normalisation(data_cfg)
         self._mean = torch.tensor([m * 255 for m in mean], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._std = torch.tensor([s * 255 for s in std], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
+        self._eraser = random_eraser(data_cfg, self.device) if batches.train else None
         workers = int(data_cfg.get("num_workers", 0))
         kwargs = {}
         if workers > 0:
@@ -183,11 +189,14 @@ class NativeLoader(IndexedLoader):
     def _to_device(self, batch):
         if isinstance(batch, str):
             raise DataError(batch)
-        images, labels = batch
+        images, labels, seeds = batch
         non_blocking = self.device.type == "cuda"
         images = images.to(self.device, non_blocking=non_blocking).float()
         labels = labels.to(self.device, non_blocking=non_blocking)
-        return images.sub_(self._mean).div_(self._std), labels
+        images.sub_(self._mean).div_(self._std)
+        if self._eraser is not None:
+            erase(self._eraser, images, seeds.numpy())
+        return images, labels
 
     def _iterate(self, batches):
         # The sampler covers the same micro-batches as ``batches``: the workers compute
@@ -228,7 +237,8 @@ def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int,
         UserError: a plan made for a different sample count, a bad setting.
     """
     shards = train_shards(data_cfg, plan, verify_crc=bool(data_cfg.get("verify_crc", True)))
-    return NativeLoader(shards, MicroBatches.for_training(plan, rank, seed), data_cfg=data_cfg, seed=seed, rank=rank, device=device)
+    batches = MicroBatches.for_training(plan, rank, seed, repeats=int(data_cfg.get("repeated_aug", 1)))
+    return NativeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
 def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> NativeLoader:

@@ -13,6 +13,15 @@ Every loader (synthetic, native TFRecord, DALI) shares this plan so a config can
 So the set of samples in optimizer step ``s`` depends only on ``(seed, epoch, s)`` and
 the global batch size, never on the micro-batch size or the number of ranks, and the
 ranks' shares are disjoint and of equal size.
+
+Repeated augmentation (``data.repeated_aug = R`` > 1, DeiT's ``RASampler``): the epoch's
+order takes the first ``ceil(N / R)`` samples of the permutation and repeats each ``R``
+times in a row, cut to ``N`` entries (the epoch keeps its length and step count), and
+rank ``k`` takes every ``world_size``-th entry of each window from the ``k``-th, so the
+``R`` copies of a sample go to ``R`` different ranks when there are that many. Copy ``r``
+of sample ``i`` is the *virtual index* ``i + r * N``: loaders read sample ``index % N``
+and draw its augmentation from the virtual index, so the copies are augmented
+differently.
 """
 
 from __future__ import annotations
@@ -30,20 +39,34 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool = T
     return rng.permutation(num_samples).astype(np.int64)
 
 
-def rank_train_indices(plan: BatchPlan, rank: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+def repeated_order(perm: np.ndarray, repeats: int) -> np.ndarray:
+    """The epoch's virtual indices under repeated augmentation (module docstring)."""
+    n = len(perm)
+    taken = perm[: -(-n // repeats)]
+    copies = taken[:, None] + n * np.arange(repeats, dtype=np.int64)
+    return copies.reshape(-1)[:n]
+
+
+def rank_train_indices(plan: BatchPlan, rank: int, seed: int, epoch: int, shuffle: bool = True, repeats: int = 1) -> np.ndarray:
     """Indices rank ``rank`` trains on in ``epoch``, in the order it reads them.
 
     Returns an array of length ``plan.samples_per_rank_per_epoch``; consecutive runs of
-    ``plan.micro_batch_size`` are its micro-batches.
+    ``plan.micro_batch_size`` are its micro-batches. With ``repeats`` > 1 they are virtual
+    indices (module docstring).
     """
     perm = epoch_permutation(plan.num_samples, seed, epoch, shuffle)
+    if repeats > 1:
+        perm = repeated_order(perm, repeats)
     micro, world = plan.micro_batch_size, plan.world_size
     pieces = []
     start = 0
     for window in plan.window_sizes():
         per_rank = window * micro
-        lo = start + rank * per_rank
-        pieces.append(perm[lo : lo + per_rank])
+        if repeats > 1:  # strided, so a sample's copies land on different ranks
+            pieces.append(perm[start + rank : start + per_rank * world : world])
+        else:
+            lo = start + rank * per_rank
+            pieces.append(perm[lo : lo + per_rank])
         start += per_rank * world
     return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
 

@@ -50,7 +50,7 @@ class SyntheticImages:
         return self.prototypes[label] * self.signal + noise, label
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = zip(*(self.sample(int(i)) for i in indices))
+        images, labels = zip(*(self.sample(int(i) % self.num_samples) for i in indices))  # % : repeated_aug's virtual indices
         return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
 
@@ -86,7 +86,8 @@ def count_samples(data_cfg: dict[str, Any], split: str) -> int:
 
 
 def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:
-    return SyntheticLoader(_images(data_cfg, "train"), MicroBatches.for_training(plan, rank, seed), device)
+    batches = MicroBatches.for_training(plan, rank, seed, repeats=int(data_cfg.get("repeated_aug", 1)))
+    return SyntheticLoader(_images(data_cfg, "train"), batches, device)
 
 
 def build_eval_loader(data_cfg: dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device) -> SyntheticLoader:

@@ -149,3 +149,23 @@ def test_sharded_recipes_batch_arithmetic_and_memory_estimate(name):
         assert ddp["total_gib"] == pytest.approx(total * 20 / GIB, abs=1e-3)
         row = f"#     {world:<9} {ddp['total_gib']:<22.2f} {fsdp['total_gib']:<20.2f}"
         assert row in header, row
+
+
+def test_deit_b16_is_the_papers_recipe():
+    """configs/deit-b16.py against Touvron et al. 2021, Table 9 (DeiT-B, no distillation)."""
+    cfg = load("deit-b16")
+    assert cfg["model"]["name"] == "vit_base_patch16_224"
+    assert (cfg["model"]["drop_rate"], cfg["model"]["drop_path_rate"]) == (0.0, 0.1)
+    assert (cfg["epochs"], cfg["global_batch_size"], cfg["clip_grad_norm"]) == (300, 1024, None)
+    opt, sched = cfg["optimizer"], cfg["lr_schedule"]
+    assert (opt["type"], opt["lr"], opt["weight_decay"], opt["eps"]) == ("adamw", 5e-4, 0.05, 1e-8)
+    assert (sched["type"], sched["warmup_epochs"], sched["warmup_init_lr"], sched["min_lr"]) == ("cosine", 5, 1e-6, 1e-5)
+    derived = derive(cfg, 16, IMAGENET_TRAIN)
+    assert derived["peak_lr"] == pytest.approx(1e-3)  # 5e-4 x 1024 / 512
+    data = cfg["data"]
+    assert (data["loader"], data["auto_augment"], data["repeated_aug"]) == ("native", "rand-m9-mstd0.5-inc1", 3)
+    assert (data["reprob"], data["remode"], data["recount"], data["color_jitter"]) == (0.25, "pixel", 1, None)
+    mix = cfg["mixup"]
+    assert (mix["mixup_alpha"], mix["cutmix_alpha"], mix["prob"], mix["switch_prob"], mix["label_smoothing"]) == (0.8, 1.0, 1.0, 0.5, 0.1)
+    model = build_model(cfg)
+    assert sum(p.numel() for p in model.parameters()) == vit_parameters(16, 768, 12)  # 86.6 M, DeiT-B's count

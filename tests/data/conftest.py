@@ -97,6 +97,12 @@ def data_cfg(root: Path, num_classes: int, **overrides) -> dict:
         "scale": (0.08, 1.0),
         "ratio": (3 / 4, 4 / 3),
         "hflip": 0.5,
+        "auto_augment": None,
+        "color_jitter": None,
+        "reprob": 0.0,
+        "remode": "pixel",
+        "recount": 1,
+        "repeated_aug": 1,
         "eval_crop_ratio": 0.875,
         "verify_crc": True,
     }
