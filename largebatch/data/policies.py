@@ -50,12 +50,19 @@ def _active(data_cfg: dict[str, Any]) -> list[str]:
     return on
 
 
+WHY_NOT = {
+    "dali": "DALI's own RandAugment/AutoAugment draw from the pipeline's generator (not exact on resume) and are not timm's policies",
+    "mediapipe": "Habana's media pipeline is not given them here",
+    "synthetic": "synthetic images are not augmented",
+}
+
+
 def refuse_policies(data_cfg: dict[str, Any], loader: str) -> None:
-    """A ``ConfigError`` naming the first policy key the ``loader`` lacks."""
+    """A ``ConfigError`` naming the first policy key the ``loader`` lacks, and why."""
     for key in _active(data_cfg):
         raise ConfigError(
             f"{key} is available with data.loader='native' only (and repeated_aug with 'synthetic'), "
-            f"not with data.loader={loader!r}; switch the loader or unset data.{key}",
+            f"not with data.loader={loader!r} ({WHY_NOT.get(loader, 'not offered')}); switch the loader or unset data.{key}",
             key=f"data.{key}",
         )
 
