@@ -89,10 +89,9 @@ class TrackerHook(Hook):
     def before_run(self, state) -> None:
         if not state.is_main:
             return
-        resumed = self.run_id is not None
-        self.run_id = self._start(state, self.run_id)
+        self.run_id, continued = self._start(state, self.run_id)
         self._active = True
-        if not resumed:  # a resumed run's parameters are already there (and may not change)
+        if not continued:  # a continued run's parameters are already there (and may not change)
             self._log_params(flat_config(state.config, state.derived))
 
     def after_step(self, state) -> None:
@@ -128,7 +127,8 @@ class TrackerHook(Hook):
         return run_files, plots, model
 
     # what each tracker implements
-    def _start(self, state, resume_id: str | None) -> str:
+    def _start(self, state, resume_id: str | None) -> tuple[str, bool]:
+        """Start or continue the tracker run: ``(run id, whether an earlier run continues)``."""
         raise NotImplementedError
 
     def _log_params(self, params: dict[str, Any]) -> None:
@@ -179,18 +179,22 @@ class MlflowHook(TrackerHook):
         self.tags = dict(tags or {})
         self.client = None
 
-    def _start(self, state, resume_id: str | None) -> str:
+    def _start(self, state, resume_id: str | None) -> tuple[str, bool]:
         from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
 
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         if resume_id is not None:
-            self.client.update_run(resume_id, status="RUNNING")
-            return resume_id
+            try:
+                self.client.update_run(resume_id, status="RUNNING")
+                return resume_id, True
+            except MlflowException as err:  # another server, or the run was deleted
+                print(f"largebatch: MLflow run {resume_id} cannot continue ({err.error_code}); starting a new one", flush=True)
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
         tags = {"largebatch.run_dir": str(state.run_dir), **self.tags}
         run = self.client.create_run(experiment_id, run_name=self.run_name or state.run_dir.name, tags=tags)
-        return run.info.run_id
+        return run.info.run_id, False
 
     def _log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -260,7 +264,7 @@ class WandbHook(TrackerHook):
         self.mode = mode
         self.run = None
 
-    def _start(self, state, resume_id: str | None) -> str:
+    def _start(self, state, resume_id: str | None) -> tuple[str, bool]:
         import wandb
 
         self.run = wandb.init(
@@ -277,7 +281,7 @@ class WandbHook(TrackerHook):
         )
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
-        return self.run.id
+        return self.run.id, resume_id is not None
 
     def _log_params(self, params: dict[str, Any]) -> None:
         """Nothing more: ``wandb.init`` took the nested config (W&B flattens it itself)."""

@@ -260,3 +260,20 @@ def test_wandb_offline_files_hold_the_config_every_metric_and_the_outputs_and_a_
     assert contents["model.safetensors"] == final  # W&B's digest: base64 of the MD5
     outputs = {c.path for c in artifacts[f"{run_id}-run"].manifest.contents}
     assert {"config.yaml", "metrics.jsonl"} <= outputs and any(p.startswith("plots/") for p in outputs)
+
+
+@pytest.mark.slow
+def test_mlflow_starts_a_new_run_when_the_saved_one_is_unknown_to_the_server(tmp_path, mlflow_server, capsys):
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from largebatch.hooks.trackers import MlflowHook
+
+    hook = MlflowHook(tracking_uri=mlflow_server, experiment="elsewhere", artifacts=False)
+    hook.load_state_dict({"run_id": "0" * 32})  # a checkpoint written against another server
+    state = SimpleNamespace(is_main=True, run_dir=tmp_path / "run", config={"seed": 0}, derived={"world_size": 1})
+    hook.before_run(state)
+    assert "cannot continue" in capsys.readouterr().out
+    run = MlflowClient(tracking_uri=mlflow_server).get_run(hook.run_id)
+    assert hook.run_id != "0" * 32 and run.data.params == {"seed": "0", "derived.world_size": "1"}
