@@ -192,3 +192,11 @@ def test_export_ema_of_a_run_without_ema_is_one_error_line(ema_run, tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "has no model_ema.safetensors" in result.stderr and "ema.decay" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ema_eval_may_change_on_resume_but_not_the_decay():
+    from largebatch.checkpoint import config_differences
+
+    saved = validate(tiny_config(**{"ema.decay": 0.9}))
+    assert config_differences(saved, validate(tiny_config(**{"ema.decay": 0.9, "ema.eval": False}))) == []
+    assert config_differences(saved, validate(tiny_config(**{"ema.decay": 0.99, "ema.warmup": True}))) == ["ema.decay", "ema.warmup"]
