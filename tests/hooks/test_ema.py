@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
 import types
 
 import pytest
@@ -24,7 +25,7 @@ from largebatch.hooks import build_hooks
 from largebatch.hooks.ema import ModelEmaHook
 from largebatch.launch import TrainArgs, train
 from largebatch.tasks import ClassificationTask
-from tests.conftest import run_cli, tiny_config, write_config
+from tests.conftest import PYTHON, RANK_WEIGHTS, REPO, clean_env, run_cli, tiny_config, write_config
 from tests.hooks.common import build
 
 
@@ -200,3 +201,29 @@ def test_ema_eval_may_change_on_resume_but_not_the_decay():
     saved = validate(tiny_config(**{"ema.decay": 0.9}))
     assert config_differences(saved, validate(tiny_config(**{"ema.decay": 0.9, "ema.eval": False}))) == []
     assert config_differences(saved, validate(tiny_config(**{"ema.decay": 0.99, "ema.warmup": True}))) == ["ema.decay", "ema.warmup"]
+
+
+def torchrun_two_ranks(tmp_path: pathlib.Path, cfg: dict) -> subprocess.CompletedProcess:
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
+    cmd += ["--config", str(write_config(tmp_path, cfg)), "--run-dir", str(tmp_path / "run")]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=clean_env())
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_two_ranks_keep_the_same_ema(tmp_path):
+    cfg = tiny_config(**{"ema.decay": 0.8, "hooks": [{"type": RANK_WEIGHTS, "prefix": "ema_rank", "extra": "ema"}]})
+    result = torchrun_two_ranks(tmp_path, cfg)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rank0, rank1 = (load_file(tmp_path / "run" / f"ema_rank{r}.safetensors") for r in (0, 1))
+    written = load_file(tmp_path / "run" / EMA_WEIGHTS)
+    for key, value in written.items():
+        assert torch.equal(rank0[key], value) and torch.equal(rank1[key], value), key
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ema_with_sharded_parameters_is_one_error_line(tmp_path):
+    result = torchrun_two_ranks(tmp_path, tiny_config(**{"ema.decay": 0.8, "dist.strategy": "fsdp"}))
+    assert result.returncode != 0
+    assert "error: " in result.stderr and "not available with sharded parameters" in result.stderr, result.stderr[-3000:]
