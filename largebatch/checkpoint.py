@@ -55,6 +55,7 @@ RESUME_FREE_KEYS = (
     "hooks",
     "max_steps",
     "eval.",
+    "ema.eval",
     "data.num_workers",
     "data.prefetch",
     "dist.timeout_minutes",
@@ -377,6 +378,22 @@ def check_weights_fit(saved: dict[str, Any], current: dict[str, Any], path: path
     )
 
 
+def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: pathlib.Path) -> None:
+    """Refuse a resume whose config changes the maths.
+
+    Raises:
+        UserError: the configs differ in keys outside ``RESUME_FREE_KEYS`` (listed).
+    """
+    diffs = config_differences(saved, config)
+    if diffs:
+        shown = ", ".join(f"{k} ({flatten(saved).get(k)!r} -> {flatten(config).get(k)!r})" for k in diffs[:8])
+        raise UserError(
+            f"the checkpoint was made with a different config: {shown}; resume with the same config, "
+            "or pass --resume-ignore-config to accept the new values",
+            path=str(path),
+        )
+
+
 def load_checkpoint(
     path: pathlib.Path,
     state: Any,
@@ -396,14 +413,7 @@ def load_checkpoint(
     if payload is None:
         payload = read_checkpoint(path)
     if not ignore_config:
-        diffs = config_differences(payload["config"], state.config)
-        if diffs:
-            shown = ", ".join(f"{k} ({flatten(payload['config']).get(k)!r} -> {flatten(state.config).get(k)!r})" for k in diffs[:8])
-            raise UserError(
-                f"the checkpoint was made with a different config: {shown}; resume with the same config, "
-                "or pass --resume-ignore-config to accept the new values",
-                path=str(path),
-            )
+        check_same_config(payload["config"], state.config, path)
     sharded_file = payload.get("sharded", False)
     if sharded_file != uses_sharded_format(state.config):
         made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"

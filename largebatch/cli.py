@@ -137,8 +137,9 @@ def cmd_config_keys(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from largebatch.export import export_run
 
-    out = export_run(args.run_dir, args.out)
-    print(f"{out}: model.safetensors and config.json; load with timm.create_model('local-dir:{out}', pretrained=True)")
+    out = export_run(args.run_dir, args.out, ema=args.ema)
+    what = "the EMA weights as model.safetensors" if args.ema else "model.safetensors"
+    print(f"{out}: {what} and config.json; load with timm.create_model('local-dir:{out}', pretrained=True)")
     return 0
 
 
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a finished run's weights with timm's config.json into a folder")
     export.add_argument("run_dir", help="the run directory (holds config.yaml and model.safetensors)")
     export.add_argument("--out", required=True, help="the folder to write (timm 'local-dir:', Hub upload_folder)")
+    export.add_argument("--ema", action="store_true", help="export the run's EMA weights (model_ema.safetensors) instead")
     export.add_argument("--debug", action="store_true")
     export.set_defaults(func=cmd_export)
 

@@ -15,6 +15,9 @@ its evaluation transform. ``config.json`` is written by timm's own
 describe timm's published weights rather than these (their tag, licence, Hub id, URL) are
 left out. ``largebatch export RUN_DIR --out DIR`` writes the two files into a folder of
 their own, ready for ``huggingface_hub.upload_folder(repo_id=..., folder_path=DIR)``.
+A run that kept a model EMA (``ema.decay``) also holds ``model_ema.safetensors``;
+``largebatch export RUN_DIR --out DIR --ema`` writes those weights, as
+``model.safetensors``, into a folder of their own.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import yaml
 from largebatch.errors import UserError
 
 WEIGHTS = "model.safetensors"
+EMA_WEIGHTS = "model_ema.safetensors"  # the ``ema`` hook's average (``ema.decay``)
 HUB_CONFIG = "config.json"
 _NOT_OURS = ("tag", "license", "hf_hub_id", "hf_hub_filename", "url", "file", "source", "paper_ids", "notes", "origin_url")
 
@@ -82,37 +86,43 @@ def write_run_hub_config(cfg: dict[str, Any], run_dir: pathlib.Path) -> None:
     write_hub_config(model, cfg, run_dir / HUB_CONFIG)
 
 
-def load_run(run_dir: pathlib.Path) -> tuple[dict[str, Any], torch.nn.Module]:
-    """The run's resolved config and its model with the final weights.
+def load_run(run_dir: pathlib.Path, weights: str = WEIGHTS) -> tuple[dict[str, Any], torch.nn.Module]:
+    """The run's resolved config and its model with the final weights (``weights``:
+    ``EMA_WEIGHTS`` for the EMA's).
 
     Raises:
-        UserError: not a finished run directory (no ``config.yaml`` or no final weights).
+        UserError: not a finished run directory (no ``config.yaml`` or no final weights),
+            or a finished run without EMA weights.
     """
     from safetensors.torch import load_file
 
     from largebatch.models import build_model
 
-    config_path, weights_path = run_dir / "config.yaml", run_dir / WEIGHTS
+    config_path, weights_path = run_dir / "config.yaml", run_dir / weights
     if not config_path.is_file():
         raise UserError(f"{run_dir} is not a run directory (no config.yaml)")
-    if not weights_path.is_file():
+    if not (run_dir / WEIGHTS).is_file():
         raise UserError(
             f"{run_dir} has no {WEIGHTS}: the run has not finished; resume it to the end "
             f"(largebatch train --config {config_path} --run-dir {run_dir} --resume auto)"
         )
+    if not weights_path.is_file():
+        raise UserError(f"{run_dir} has no {weights}: the run kept no model EMA (set ema.decay to keep one)")
     cfg = yaml.safe_load(config_path.read_text())
     model = build_model(cfg)
     model.load_state_dict(load_file(str(weights_path)))
     return cfg, model
 
 
-def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
-    """Copy a finished run's weights into ``out`` with timm's ``config.json``; returns ``out``."""
+def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path, *, ema: bool = False) -> pathlib.Path:
+    """Copy a finished run's weights (``ema``: its EMA weights, ``model_ema.safetensors``)
+    into ``out`` as ``model.safetensors`` with timm's ``config.json``; returns ``out``."""
     run_dir, out = pathlib.Path(run_dir), pathlib.Path(out)
-    cfg, model = load_run(run_dir)
+    weights = EMA_WEIGHTS if ema else WEIGHTS
+    cfg, model = load_run(run_dir, weights)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (WEIGHTS + ".tmp")
-    shutil.copyfile(run_dir / WEIGHTS, tmp)
+    shutil.copyfile(run_dir / weights, tmp)
     tmp.replace(out / WEIGHTS)
     write_hub_config(model, cfg, out / HUB_CONFIG)
     return out

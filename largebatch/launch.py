@@ -128,16 +128,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
 
-    seed_everything(cfg["seed"])  # the same initial weights on every rank
-    model = build_model(cfg, initial_weights=True)
-    sharding = info.distributed and derived["strategy"] != "ddp"
-    if sharding:
-        # Sharded on the host: FSDP2 moves each block's slices to the device as it
-        # shards it, so the whole model never sits in one device's memory.
-        train_model = model = backend.shard_model(model, derived)  # in place: parameters become DTensors
-    else:
-        model = backend.prepare_model(model)
-        train_model = backend.wrap_ddp(model, cfg["dist"]) if info.distributed else model
+    model, train_model = build_models(cfg, derived, info, backend)
     seed_everything(cfg["seed"] + info.rank)  # then each rank its own randomness
     backend.seed(cfg["seed"] + info.rank)
     train_model = backend.compile(train_model, cfg["compile"])
@@ -153,17 +144,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         seed=cfg["seed"] * 7919 + info.rank,
     )
     train_loader = data_mod.build_train_loader(cfg["data"], plan, rank=info.rank, seed=cfg["seed"], device=backend.device)
-    eval_loader = None
-    wants_eval = cfg["eval"]["interval_epochs"] or cfg["eval"]["at_end"] or any(isinstance(h, EvalHook) for h in hooks)
-    if wants_eval and data_mod.count_samples(cfg["data"], "eval") > 0:
-        eval_loader = data_mod.build_eval_loader(
-            cfg["data"],
-            batch_size=cfg["eval"]["batch_size"] or cfg["micro_batch_size"],
-            rank=info.rank,
-            world_size=info.world_size,
-            device=backend.device,
-            cache=cfg["eval"]["cache"],
-        )
+    eval_loader = build_eval_loader(cfg, hooks, info, backend)
 
     state = TrainState(
         config=cfg,
@@ -181,24 +162,65 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         task=task,
     )
     if args.resume:
-        found = ckpt.read_resume_checkpoint(args.resume, run_dir, warn=info.is_main)
-        if found is not None:
-            path, payload = found
-            ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload)
-            if info.is_main:
-                print(f"resumed from {path} at step {state.step}/{state.total_steps}, epoch {state.epoch + 1}/{state.epochs}", flush=True)
-        elif args.resume != "auto":
-            raise UserError("no checkpoint to resume from", path=args.resume)
+        resume(args, state, hooks, train_loader)
     if info.is_main:  # only once a resume has been accepted: a refused one leaves the run's config as it was
         (run_dir / "config.yaml").write_text(dump_yaml({**cfg, "derived": derived}))
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
 
+def build_models(cfg: dict[str, Any], derived: dict[str, Any], info: Any, backend: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The model (unwrapped; sharded in place under fsdp/hsdp) and what the forward pass
+    calls (the DDP wrapper when distributed), with the same initial weights on every rank."""
+    seed_everything(cfg["seed"])
+    model = build_model(cfg, initial_weights=True)
+    if info.distributed and derived["strategy"] != "ddp":
+        # Sharded on the host: FSDP2 moves each block's slices to the device as it
+        # shards it, so the whole model never sits in one device's memory.
+        model = backend.shard_model(model, derived)  # in place: parameters become DTensors
+        return model, model
+    model = backend.prepare_model(model)
+    return model, backend.wrap_ddp(model, cfg["dist"]) if info.distributed else model
+
+
+def build_eval_loader(cfg: dict[str, Any], hooks: list, info: Any, backend: Any) -> Any:
+    """The evaluation loader, or None when nothing evaluates or the split is empty."""
+    wants_eval = cfg["eval"]["interval_epochs"] or cfg["eval"]["at_end"] or any(isinstance(h, EvalHook) for h in hooks)
+    if not wants_eval or data_mod.count_samples(cfg["data"], "eval") == 0:
+        return None
+    return data_mod.build_eval_loader(
+        cfg["data"],
+        batch_size=cfg["eval"]["batch_size"] or cfg["micro_batch_size"],
+        rank=info.rank,
+        world_size=info.world_size,
+        device=backend.device,
+        cache=cfg["eval"]["cache"],
+    )
+
+
+def resume(args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -> None:
+    """Load the checkpoint ``--resume`` names into the run (``auto`` without one: a fresh start).
+
+    Raises:
+        UserError: an explicit ``--resume`` path with no checkpoint to resume from.
+    """
+    found = ckpt.read_resume_checkpoint(args.resume, state.run_dir, warn=state.is_main)
+    if found is not None:
+        path, payload = found
+        ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload)
+        if state.is_main:
+            print(f"resumed from {path} at step {state.step}/{state.total_steps}, epoch {state.epoch + 1}/{state.epochs}", flush=True)
+    elif args.resume != "auto":
+        raise UserError("no checkpoint to resume from", path=args.resume)
+
+
 def write_final_outputs(state: TrainState) -> None:
-    """The finished run's ``model.safetensors`` and ``config.json`` (rank 0 writes; every
+    """The finished run's ``model.safetensors``, ``model_<name>.safetensors`` for each of
+    ``state.extra_models`` (the EMA), and ``config.json`` (rank 0 writes; every
     rank calls: sharded weights are gathered). The engine calls this between
     ``after_train`` and ``after_run`` of a run that was not interrupted."""
     ckpt.save_final_weights(state.model, state.run_dir / "model.safetensors", is_main=state.is_main)
+    for name, model in state.extra_models.items():  # model_ema.safetensors, ...
+        ckpt.save_final_weights(model, state.run_dir / f"model_{name}.safetensors", is_main=state.is_main)
     if state.is_main:
         write_run_hub_config(state.config, state.run_dir)
 

@@ -62,7 +62,7 @@ def _allowed(spec: Field) -> str:
     if spec.low is not None:
         bounds.append(f"{'>' if spec.low_open else '>='} {spec.low:g}")
     if spec.high is not None:
-        bounds.append(f"<= {spec.high:g}")
+        bounds.append(f"{'<' if spec.high_open else '<='} {spec.high:g}")
     return " and ".join(bounds)
 
 

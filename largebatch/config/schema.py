@@ -28,7 +28,7 @@ class Field:
         default: the value when the key is absent; ``REQUIRED`` makes it mandatory.
         doc: one line for ``largebatch config keys`` and the generated key reference in docs/configs.md.
         choices: allowed values, if a closed set.
-        low / high: inclusive bounds for numbers; ``low_open`` makes ``low`` exclusive.
+        low / high: inclusive bounds for numbers; ``low_open`` / ``high_open`` make them exclusive.
         nullable: ``None`` is allowed.
         items: for lists, the kind of each item.
         length: for lists, the required length.
@@ -41,6 +41,7 @@ class Field:
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    high_open: bool = False
     nullable: bool = False
     items: type | None = None
     length: int | None = None
@@ -224,6 +225,28 @@ SCHEMA = Section(
                     "for small evaluation sets evaluated often",
                 ),
             }
+        ),
+        "ema": Section(
+            {
+                "decay": Field(
+                    float,
+                    None,
+                    "keep an exponential moving average of the weights with this decay per optimizer step, e.g. 0.99996 (DeiT); None: off",
+                    low=0,
+                    high=1,
+                    low_open=True,
+                    high_open=True,
+                    nullable=True,
+                ),
+                "warmup": Field(
+                    bool,
+                    False,
+                    "ramp the decay up as 1 - n^(-2/3) after n optimizer steps, capped at ema.decay (timm's use_warmup)",
+                ),
+                "eval": Field(bool, True, "evaluate the EMA weights beside the model at every evaluation (eval_ema/...)"),
+            },
+            "model EMA (timm's ModelEmaV3): updated after every optimizer step, saved in checkpoints, written as "
+            "model_ema.safetensors at the end",
         ),
         "log": Section(
             {
@@ -426,8 +449,8 @@ def _check_value(spec: Field | Section, value: Any, key: str) -> Any:
     if spec.low is not None and (value < spec.low or (spec.low_open and value == spec.low)):
         bound = f"> {spec.low}" if spec.low_open else f">= {spec.low}"
         raise ConfigError(f"got {value!r}; must be {bound}", key=key)
-    if spec.high is not None and value > spec.high:
-        raise ConfigError(f"got {value!r}; must be <= {spec.high}", key=key)
+    if spec.high is not None and (value > spec.high or (spec.high_open and value == spec.high)):
+        raise ConfigError(f"got {value!r}; must be {'<' if spec.high_open else '<='} {spec.high}", key=key)
     return value
 
 
@@ -468,6 +491,29 @@ def _check_rules(cfg: dict[str, Any]) -> None:
             f"min_lr {schedule['min_lr']} is above optimizer.lr {cfg['optimizer']['lr']}; lower min_lr",
             key="lr_schedule.min_lr",
         )
+    _check_data_rules(cfg)
+    for name, spec in SCHEMA.fields.items():
+        if isinstance(spec, Section) and spec.checked_by:
+            module, _, function = spec.checked_by.partition(":")
+            getattr(importlib.import_module(module), function)(cfg[name])
+    if cfg["optimizer"].get("max_grad_norm") is not None and cfg["clip_grad_norm"]:
+        raise ConfigError(
+            f"clips inside the optimizer while clip_grad_norm {cfg['clip_grad_norm']} clips once per step already; set one of them to null",
+            key="optimizer.max_grad_norm",
+        )
+    hooks = cfg["hooks"]
+    for i, spec in enumerate(hooks):
+        if isinstance(spec, str):
+            continue
+        if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+            raise ConfigError(
+                f"got {spec!r}; a hook is a name ('logger') or dict(type='name' or 'path/file.py:Class', **kwargs)",
+                key=f"hooks[{i}]",
+            )
+
+
+def _check_data_rules(cfg: dict[str, Any]) -> None:
+    """Rules between the data and the model or mixup."""
     data = cfg["data"]
     for name in ("mean", "std"):
         if len(data[name]) != data["channels"]:
@@ -487,21 +533,3 @@ def _check_rules(cfg: dict[str, Any]) -> None:
     mix = cfg["mixup"]
     if mix["cutmix_alpha"] > 0 and data["image_size"] < 2:
         raise ConfigError("CutMix needs images of at least 2 pixels", key="mixup.cutmix_alpha")
-    for name, spec in SCHEMA.fields.items():
-        if isinstance(spec, Section) and spec.checked_by:
-            module, _, function = spec.checked_by.partition(":")
-            getattr(importlib.import_module(module), function)(cfg[name])
-    if cfg["optimizer"].get("max_grad_norm") is not None and cfg["clip_grad_norm"]:
-        raise ConfigError(
-            f"clips inside the optimizer while clip_grad_norm {cfg['clip_grad_norm']} clips once per step already; set one of them to null",
-            key="optimizer.max_grad_norm",
-        )
-    hooks = cfg["hooks"]
-    for i, spec in enumerate(hooks):
-        if isinstance(spec, str):
-            continue
-        if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
-            raise ConfigError(
-                f"got {spec!r}; a hook is a name ('logger') or dict(type='name' or 'path/file.py:Class', **kwargs)",
-                key=f"hooks[{i}]",
-            )

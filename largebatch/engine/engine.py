@@ -188,7 +188,9 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         """The task's metrics over the evaluation split (every sample once across ranks;
-        classification: ``eval/loss``, ``eval/top1``, ``eval/top5``)."""
+        classification: ``eval/loss``, ``eval/top1``, ``eval/top5``), then those of each
+        of ``state.extra_models`` as ``eval_<name>/...`` (``after_eval_batch`` fires for
+        the model's batches only)."""
         state = self.state
         if self.eval_loader is None:
             return {}
@@ -199,9 +201,13 @@ class Engine:
             self.fire(Event.AFTER_EVAL_BATCH)
 
         try:
-            state.eval_metrics = state.task.evaluate(state.model, self.eval_loader, state.backend, prefix="eval", on_batch=after_batch)
+            metrics = state.task.evaluate(state.model, self.eval_loader, state.backend, prefix="eval", on_batch=after_batch)
         finally:
             state.eval_batch = None
+        for name, model in state.extra_models.items():
+            if name not in state.skip_eval_models:
+                metrics.update(state.task.evaluate(model, self.eval_loader, state.backend, prefix=f"eval_{name}"))
+        state.eval_metrics = metrics
         self._last_eval_step = state.step
         self.fire(Event.AFTER_EVAL)
         return state.eval_metrics

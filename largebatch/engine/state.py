@@ -116,6 +116,12 @@ class TrainState:
         sync_every_micro: under fsdp/hsdp, reduce after every micro-batch
             (``dist.reduce_every_micro_batch``).
         sharded: whether the model's parameters are sharded (FSDP2 DTensors).
+        extra_models: models kept beside the trained one, by name (the ``ema`` hook's
+            ``'ema'``), registered by hooks in ``before_run``: each is evaluated after the
+            model with the same task and loader (metrics ``eval_<name>/...``, merged into
+            ``eval_metrics``) unless its name is in ``skip_eval_models``, and written at
+            the end of the run as ``model_<name>.safetensors``.
+        skip_eval_models: names in ``extra_models`` that evaluation leaves out.
     """
 
     def __init__(
@@ -174,6 +180,8 @@ class TrainState:
         self.hooks: list[Any] = []
         self.sync_every_micro = bool(config.get("dist", {}).get("reduce_every_micro_batch", False))
         self.sharded = derived.get("strategy", "ddp") != "ddp" and dist.world_size > 1
+        self.extra_models: dict[str, torch.nn.Module] = {}
+        self.skip_eval_models: set[str] = set()
 
     # Counters, read-only for hooks.
     step = property(lambda self: self._counters.step)

@@ -42,6 +42,7 @@ BUILTIN_HOOKS = {
     "stop": "largebatch.hooks.stop:StopHook",
     "hook_timer": "largebatch.hooks.hook_timer:HookTimerHook",
     "clip_grad_norm": "largebatch.hooks.clip:ClipGradNormHook",
+    "ema": "largebatch.hooks.ema:ModelEmaHook",
     "preemption": "largebatch.hooks.preemption:PreemptionHook",
 }
 DEFAULT_HOOKS = ("loss", "lr", "throughput", "grad_norm", "nan_guard", "logger", "checkpoint", "preemption")
@@ -74,7 +75,8 @@ def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
 
 def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> list[Hook]:
     """The run's hooks: the defaults (with any arguments the config gives them), the
-    clipping hook when ``clip_grad_norm`` is set, then the config's other hooks in order."""
+    clipping hook when ``clip_grad_norm`` is set, the ``ema`` hook when ``ema.decay`` is
+    set, then the config's other hooks in order."""
     specs: list[tuple[str, dict[str, Any], str]] = []
     for i, entry in enumerate(cfg["hooks"]):
         key = f"hooks[{i}]"
@@ -94,6 +96,9 @@ def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) ->
     hooks = [instantiate(_builtin_class(name), kwargs, key) for name, (kwargs, key) in defaults.items()]
     if cfg["clip_grad_norm"]:
         hooks.append(_builtin_class("clip_grad_norm")(cfg["clip_grad_norm"]))
+    ema = cfg["ema"]
+    if ema["decay"] is not None:
+        hooks.append(_builtin_class("ema")(ema["decay"], warmup=ema["warmup"], evaluate=ema["eval"]))
     for type_name, kwargs, key in extra:
         hooks.append(instantiate(load_hook_class(type_name, key, config_path), kwargs, key))
     return hooks

@@ -77,7 +77,7 @@ class MetricsLogger(Hook):
         record = {"step": state.step, "epoch": state.epoch, **state.eval_metrics}
         self._write(state, record)
         if self.console and state.is_main:
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in state.eval_metrics.items() if k != "eval/samples")
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in state.eval_metrics.items() if not k.endswith("/samples"))
             print(f"eval at step {state.step}: {shown} ({int(state.eval_metrics.get('eval/samples', 0))} samples)", flush=True)
 
     def after_run(self, state) -> None:
