@@ -87,18 +87,21 @@ def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) ->
     defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
     defaults["checkpoint"] = (dict(cfg["checkpoint"]), "checkpoint")
     defaults["logger"] = ({"console": cfg["log"]["console"]}, "log")
+    ema = cfg["ema"]
+    ema_args = None if ema["decay"] is None else ({"decay": ema["decay"], "warmup": ema["warmup"], "evaluate": ema["eval"]}, "ema")
     extra = []
     for type_name, kwargs, key in specs:
         if type_name in defaults:
             defaults[type_name] = ({**defaults[type_name][0], **kwargs}, key)
+        elif type_name == "ema" and ema_args is not None:  # one EMA: the section's, with the entry's arguments
+            ema_args = ({**ema_args[0], **kwargs}, key)
         else:
             extra.append((type_name, kwargs, key))
     hooks = [instantiate(_builtin_class(name), kwargs, key) for name, (kwargs, key) in defaults.items()]
     if cfg["clip_grad_norm"]:
         hooks.append(_builtin_class("clip_grad_norm")(cfg["clip_grad_norm"]))
-    ema = cfg["ema"]
-    if ema["decay"] is not None:
-        hooks.append(_builtin_class("ema")(ema["decay"], warmup=ema["warmup"], evaluate=ema["eval"]))
+    if ema_args is not None:
+        hooks.append(instantiate(_builtin_class("ema"), *ema_args))
     for type_name, kwargs, key in extra:
         hooks.append(instantiate(load_hook_class(type_name, key, config_path), kwargs, key))
     return hooks

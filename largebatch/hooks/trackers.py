@@ -9,7 +9,8 @@ Both log the same things:
   (``eval/top1``, ...); text values are skipped;
 * at the end, as artifacts: ``config.yaml`` and ``metrics.jsonl``, the ``largebatch plot``
   figures (``plots=True``, needs matplotlib) and, for a finished run, the final weights
-  ``model.safetensors`` with timm's ``config.json`` (``largebatch.export``);
+  ``model.safetensors`` with timm's ``config.json`` (``largebatch.export``) and any extra
+  model's (``model_ema.safetensors`` with ``ema.decay``);
 * the tracker run's status: finished, failed (an exception) or, for a run stopped by a
   preemption signal, killed (MLflow) / preempting (W&B).
 
@@ -123,7 +124,8 @@ class TrackerHook(Hook):
             from largebatch.plot import plot_run
 
             plots = plot_run(run_dir)
-        model = [p for p in (run_dir / "model.safetensors", run_dir / "config.json") if finished and p.is_file()]
+        candidates = [run_dir / "model.safetensors", run_dir / "config.json", *sorted(run_dir.glob("model_*.safetensors"))]
+        model = [p for p in candidates if finished and p.is_file()]  # model_ema.safetensors: state.extra_models
         return run_files, plots, model
 
     # what each tracker implements

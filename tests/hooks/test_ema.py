@@ -99,6 +99,9 @@ def test_ema_hook_is_added_when_ema_decay_is_set():
     (ema,) = [h for h in hooks if isinstance(h, ModelEmaHook)]
     assert (ema.decay, ema.warmup, ema.evaluate) == (0.9, True, False)
     assert not any(isinstance(h, ModelEmaHook) for h in build_hooks(validate(tiny_config())))
+    listed = validate(tiny_config(**{"ema.decay": 0.9, "hooks": [{"type": "ema", "warmup": True}]}))
+    (ema,) = [h for h in build_hooks(listed) if isinstance(h, ModelEmaHook)]  # one EMA, not two
+    assert (ema.decay, ema.warmup, ema.evaluate) == (0.9, True, True)
 
 
 @pytest.mark.parametrize("decay", [0.0, 1.0, -0.5])

@@ -137,14 +137,14 @@ def test_mlflow_holds_the_config_every_metric_and_the_outputs_and_a_resume_conti
     run_dir = tmp_path / "run"
     # preempted (submitit's SIGUSR2) during step index 4: it stops after step 5 with a checkpoint
     preempt = {"type": f"{SIGNAL_HOOKS}:SendSignal", "step": STOP_AT - 1, "micro": 1, "signal": "SIGUSR2"}
-    assert run(tmp_path, run_dir, hook, preempt).interrupted
+    assert run(tmp_path, run_dir, hook, preempt, **{"ema.decay": 0.9}).interrupted
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name("resume-test")
     (first,) = client.search_runs([experiment.experiment_id])
     assert first.info.status == "KILLED" and first.info.run_name == "run"
     assert not client.list_artifacts(first.info.run_id, "model")  # no final weights from an interrupted run
 
-    state = run(tmp_path, run_dir, hook, resume="auto")
+    state = run(tmp_path, run_dir, hook, resume="auto", **{"ema.decay": 0.9})
     assert state.step == 8  # 2 epochs of 4 steps: the resumed run went on
     (tracked,) = client.search_runs([experiment.experiment_id])  # the same run, not a second one
     assert tracked.info.run_id == first.info.run_id and tracked.info.status == "FINISHED"
@@ -163,7 +163,7 @@ def test_mlflow_holds_the_config_every_metric_and_the_outputs_and_a_resume_conti
         assert_same_points([(m.step, m.value) for m in history], points, key)
 
     artifacts = {a.path for folder in ("run", "plots", "model") for a in client.list_artifacts(tracked.info.run_id, folder)}
-    assert {"run/config.yaml", "run/metrics.jsonl", "model/model.safetensors", "model/config.json"} <= artifacts
+    assert {"run/config.yaml", "run/metrics.jsonl", "model/model.safetensors", "model/config.json", "model/model_ema.safetensors"} <= artifacts
     assert any(path.startswith("plots/") and path.endswith(".png") for path in artifacts)
     local = client.download_artifacts(tracked.info.run_id, "model/model.safetensors", str(tmp_path / "down"))
     assert pathlib.Path(local).read_bytes() == (run_dir / "model.safetensors").read_bytes()  # the final weights
