@@ -163,7 +163,13 @@ def test_mlflow_holds_the_config_every_metric_and_the_outputs_and_a_resume_conti
         assert_same_points([(m.step, m.value) for m in history], points, key)
 
     artifacts = {a.path for folder in ("run", "plots", "model") for a in client.list_artifacts(tracked.info.run_id, folder)}
-    assert {"run/config.yaml", "run/metrics.jsonl", "model/model.safetensors", "model/config.json", "model/model_ema.safetensors"} <= artifacts
+    assert {
+        "run/config.yaml",
+        "run/metrics.jsonl",
+        "model/model.safetensors",
+        "model/config.json",
+        "model/model_ema.safetensors",
+    } <= artifacts
     assert any(path.startswith("plots/") and path.endswith(".png") for path in artifacts)
     local = client.download_artifacts(tracked.info.run_id, "model/model.safetensors", str(tmp_path / "down"))
     assert pathlib.Path(local).read_bytes() == (run_dir / "model.safetensors").read_bytes()  # the final weights
