@@ -76,7 +76,10 @@ def habana_probe() -> tuple[bool, str]:
         "print(ok, h.get_device_name() if ok else 'habana_frameworks.torch.hpu.is_available() is False')"
     )
     env = {**os.environ, "PT_HPU_LAZY_MODE": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        return False, "habana_frameworks.torch.hpu did not answer within 600 s"
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return False, f"habana_frameworks.torch.hpu does not load: {last}"

@@ -228,6 +228,14 @@ def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool) -> M
     return Measured(rate, peak, mfu)
 
 
+def run_or_fail(cmd: list[str]) -> None:
+    """Run ``cmd`` in the repository; when it fails, show the end of its output and fail the section."""
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print("\n```\n" + (proc.stdout[-2000:] + proc.stderr[-4000:]).strip() + "\n```")
+        raise SystemExit(f"`{' '.join(cmd)}` ended with status {proc.returncode}")
+
+
 # -- a. tests ---------------------------------------------------------------------------
 
 
@@ -443,7 +451,9 @@ def section_loader_alone(device: str, quick: bool) -> None:
                 backend.synchronize()
                 rates.append(count / (time.perf_counter() - start))
         finally:
-            loader.close()
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
     print(
         f"{loader_label(device)}: {sizes.images} JPEGs (about 500x375) to {sizes.image_size} px random-resized-crop + flip + "
         f"normalise, micro-batch {sizes.micro}, {cfg['data']['num_workers']} threads; one warm-up epoch, then {epochs} epochs"
@@ -565,7 +575,7 @@ def section_distributed(device: str, quick: bool) -> None:
             cmd = ["torchrun", "--standalone", f"--nproc_per_node={count}", "bench/accelerator_sections.py", "distributed-worker"]
             cmd += ["--device", device, "--strategy", strategy, "--out", tmp, *(["--quick"] if quick else [])]
             print(f"command: `{' '.join(cmd)}`")
-            subprocess.run(cmd, cwd=REPO, check=True)
+            run_or_fail(cmd)
             rows[strategy] = [json.loads(p.read_text()) for p in sorted(pathlib.Path(tmp).glob(f"{strategy}-rank*.json"))]
     print(f"\n{count} processes, bf16, micro-batch {(QUICK if quick else FULL).micro} per rank, synthetic batches\n")
     print("| dist.strategy | images/s (all ranks) | peak memory per rank GiB (max over ranks) | images/s / ddp |")
@@ -573,7 +583,8 @@ def section_distributed(device: str, quick: bool) -> None:
     base = rows["ddp"][0]["images_per_s"]
     for strategy, records in rows.items():
         rate = records[0]["images_per_s"]
-        peak = max((r["peak_bytes"] or 0.0) for r in records)
+        peaks = [r["peak_bytes"] for r in records if r["peak_bytes"] is not None]
+        peak = max(peaks) if peaks else None
         print(f"| {strategy} | {rate:.1f} | {gib(peak)} | {rate / base:.3f} |")
 
 
@@ -590,7 +601,7 @@ def section_accuracy(device: str, quick: bool) -> None:
         cmd += ["--run-dir", f"{tmp}/run", *(["--set", "epochs=1", "--set", "max_steps=3"] if quick else [])]
         print(f"command: `{' '.join(['python', *cmd[1:]])}`")
         start = time.perf_counter()
-        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+        run_or_fail(cmd)
         seconds = time.perf_counter() - start
         records = [json.loads(line) for line in pathlib.Path(tmp, "run", "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/top1" in r]

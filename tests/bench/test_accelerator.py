@@ -8,6 +8,7 @@ exercised only where the suite itself is run on one.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 
@@ -106,3 +107,18 @@ def test_cpu_stand_in_runs_every_section_that_applies(tmp_path):
     assert "skipped: the CPU stand-in has no devices to spread over" in report  # f
     assert "| Fashion-MNIST demo on one cpu device |" in report or "skipped: data/fashion-mnist is absent" in report  # g
     assert "failed, status" not in report
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_distributed_worker_runs_under_torchrun_on_cpu_ranks(strategy, tmp_path):
+    # Section f's worker, which the suite starts only with two or more accelerators: here
+    # two CPU ranks (gloo) under torchrun, at the stand-in's sizes.
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "bench/accelerator_sections.py", "distributed-worker"]
+    cmd += ["--device", "cpu", "--strategy", strategy, "--out", str(tmp_path), "--quick"]
+    proc = subprocess.run([sys.executable, *cmd], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads((tmp_path / f"{strategy}-rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["rank"] for r in records] == [0, 1]
+    assert all(r["images_per_s"] > 0 and r["peak_bytes"] is None for r in records)  # no device memory on the CPU
