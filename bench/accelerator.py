@@ -119,7 +119,7 @@ def section_env(device: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if device == "hpu":
-        env.setdefault("PT_HPU_LAZY_MODE", "1")  # the sections run in lazy mode, set before the bridge loads
+        env["PT_HPU_LAZY_MODE"] = "1"  # the sections run in lazy mode: set before the bridge loads
     return env
 
 
