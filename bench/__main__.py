@@ -20,6 +20,9 @@ The large-batch study (``bench/large_batch_study.py``) trains for an hour or mor
 not part of the suite.
 
     python -m bench [--quick] [--only mfu timm_train ...] [--args 'NAME=ARGS' ...] [--out FILE]
+
+With ``--device cuda``, ``--device hpu`` (or the stand-in ``--device cpu``) it runs the
+accelerator suite instead (``bench/accelerator.py``).
 """
 
 from __future__ import annotations
@@ -85,8 +88,41 @@ def ratio_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if " = " in line and "/" in line]
 
 
+def report_lines(args: argparse.Namespace, names: list[str], summary: list[str], sections: list[str]) -> list[str]:
+    """The CPU suite's Markdown report."""
+    return [
+        "# Benchmark suite" + (" (quick mode: smoke sizes, not for reading)" if args.quick else ""),
+        "",
+        f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `python -m bench"
+        + (" --quick" if args.quick else "")
+        + (f" --only {' '.join(names)}" if args.only else "")
+        + "".join(f" --args {shlex.quote(item)}" for item in args.args)
+        + "`.",
+        "",
+        f"Machine: {machine_description()}.",
+        "",
+        "| benchmark | comparison |",
+        "|---|---|",
+        *summary,
+        "",
+        *sections,
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description="Run the side-by-side benchmarks.")
+    argv = sys.argv[1:] if argv is None else argv
+    if any(arg == "--device" or arg.startswith("--device=") for arg in argv):
+        from bench import accelerator
+
+        return accelerator.main(argv)
+    return cpu_suite(argv)
+
+
+def cpu_suite(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Run the side-by-side benchmarks (with --device cuda, hpu or cpu: the accelerator suite; see --device cuda --help).",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes: checks that every benchmark runs")
     parser.add_argument("--only", nargs="+", choices=list(BENCHES), help="run only these")
     parser.add_argument("--out", type=pathlib.Path, help="the Markdown report (default: bench/results/suite.md)")
@@ -133,24 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         print(output if status == 0 else f"bench: {name} failed (status {status})\n{output}", flush=True)
-    report = [
-        "# Benchmark suite" + (" (quick mode: smoke sizes, not for reading)" if args.quick else ""),
-        "",
-        f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `python -m bench"
-        + (" --quick" if args.quick else "")
-        + (f" --only {' '.join(names)}" if args.only else "")
-        + "".join(f" --args {shlex.quote(item)}" for item in args.args)
-        + "`.",
-        "",
-        f"Machine: {machine_description()}.",
-        "",
-        "| benchmark | comparison |",
-        "|---|---|",
-        *summary,
-        "",
-        *sections,
-    ]
-    out.write_text("\n".join(report))
+    out.write_text("\n".join(report_lines(args, names, summary, sections)))
     print(f"bench: report written to {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

@@ -73,6 +73,7 @@ COVERED = {
     "python -m bench": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # the same entry point at --quick sizes",
     "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report",
     "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # --quick --only",
+    "python -m bench --device cpu --quick": "tests/bench/test_accelerator.py::test_cpu_stand_in_runs_every_section_that_applies",
     "OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2": (
         "tests/bench/test_critical_batch.py::test_quick_study_runs_every_optimizer  # the study at --quick sizes"
     ),
@@ -84,6 +85,14 @@ COVERED = {
 _GAUDI = "needs Gaudi HPUs, Habana's PyTorch bridge and media pipeline, and ImageNet shards"
 _GPUS = "needs CUDA GPUs and ImageNet shards"
 HARDWARE_ONLY = {
+    "python -m bench --device cuda": (
+        "needs a CUDA GPU; without one it stops with one error line:"
+        " tests/bench/test_accelerator.py::test_cuda_without_a_gpu_is_one_error_line_and_status_2"
+    ),
+    "python -m bench --device hpu": (
+        "needs a Gaudi and Habana's PyTorch bridge; without them it stops with one error line:"
+        " tests/bench/test_accelerator.py::test_hpu_without_habana_is_one_error_line_and_status_2"
+    ),
     "torchrun --nproc_per_node=8 train.py --config configs/vit-b16.py": _GPUS,
     "torchrun --standalone --nproc_per_node=8 train.py --config configs/vit-b16.py": _GPUS,
     "python train.py --config configs/vit-b16.py": _GPUS,

@@ -1,0 +1,197 @@
+"""The suite for a machine with a GPU or a Gaudi: ``python -m bench --device cuda|hpu``.
+
+Without the device it stops at once with one ``error:`` line and exit status 2. With it,
+each section runs in its own Python process (``bench/accelerator_sections.py``), so a
+section that fails, runs out of memory or leaves the device in a bad state is reported as
+failed and the next one still starts on a clean device; the exit status is then 1.
+
+=====================  ==============================================================
+a. ``tests``           ``pytest -m gpu`` (``-m hpu``): passed, failed, skipped counts
+b. ``train``           ViT-B/16 training images/s, MFU and peak memory through the
+                       engine on synthetic batches for fp32 (TF32 off), TF32, bf16 and
+                       bf16 + ``compile=True``, beside timm's ``train.py`` loop at the
+                       same batch (ratio), with an A/A control (bf16 run twice)
+c. ``loader_train``    bf16 training from TFRecord shards through DALI's ``mixed``
+                       decoding (the media pipeline on a Gaudi) against synthetic batches
+d. ``loader_alone``    the same loader iterated without training: images/s
+e. ``lamb``            LAMB's step on ViT-B/16's parameter shapes: ours, timm's, and a
+                       fused AdamW as the floor (ms/step, ratio to the floor)
+f. ``distributed``     with more than one device: ``torchrun`` ddp against fsdp,
+                       images/s and peak memory per rank
+g. ``accuracy``        the Fashion-MNIST demo on one device, its final eval/top1
+=====================  ==============================================================
+
+The report (the machine, each section's command and its table) goes to
+``bench/results/gpu-<device name>.md`` (``hpu-<device name>.md`` on a Gaudi).
+``--device cpu`` is a stand-in that runs the same code at tiny sizes (``--quick``: a
+tiny ViT, a few steps, DALI's CPU pipeline; compile and the distributed section are
+skipped with their reasons); its report goes to ``bench/.cache/``.
+
+    python -m bench --device cuda [--quick] [--only train lamb] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+SECTIONS = ["tests", "train", "loader_train", "loader_alone", "lamb", "distributed", "accuracy"]
+TITLES = {
+    "tests": "a. Tests marked for the device",
+    "train": "b. Training throughput: engine precisions and timm's train.py loop",
+    "loader_train": "c. Training from TFRecord shards through the device loader",
+    "loader_alone": "d. The device loader alone",
+    "lamb": "e. LAMB step time",
+    "distributed": "f. ddp against fsdp",
+    "accuracy": "g. Accuracy smoke: the Fashion-MNIST demo",
+}
+SECTION_TIMEOUT_S = 3600
+
+
+def cuda_error() -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return f"no GPU found: torch.cuda.is_available() is False (torch {torch.__version__}, {cuda})"
+
+
+def habana_probe() -> tuple[bool, str]:
+    """(Gaudi present, device name or why not), asked in a child process: the bridge takes
+    the Gaudi for the process that opens it, and the sections need it."""
+    code = (
+        "import habana_frameworks.torch.hpu as h\n"
+        "ok = bool(h.is_available())\n"
+        "print(ok, h.get_device_name() if ok else 'habana_frameworks.torch.hpu.is_available() is False')"
+    )
+    env = {**os.environ, "PT_HPU_LAZY_MODE": "1"}
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        return False, "habana_frameworks.torch.hpu did not answer within 600 s"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return False, f"habana_frameworks.torch.hpu does not load: {last}"
+    ok, _, detail = proc.stdout.strip().partition(" ")
+    return ok == "True", detail
+
+
+def device_check(device: str) -> tuple[str | None, str]:
+    """(the error line's text or None, the device's name)."""
+    if device == "cuda":
+        error = cuda_error()
+        if error:
+            return error, ""
+        import torch
+
+        return None, torch.cuda.get_device_name(0)
+    if device == "hpu":
+        try:
+            found = importlib.util.find_spec("habana_frameworks") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return "no Gaudi found: habana_frameworks is not installed", ""
+        ok, detail = habana_probe()
+        return (None, detail) if ok else (f"no Gaudi found: {detail}", "")
+    return None, "CPU (stand-in)"
+
+
+def report_path(device: str, name: str) -> pathlib.Path:
+    if device == "cpu":
+        return REPO / "bench" / ".cache" / "accelerator-cpu.md"
+    slug = re.sub(r"[^a-z0-9.-]+", "-", name.lower().replace(" ", "-")).strip("-")
+    return REPO / "bench" / "results" / f"{'gpu' if device == 'cuda' else 'hpu'}-{slug}.md"
+
+
+def section_env(device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if device == "hpu":
+        env["PT_HPU_LAZY_MODE"] = "1"  # the sections run in lazy mode: set before the bridge loads
+    return env
+
+
+def run_section(name: str, device: str, quick: bool) -> tuple[str, int, str, float]:
+    """(the command, its exit status, its output, seconds)."""
+    cmd = [sys.executable, "bench/accelerator_sections.py", name, "--device", device, *(["--quick"] if quick else [])]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=section_env(device), capture_output=True, text=True, timeout=SECTION_TIMEOUT_S)
+        status, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as err:
+        status, stdout, stderr = 124, str(err.stdout or ""), f"timed out after {SECTION_TIMEOUT_S} s"
+    stdout = "\n".join(line for line in stdout.splitlines() if not line.startswith("done: "))  # the engine's end-of-run line
+    output = stdout.strip() if status == 0 else stdout.strip() + "\n\n```\n" + stderr[-4000:].strip() + "\n```"
+    return shlex.join(["python", *cmd[1:]]), status, output, time.perf_counter() - start
+
+
+def section_status(status: int, output: str) -> str:
+    if status:
+        return f"failed, status {status}"
+    skipped = [line for line in output.splitlines() if line.startswith("skipped:")]
+    return "skipped" if skipped and len(skipped) == len([line for line in output.splitlines() if line.strip()]) else "ran"
+
+
+def write_report(out: pathlib.Path, args: argparse.Namespace, name: str, results: list[tuple[str, str, int, str, float]]) -> None:
+    from bench.machine import machine_description
+
+    command = shlex.join(["python", "-m", "bench", "--device", args.device, *(["--quick"] if args.quick else [])])
+    if args.only:
+        command += " --only " + " ".join(args.only)
+    lines = [
+        f"# Accelerator suite: {args.device}" + (" (quick: smoke sizes, not for reading)" if args.quick else ""),
+        "",
+        f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `{command}`.",
+        "",
+        f"Machine: {machine_description()}.",
+        "",
+        f"Device: {name}.",
+        "",
+        "| section | status |",
+        "|---|---|",
+        *[f"| {TITLES[section]} | {section_status(status, output)} |" for section, _, status, output, _ in results],
+        "",
+    ]
+    for section, cmd, status, output, seconds in results:
+        lines += [f"## {TITLES[section]}", "", f"`{cmd}` ({seconds:.0f} s)" + (f"; **failed, status {status}**" if status else ""), ""]
+        lines += [output, ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description="Run the accelerator suite.")
+    parser.add_argument("--device", required=True, choices=["cuda", "hpu", "cpu"], help="cpu: the small stand-in")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that every section runs")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument("--out", type=pathlib.Path, help="the Markdown report (default: bench/results/<gpu|hpu>-<device>.md)")
+    args = parser.parse_args(argv)
+    error, name = device_check(args.device)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.device == "cpu":
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the sections run, so the report's machine line says so
+    out = args.out or report_path(args.device, name)
+    results = []
+    for section in args.only or SECTIONS:
+        print(f"bench: {section} ...", flush=True)
+        cmd, status, output, seconds = run_section(section, args.device, args.quick)
+        print(output if status == 0 else f"bench: {section} failed (status {status})\n{output}", flush=True)
+        results.append((section, cmd, status, output, seconds))
+        write_report(out, args, name, results)  # after each section: a crash later keeps what ran
+    failed = [section for section, _, status, _, _ in results if status]
+    print(f"bench: report written to {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0

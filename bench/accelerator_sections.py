@@ -1,0 +1,642 @@
+"""The sections of the accelerator suite, one per process (see ``bench/accelerator.py``).
+
+Each prints its Markdown table (or ``skipped: <reason>`` lines) on stdout and exits 0,
+or fails with a traceback. Run one by hand:
+
+    python bench/accelerator_sections.py train --device cuda [--quick]
+
+Timing: a few warm-up steps, then timed steps between two device synchronisations
+(``torch.cuda.synchronize``, ``habana_frameworks.torch.hpu.synchronize``). The engine
+and timm's loop train on the same pre-made micro-batches, already on the device, so
+data generation is not in the measurement (sections c and d measure the loaders).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import math
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from bench.engine_overhead import FixedBatches  # noqa: E402
+from largebatch import flops  # noqa: E402
+from largebatch.engine.engine import Engine  # noqa: E402
+from largebatch.engine.hook import Hook  # noqa: E402
+from largebatch.launch import TrainArgs, build_run  # noqa: E402
+
+CLASSES = 10
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    model: str
+    model_kwargs: dict
+    image_size: int
+    micro: int
+    warmup: int
+    timed: int
+    images: int  # JPEGs in the shards of sections c and d
+    lamb_model: str
+    lamb_steps: int
+    lamb_rounds: int
+
+
+FULL = Sizes("vit_base_patch16_224", {}, 224, 128, 5, 20, 1024, "vit_base_patch16_224", 10, 5)
+QUICK = Sizes("vit_tiny_patch16_224", {"patch_size": 8, "depth": 1}, 32, 8, 1, 2, 32, "vit_tiny_patch16_224", 2, 2)
+
+
+# -- the device -------------------------------------------------------------------------
+
+
+def prepare_device(device: str) -> None:
+    """Load Habana's bridge (lazy mode: ``PT_HPU_LAZY_MODE=1``, set by the suite) before any
+    tensor goes to ``'hpu'``; nothing to do for CUDA or the CPU."""
+    if device == "hpu":
+        import habana_frameworks.torch.core  # noqa: F401 - registers the hpu device
+        import habana_frameworks.torch.hpu  # noqa: F401
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "hpu":
+        import habana_frameworks.torch.hpu as hpu
+
+        hpu.synchronize()
+
+
+def mark_step(device: str) -> None:
+    """Lazy mode's graph boundary on a Gaudi (after backward, after the optimizer step)."""
+    if device == "hpu":
+        import habana_frameworks.torch.core as htcore
+
+        htcore.mark_step()
+
+
+def reset_peak_memory(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    elif device == "hpu":
+        import habana_frameworks.torch.hpu as hpu
+
+        hpu.reset_peak_memory_stats()
+
+
+def peak_memory(device: str) -> float | None:
+    """Peak allocated bytes since the last reset (None on the CPU)."""
+    if device == "cuda":
+        return float(torch.cuda.max_memory_allocated())
+    if device == "hpu":
+        import habana_frameworks.torch.hpu as hpu
+
+        return float(hpu.max_memory_allocated())
+    return None
+
+
+def device_count(device: str) -> int:
+    if device == "cuda":
+        return torch.cuda.device_count()
+    if device == "hpu":
+        import habana_frameworks.torch.hpu as hpu
+
+        return int(hpu.device_count())
+    return 0
+
+
+def gib(value: float | None) -> str:
+    return "n/a (CPU)" if value is None else f"{value / GIB:.2f}"
+
+
+# -- the engine -------------------------------------------------------------------------
+
+
+class StepTimer(Hook):
+    """Seconds from before step ``warmup`` to the end of training, between synchronisations."""
+
+    def __init__(self, warmup: int) -> None:
+        super().__init__()
+        self.warmup = warmup
+        self.start = 0.0
+        self.seconds = 0.0
+
+    def before_step(self, state) -> None:
+        if state.step == self.warmup:
+            state.backend.synchronize()
+            self.start = time.perf_counter()
+
+    def after_train(self, state) -> None:
+        state.backend.synchronize()
+        self.seconds = time.perf_counter() - self.start
+
+
+def engine_config(
+    device: str, sizes: Sizes, precision: str, *, tf32: bool = True, compile_: bool = False, data: dict | None = None
+) -> dict:
+    """A training config for ``build_run``: AdamW, clipping at 1.0, no evaluation or checkpoints."""
+    steps = sizes.warmup + sizes.timed
+    cfg = {
+        "seed": 0,
+        "device": device,
+        "precision": precision,
+        "compile": compile_,
+        "epochs": 1,
+        "max_steps": steps,
+        "global_batch_size": sizes.micro,
+        "micro_batch_size": sizes.micro,
+        "clip_grad_norm": 1.0,
+        "model": {"name": sizes.model, **sizes.model_kwargs},
+        "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.05},
+        "lr_schedule": {"type": "cosine", "warmup_steps": 1},
+        "data": data
+        or {"loader": "synthetic", "image_size": sizes.image_size, "num_classes": CLASSES, "train_samples": steps * sizes.micro},
+        "eval": {"interval_epochs": 0, "at_end": False},
+        "log": {"interval": 1000, "console": False},
+        "checkpoint": {"interval_epochs": 0, "at_end": False},
+    }
+    if device == "cuda":
+        cfg["cuda"] = {"tf32": tf32}
+    if device == "hpu":
+        cfg["hpu"] = {"mode": "lazy"}
+    if data is not None:  # enough epochs of the shards for the steps
+        cfg["epochs"] = math.ceil(steps * sizes.micro / sizes.images) + 1
+    return cfg
+
+
+def first_batches(loader, count: int) -> list:
+    """The loader's first ``count`` micro-batches (on the device), then the loader closed."""
+    loader.set_epoch(0)
+    batches = iter(loader)
+    out = [next(batches) for _ in range(count)]
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
+    return out
+
+
+@dataclasses.dataclass
+class Measured:
+    images_per_s: float
+    peak_bytes: float | None
+    mfu: float | None
+
+
+def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool) -> Measured:
+    """Train ``cfg`` once; with ``fixed`` on the synthetic loader's first micro-batches, repeated."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "run")))
+    loader = engine.train_loader
+    if fixed:
+        loader = FixedBatches(first_batches(loader, min(4, sizes.warmup + sizes.timed)), CLASSES)
+    timer = StepTimer(sizes.warmup)
+    engine = Engine(engine.state, [*engine.hooks, timer], loader, engine.eval_loader)
+    state = engine.state
+    try:
+        reset_peak_memory(cfg["device"])
+        engine.run()
+        peak = peak_memory(cfg["device"])
+    finally:
+        engine.close()
+    rate = sizes.timed * cfg["global_batch_size"] / timer.seconds
+    shape = (3, sizes.image_size, sizes.image_size)
+    per_sample = flops.TRAIN_FORWARD_MULTIPLE * flops.forward_flops_per_sample(state.model, shape, state.backend.device)
+    peak_tflops = flops.peak_tflops(state.backend)
+    mfu = rate * per_sample / (peak_tflops * 1e12) if peak_tflops else None
+    del engine, state
+    reset_peak_memory(cfg["device"])
+    return Measured(rate, peak, mfu)
+
+
+def run_or_fail(cmd: list[str]) -> None:
+    """Run ``cmd`` in the repository; when it fails, show the end of its output and fail the section."""
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print("\n```\n" + (proc.stdout[-2000:] + proc.stderr[-4000:]).strip() + "\n```")
+        raise SystemExit(f"`{' '.join(cmd)}` ended with status {proc.returncode}")
+
+
+# -- a. tests ---------------------------------------------------------------------------
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """Counts from pytest's summary line (``3 passed, 1 skipped, 40 deselected in 2.1s``)."""
+    counts = dict.fromkeys(("passed", "failed", "skipped", "deselected", "errors"), 0)
+    for number, word in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)\b", output):
+        key = "errors" if word.startswith("error") else word
+        if key in counts:
+            counts[key] += int(number)
+    return counts
+
+
+def section_tests(device: str, quick: bool) -> None:
+    marker = "hpu" if device == "hpu" else "gpu"
+    cmd = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-p", "no:cacheprovider"]
+    if quick:
+        cmd.append("tests/backends/test_cuda.py")  # the stand-in: one file's gpu-marked tests (skipped without a GPU)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    counts = pytest_counts(proc.stdout)
+    print(f"command: `{' '.join(['pytest', *cmd[3:]])}` (exit status {proc.returncode})")
+    print()
+    print("| passed | failed | skipped | deselected | errors |")
+    print("|---:|---:|---:|---:|---:|")
+    print(f"| {counts['passed']} | {counts['failed']} | {counts['skipped']} | {counts['deselected']} | {counts['errors']} |")
+    if proc.returncode == 5:
+        print(f"\nno test carries the `{marker}` marker: nothing to run")
+    elif proc.returncode != 0:
+        print("\n```\n" + proc.stdout[-3000:] + "\n```")
+        raise SystemExit(1)
+
+
+# -- b. training throughput -------------------------------------------------------------
+
+
+def engine_variants(device: str) -> list[tuple[str, dict | None, str]]:
+    """(label, engine_config keywords or None when skipped, why skipped)."""
+    compile_reason = {
+        "hpu": "compile on a Gaudi needs hpu.mode='compile' (PT_HPU_LAZY_MODE=0), which cannot share this lazy-mode process",
+        "cpu": "torch.compile is measured on accelerators only: on the CPU stand-in its build time would be the whole run",
+    }
+    no_tf32 = "TF32 is a mode of NVIDIA tensor cores; no such switch on this device"
+    return [
+        ("fp32, TF32 off", {"precision": "fp32", "tf32": False}, ""),
+        ("fp32 with TF32", {"precision": "fp32", "tf32": True} if device == "cuda" else None, no_tf32),
+        ("bf16", {"precision": "bf16"}, ""),
+        ("bf16 + compile=True", {"precision": "bf16", "compile_": True} if device == "cuda" else None, compile_reason.get(device, "")),
+    ]
+
+
+def timm_loop(device: str, sizes: Sizes, batches: list) -> Measured:
+    """timm train.py's per-batch work as a plain loop: bf16 autocast, AdamW, backward, clip, step."""
+    import timm
+    from timm.optim import create_optimizer_v2
+    from timm.utils import dispatch_clip_grad
+
+    torch.manual_seed(0)
+    model = timm.create_model(sizes.model, num_classes=CLASSES, img_size=sizes.image_size, **sizes.model_kwargs).to(device)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    reset_peak_memory(device)
+    start = 0.0
+    for step in range(sizes.warmup + sizes.timed):
+        if step == sizes.warmup:
+            synchronize(device)
+            start = time.perf_counter()
+        images, target = batches[step % len(batches)]
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            loss = loss_fn(model(images), target)
+        optimizer.zero_grad()
+        loss.backward()
+        mark_step(device)
+        dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
+        optimizer.step()
+        mark_step(device)
+    synchronize(device)
+    rate = sizes.timed * sizes.micro / (time.perf_counter() - start)
+    peak = peak_memory(device)
+    del model, optimizer
+    return Measured(rate, peak, None)
+
+
+def measured_row(label: str, m: Measured, base: Measured | None) -> str:
+    mfu = f"{m.mfu:.3f}" if m.mfu is not None else "n/a (no peak in largebatch.flops)"
+    ratio = f"{m.images_per_s / base.images_per_s:.3f}" if base else "-"
+    return f"| {label} | {m.images_per_s:.1f} | {mfu} | {gib(m.peak_bytes)} | {ratio} |"
+
+
+def section_train(device: str, quick: bool) -> None:
+    sizes = QUICK if quick else FULL
+    rows, skipped, results = [], [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        for i, (label, kwargs, reason) in enumerate(engine_variants(device)):
+            if kwargs is None:
+                skipped.append(f"- {label}: skipped: {reason}")
+                continue
+            results[label] = engine_run(engine_config(device, sizes, **kwargs), work / f"v{i}", sizes, fixed=True)
+        bf16_cfg = engine_config(device, sizes, "bf16")
+        bf16_cfg["data"]["train_samples"] = 4 * sizes.micro
+        path = work / "batches.yaml"
+        path.write_text(yaml.safe_dump(bf16_cfg))
+        engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "batches")))
+        batches = first_batches(engine.train_loader, 4)
+        del engine
+        timm_rate = timm_loop(device, sizes, batches)
+        del batches
+        results["bf16 again (A/A control)"] = engine_run(bf16_cfg, work / "again", sizes, fixed=True)
+    base = results["bf16"]
+    rows = [measured_row(f"largebatch engine, {label}", m, base) for label, m in results.items()]
+    rows.append(measured_row("timm train.py loop, bf16 autocast", timm_rate, base))
+    print(
+        f"model {sizes.model} {sizes.model_kwargs or ''}, {sizes.image_size} px, micro-batch {sizes.micro}, AdamW, clip 1.0; "
+        f"warm-up steps: {sizes.warmup}, then {sizes.timed} timed steps between device synchronisations; "
+        "MFU = images/s x 3 x forward FLOPs per image / the device's dense peak for the precision (largebatch.flops)"
+    )
+    print()
+    print("| configuration | images/s | MFU | peak memory GiB | images/s / engine bf16 |")
+    print("|---|---:|---:|---:|---:|")
+    print("\n".join(rows))
+    if skipped:
+        print("\n" + "\n".join(skipped))
+    print(f"\nlargebatch / timm (bf16) = {base.images_per_s / timm_rate.images_per_s:.3f}")
+    print(f"A/A control: engine bf16 second run / first = {results['bf16 again (A/A control)'].images_per_s / base.images_per_s:.3f}")
+
+
+# -- c, d. the device loader ------------------------------------------------------------
+
+
+def loader_name(device: str) -> str:
+    return "mediapipe" if device == "hpu" else "dali"
+
+
+def make_shards(work: pathlib.Path, sizes: Sizes) -> dict:
+    """A few hundred synthetic photo-like JPEGs as TFRecord shards; the data section for them."""
+    from bench.loaders import make_images
+    from largebatch.data import convert
+
+    make_images(work / "folder", sizes.images, classes=8)
+    convert.convert_image_folder(work / "folder", work / "shards", train_shards=4, progress=False)
+    return {
+        "loader": "dali",
+        "root": str(work / "shards"),
+        "eval_split": "train",
+        "image_size": sizes.image_size,
+        "num_classes": 8,
+        "label_offset": 1,
+        "num_workers": 2 if sizes is QUICK else 8,
+        "scale": [0.08, 1.0],
+        "hflip": 0.5,
+    }
+
+
+def fallback_note(device: str, data: dict) -> str:
+    """On a Gaudi, why the media pipeline would fall back to the native loader, if it would."""
+    if device != "hpu":
+        return ""
+    from largebatch.data import mediapipe
+
+    reason = mediapipe.unavailable_reason(data, torch.device("hpu"))
+    return f" (the media pipeline cannot run: {reason}; largebatch falls back to the native loader)" if reason else ""
+
+
+def loader_label(device: str) -> str:
+    return {"cuda": "DALI, device='mixed' (nvJPEG)", "hpu": "Habana media pipeline", "cpu": "DALI CPU pipeline"}[device]
+
+
+def section_loader_train(device: str, quick: bool) -> None:
+    sizes = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        data = {**make_shards(work, sizes), "loader": loader_name(device)}
+        synthetic = engine_run(engine_config(device, sizes, "bf16"), work / "synthetic", sizes, fixed=True)
+        shards = engine_run(engine_config(device, sizes, "bf16", data=data), work / "shards-run", sizes, fixed=False)
+    print(
+        f"model {sizes.model}, {sizes.image_size} px, micro-batch {sizes.micro}, bf16; {sizes.images} JPEGs (about 500x375) "
+        f"in 4 TFRecord shards, data.loader='{data['loader']}'{fallback_note(device, data)}; warm-up steps: "
+        f"{sizes.warmup}, timed steps: {sizes.timed}"
+    )
+    print()
+    print("| data | images/s | peak memory GiB |")
+    print("|---|---:|---:|")
+    print(f"| synthetic micro-batches already on the device | {synthetic.images_per_s:.1f} | {gib(synthetic.peak_bytes)} |")
+    print(f"| {loader_label(device)} from TFRecord shards | {shards.images_per_s:.1f} | {gib(shards.peak_bytes)} |")
+    print(f"\nloader / synthetic = {shards.images_per_s / synthetic.images_per_s:.3f}")
+
+
+def section_loader_alone(device: str, quick: bool) -> None:
+    from largebatch import data as data_mod
+    from largebatch.backends import create_backend
+    from largebatch.config import make_plan
+    from largebatch.launch import resolve_config
+
+    sizes = QUICK if quick else FULL
+    epochs = 2 if quick else 4
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        data = {**make_shards(work, sizes), "loader": loader_name(device)}
+        path = work / "config.yaml"
+        path.write_text(yaml.safe_dump(engine_config(device, sizes, "bf16", data=data)))
+        cfg = resolve_config(str(path), [])
+        backend = create_backend(cfg["device"], cfg["precision"], 0, cfg)
+        plan = make_plan(cfg, 1, data_mod.count_samples(cfg["data"], "train"))
+        loader = data_mod.build_train_loader(cfg["data"], plan, rank=0, seed=0, device=backend.device)
+        rates = []
+        try:
+            for epoch in range(epochs + 1):  # epoch 0 warms up
+                loader.set_epoch(epoch)
+                backend.synchronize()
+                start, count = time.perf_counter(), 0
+                for images, _ in loader:
+                    count += images.shape[0]
+                backend.synchronize()
+                rates.append(count / (time.perf_counter() - start))
+        finally:
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+    print(
+        f"{loader_label(device)}: {sizes.images} JPEGs (about 500x375) to {sizes.image_size} px random-resized-crop + flip + "
+        f"normalise, micro-batch {sizes.micro}, {cfg['data']['num_workers']} threads; one warm-up epoch, then {epochs} epochs"
+        f"{fallback_note(device, cfg['data'])}"
+    )
+    print()
+    print("| loader | images/s (median epoch) | epochs |")
+    print("|---|---:|---|")
+    print(f"| {loader_label(device)} | {statistics.median(rates[1:]):.0f} | {', '.join(f'{r:.0f}' for r in rates[1:])} |")
+
+
+# -- e. LAMB ----------------------------------------------------------------------------
+
+
+def lamb_candidates(device: str) -> list[tuple[str, object]]:
+    """(label, factory of an optimizer over a parameter list); the floor last."""
+    from timm.optim import Lamb as TimmLamb
+
+    from largebatch.optim.lamb import Lamb
+
+    lr, wd = 1e-3, 0.05
+    out = [
+        ("largebatch Lamb", lambda ps: Lamb(ps, lr=lr, weight_decay=wd)),
+        ("largebatch Lamb, second instance (A/A control)", lambda ps: Lamb(ps, lr=lr, weight_decay=wd)),
+        ("timm Lamb", lambda ps: TimmLamb(ps, lr=lr, weight_decay=wd, max_grad_norm=None, always_adapt=True)),
+    ]
+    if device == "hpu":
+        with contextlib.suppress(ImportError, AttributeError):
+            from habana_frameworks.torch.hpex.optimizers import FusedAdamW, FusedLamb
+
+            out.append(("Habana FusedLamb", lambda ps: FusedLamb(ps, lr=lr, weight_decay=wd)))
+            out.append(("floor: Habana FusedAdamW", lambda ps: FusedAdamW(ps, lr=lr, weight_decay=wd)))
+            return out
+        out.append(("floor: torch.optim.AdamW (foreach; no fused AdamW found)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd)))
+        return out
+    out.append(("floor: torch.optim.AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd, fused=True)))
+    return out
+
+
+def time_steps(device: str, optimizers: list, steps: int, rounds: int) -> list[list[float]]:
+    """ms per step of each optimizer: blocks of ``steps`` taking turns, the order reversed every other round."""
+    times: list[list[float]] = [[] for _ in optimizers]
+    for round_ in range(rounds):
+        turns = list(zip(optimizers, times))
+        for optimizer, out in turns if round_ % 2 == 0 else turns[::-1]:
+            optimizer.step()  # untimed: the state exists, the allocator has settled
+            mark_step(device)
+            for _ in range(steps):
+                synchronize(device)
+                start = time.perf_counter()
+                optimizer.step()
+                mark_step(device)
+                synchronize(device)
+                out.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def section_lamb(device: str, quick: bool) -> None:
+    from bench.lamb_step import model_shapes
+
+    sizes = QUICK if quick else FULL
+    torch.manual_seed(0)
+    shapes = model_shapes(sizes.lamb_model)
+    params = [(torch.randn(s) * 0.02).to(device).requires_grad_(True) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    found = lamb_candidates(device)
+    optimizers = [factory(params) for _, factory in found]
+    times = time_steps(device, optimizers, sizes.lamb_steps, sizes.lamb_rounds)
+    medians = [statistics.median(t) for t in times]
+    floor = medians[-1]
+    print(
+        f"{len(params)} tensors of {sizes.lamb_model} ({sum(p.numel() for p in params) / 1e6:.1f}M parameters), fp32 on {device}, "
+        f"random gradients; {sizes.lamb_rounds} rounds of {sizes.lamb_steps} timed steps per optimizer, blocks taking turns, "
+        "each step between device synchronisations"
+    )
+    print()
+    print("| optimizer | ms/step (median) | ms/step (min) | x floor |")
+    print("|---|---:|---:|---:|")
+    for (label, _), t, median in zip(found, times, medians):
+        print(f"| {label} | {median:.2f} | {min(t):.2f} | {median / floor:.2f} |")
+    print(f"\nlargebatch Lamb / floor = {medians[0] / floor:.2f} (target: at most about 1.5)")
+    print(f"A/A control: second instance / first = {medians[1] / medians[0]:.2f}")
+
+
+# -- f. ddp against fsdp ----------------------------------------------------------------
+
+
+def distributed_worker(args: argparse.Namespace) -> None:
+    """One torchrun rank: train ViT-B/16 on synthetic batches; write this rank's numbers."""
+    import torch.distributed as dist
+
+    sizes = QUICK if args.quick else FULL
+    cfg = engine_config(args.device, sizes, "bf16")
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    cfg["global_batch_size"] = sizes.micro * world
+    cfg["data"]["train_samples"] = (sizes.warmup + sizes.timed) * sizes.micro * world
+    cfg["dist"] = {"strategy": args.strategy}
+    work = pathlib.Path(args.out)
+    measured = engine_run(cfg, work / f"rank{rank}", sizes, fixed=True)
+    record = {"rank": rank, "images_per_s": measured.images_per_s, "peak_bytes": measured.peak_bytes}
+    (work / f"{args.strategy}-rank{rank}.json").write_text(json.dumps(record))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def section_distributed(device: str, quick: bool) -> None:
+    count = device_count(device)
+    if device == "cpu":
+        print("skipped: the CPU stand-in has no devices to spread over (CPU ranks: bench/sharded_memory.py)")
+        return
+    if count < 2:
+        print(f"skipped: one {'GPU' if device == 'cuda' else 'Gaudi'} on this machine; ddp against fsdp needs at least two")
+        return
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for strategy in ("ddp", "fsdp"):
+            cmd = ["torchrun", "--standalone", f"--nproc_per_node={count}", "bench/accelerator_sections.py", "distributed-worker"]
+            cmd += ["--device", device, "--strategy", strategy, "--out", tmp, *(["--quick"] if quick else [])]
+            print(f"command: `{' '.join(cmd)}`")
+            run_or_fail(cmd)
+            rows[strategy] = [json.loads(p.read_text()) for p in sorted(pathlib.Path(tmp).glob(f"{strategy}-rank*.json"))]
+    print(f"\n{count} processes, bf16, micro-batch {(QUICK if quick else FULL).micro} per rank, synthetic batches\n")
+    print("| dist.strategy | images/s (all ranks) | peak memory per rank GiB (max over ranks) | images/s / ddp |")
+    print("|---|---:|---:|---:|")
+    base = rows["ddp"][0]["images_per_s"]
+    for strategy, records in rows.items():
+        rate = records[0]["images_per_s"]
+        peaks = [r["peak_bytes"] for r in records if r["peak_bytes"] is not None]
+        peak = max(peaks) if peaks else None
+        print(f"| {strategy} | {rate:.1f} | {gib(peak)} | {rate / base:.3f} |")
+
+
+# -- g. accuracy ------------------------------------------------------------------------
+
+
+def section_accuracy(device: str, quick: bool) -> None:
+    data = REPO / "data" / "fashion-mnist" / "dataset.json"
+    if not data.exists():
+        print("skipped: data/fashion-mnist is absent; prepare it with `python data/prepare_fmnist.py`")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "train.py", "--config", "configs/demo/vit-tiny-fmnist.py", "--set", f"device={device}"]
+        cmd += ["--run-dir", f"{tmp}/run", *(["--set", "epochs=1", "--set", "max_steps=3"] if quick else [])]
+        print(f"command: `{' '.join(['python', *cmd[1:]])}`")
+        start = time.perf_counter()
+        run_or_fail(cmd)
+        seconds = time.perf_counter() - start
+        records = [json.loads(line) for line in pathlib.Path(tmp, "run", "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/top1" in r]
+    top1 = evals[-1]["eval/top1"] if evals else float("nan")
+    print()
+    print("| run | final eval/top1 | seconds | the CPU demo (2 processes) |")
+    print("|---|---:|---:|---:|")
+    print(f"| Fashion-MNIST demo on one {device} device | {100 * top1:.1f}% | {seconds:.0f} | 86.6% |")
+
+
+SECTIONS = {
+    "tests": section_tests,
+    "train": section_train,
+    "loader_train": section_loader_train,
+    "loader_alone": section_loader_alone,
+    "lamb": section_lamb,
+    "distributed": section_distributed,
+    "accuracy": section_accuracy,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("section", choices=[*SECTIONS, "distributed-worker"])
+    parser.add_argument("--device", required=True, choices=["cuda", "hpu", "cpu"])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--strategy", choices=["ddp", "fsdp"], help="distributed-worker only")
+    parser.add_argument("--out", help="distributed-worker only: where each rank writes its numbers")
+    args = parser.parse_args(argv)
+    prepare_device(args.device)
+    if args.section == "distributed-worker":
+        distributed_worker(args)
+    else:
+        SECTIONS[args.section](args.device, args.quick)
+
+
+if __name__ == "__main__":
+    main()
