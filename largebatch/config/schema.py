@@ -304,6 +304,15 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def validate_section(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Check top-level section ``name`` alone and return a copy with defaults filled in
+    (the rules across sections are ``validate``'s)."""
+    spec = SCHEMA.fields[name]
+    if not isinstance(spec, Section):
+        raise KeyError(f"{name!r} is not a section")
+    return _check_section(spec, copy.deepcopy(values), prefix=f"{name}.")
+
+
 def describe_keys(section: Section, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """Every key under ``section`` as ``(dotted key, kind, default, meaning)`` rows, in
     schema order, for ``largebatch config keys``. A section gets its own row (kind

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
-from largebatch.config.schema import REQUIRED, SCHEMA, Field, Section, validate
+from largebatch.config.schema import REQUIRED, SCHEMA, Field, Section, validate, validate_section
 
 
 class FrozenDict(dict):
@@ -82,7 +82,7 @@ def _annotation(spec: Field) -> Any:
         kind = tuple[(spec.items or Any), ...]
     elif spec.kind is dict:
         kind = Mapping[str, Any]
-    return Optional[kind] if spec.nullable or spec.default is None else kind  # noqa: UP007 (a runtime type)
+    return kind | None if spec.nullable or spec.default is None else kind
 
 
 def _class_name(path: str) -> str:
@@ -138,10 +138,13 @@ def validate_typed(config: dict[str, Any]) -> Any:
 
 
 def section(name: str, values: Mapping[str, Any] | ConfigSection) -> Any:
-    """Top-level section ``name`` typed: a frozen section as is, a validated section's dict
-    converted (what a component gets when called with plain dicts, as tests do)."""
+    """Top-level section ``name`` typed: a frozen section as is; a dict (a component called
+    with plain dicts, as tests do) checked against the schema, its missing keys filled with
+    the schema's defaults, then converted.
+
+    Raises:
+        ConfigError: a key of the dict the schema rejects.
+    """
     if isinstance(values, ConfigSection):
         return values
-    spec = SCHEMA.fields[name]
-    assert isinstance(spec, Section)
-    return SECTION_CLASSES[id(spec)].from_dict(values)
+    return SECTION_CLASSES[id(SCHEMA.fields[name])].from_dict(validate_section(name, thaw(values)))
