@@ -137,6 +137,17 @@ def validate_typed(config: dict[str, Any]) -> Any:
     return typed(validate(config))
 
 
+def section_of(config: Mapping[str, Any] | ConfigSection, name: str) -> Any:
+    """Top-level section ``name`` of ``config`` (typed, or a dict holding at least that
+    section, as tests build them), typed."""
+    return getattr(config, name) if isinstance(config, ConfigSection) else section(name, config[name])
+
+
+def has_section(name: str) -> bool:
+    """Whether the schema has a top-level section ``name``."""
+    return isinstance(SCHEMA.fields.get(name), Section)
+
+
 def section(name: str, values: Mapping[str, Any] | ConfigSection) -> Any:
     """Top-level section ``name`` typed: a frozen section as is; a dict (a component called
     with plain dicts, as tests do) checked against the schema, its missing keys filled with

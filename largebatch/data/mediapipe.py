@@ -87,12 +87,12 @@ def _import_mediapipe() -> SimpleNamespace:
     )
 
 
-def unavailable_reason(data_cfg: DataConfig, device: torch.device) -> str | None:
+def unavailable_reason(data_cfg: DataConfig | dict, device: torch.device) -> str | None:
     """Why the media pipeline cannot run here, or None when it can."""
     device = torch.device(device)
     if device.type != "hpu":
         return f"the device is {device.type}, and the media pipeline decodes on a Gaudi (HPU)"
-    if data_cfg.channels != 3:
+    if section("data", data_cfg).channels != 3:
         return "data.channels is 1, and the HPU JPEG decoder writes RGB"
     try:
         _import_mediapipe()
