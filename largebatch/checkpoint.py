@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from largebatch.config.schema import default_of
+from largebatch.config.typed import Config
 from largebatch.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -185,7 +186,7 @@ def check_finite(state: Any) -> None:
     if optimizer is not None:
         bad += non_finite_optimizer_state(optimizer, state.model)
     refuse = bool(bad)
-    if uses_sharded_format(getattr(state, "config", {})):
+    if _writes_sharded(state):
         from largebatch.dist import all_reduce_sum
 
         refuse = float(all_reduce_sum(torch.tensor([float(len(bad))], device=state.backend.device))[0]) > 0
@@ -235,7 +236,7 @@ def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | N
             before the collective, so no rank is left waiting).
     """
     check_finite(state)
-    if uses_sharded_format(getattr(state, "config", {})):
+    if _writes_sharded(state):
         return save_sharded_checkpoint(state, hooks, keep)
     if not state.is_main:
         return None
@@ -405,19 +406,19 @@ def load_checkpoint(
                 path=str(path),
             )
     sharded_file = payload.get("sharded", False)
-    if sharded_file != uses_sharded_format(state.config):
+    if sharded_file != uses_sharded_format(state.cfg):
         made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"
         raise UserError(
-            f"this is {made} checkpoint and this run uses dist.strategy {state.config['dist']['strategy']!r}: the two "
+            f"this is {made} checkpoint and this run uses dist.strategy {state.cfg.dist.strategy!r}: the two "
             "formats do not convert; resume with the strategy it was made with",
             path=str(path),
         )
     current = {k: v.shape for k, v in state.model.state_dict().items()}
     check_weights_fit(payload["model"], current, path)
-    saved_type = payload["config"].get("optimizer", {}).get("type")
-    if saved_type != state.config["optimizer"]["type"]:
+    saved_type = payload["config"].get("optimizer", {}).get("type")  # the saved dict: an old checkpoint's may lack keys
+    if saved_type != state.cfg.optimizer.type:
         raise UserError(
-            f"the checkpoint holds {saved_type}'s state, this run builds {state.config['optimizer']['type']}: an optimizer's "
+            f"the checkpoint holds {saved_type}'s state, this run builds {state.cfg.optimizer.type}: an optimizer's "
             "state cannot carry over to another; resume with the same optimizer.type, or start a new run from the weights",
             path=str(path),
         )
@@ -484,9 +485,16 @@ def _shape(value: Any) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- sharded (DCP)
 
 
-def uses_sharded_format(config: dict[str, Any]) -> bool:
+def uses_sharded_format(cfg: Config) -> bool:
     """Whether the run writes sharded checkpoints (``dist.strategy`` fsdp or hsdp)."""
-    return config.get("dist", {}).get("strategy", "ddp") != "ddp"
+    return cfg.dist.strategy != "ddp"
+
+
+def _writes_sharded(state: Any) -> bool:
+    """``uses_sharded_format`` of the state's config; a state without one (a bare model
+    and run directory) writes the single-file format."""
+    cfg = getattr(state, "cfg", None)
+    return cfg is not None and uses_sharded_format(cfg)
 
 
 def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | None:

@@ -127,14 +127,20 @@ def section_class(section: Section, path: str = "") -> type[ConfigSection]:
 Config = section_class(SCHEMA)
 
 
-def typed(config: Mapping[str, Any]) -> Any:
-    """A validated config dict as a frozen ``Config`` (already typed: returned as is)."""
-    return config if isinstance(config, ConfigSection) else Config.from_dict(config)
+def typed(config: Mapping[str, Any] | ConfigSection) -> Any:
+    """The config as a frozen ``Config``: a typed one as is; a dict (the one ``validate``
+    returned, or one a caller changed) validated first, which leaves a validated dict as
+    it is.
+
+    Raises:
+        ConfigError: a dict that does not validate.
+    """
+    return config if isinstance(config, ConfigSection) else Config.from_dict(validate(thaw(config)))
 
 
 def validate_typed(config: dict[str, Any]) -> Any:
     """``validate``, then ``typed``: the checked config as a frozen ``Config``."""
-    return typed(validate(config))
+    return Config.from_dict(validate(config))
 
 
 def section_of(config: Mapping[str, Any] | ConfigSection, name: str) -> Any:
