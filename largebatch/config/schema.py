@@ -163,7 +163,9 @@ SCHEMA = Section(
                 "label_offset": Field(int, 0, "subtracted from stored labels (ImageNet TFRecords: 1)"),
                 "mean": Field(list, [0.485, 0.456, 0.406], "per-channel mean, 0-1 units", items=float),
                 "std": Field(list, [0.229, 0.224, 0.225], "per-channel std, 0-1 units", items=float),
-                "num_workers": Field(int, 2, "loader worker processes (threads for DALI)", low=0),
+                "num_workers": Field(
+                    int, 2, "loader worker processes (0: in the main process); threads for DALI and the media pipeline (at least 1)", low=0
+                ),
                 "prefetch": Field(int, 2, "batches prefetched per worker", low=1),
                 "scale": Field(list, [0.08, 1.0], "RandomResizedCrop area range", items=float, length=2),
                 "ratio": Field(list, [0.75, 1.3333333333333333], "RandomResizedCrop aspect range", items=float, length=2),
