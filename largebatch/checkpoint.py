@@ -396,6 +396,39 @@ def load_checkpoint(
     """
     if payload is None:
         payload = read_checkpoint(path)
+    sharded_file = check_resumable(path, payload, state, ignore_config=ignore_config)
+    try:
+        if sharded_file:
+            load_sharded_tensors(path, state)
+        else:
+            state.model.load_state_dict(payload["model"])
+            state.optimizer.load_state_dict(payload["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise UserError(
+            f"the optimizer state does not fit this run's parameter groups ({type(exc).__name__}: {exc}); resume with the "
+            "same optimizer settings (no_weight_decay, exclude_1d, layer_decay)",
+            path=str(path),
+        ) from exc
+    if state.scaler and payload["scaler"]:
+        state.scaler.load_state_dict(payload["scaler"])
+    state._counters.load_state_dict(payload["counters"])
+    for key, hook in zip(hook_state_keys(hooks), hooks):
+        if key in payload["hooks"]:
+            hook.load_state_dict(payload["hooks"][key])
+    # The position within the epoch follows from the counters: checkpoints are taken at
+    # optimizer-step boundaries, and the samples of each step do not depend on the world
+    # size (``largebatch.data.sharding``), so this also holds after a change of world size.
+    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * state.plan.accumulation})
+
+
+def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, ignore_config: bool = False) -> bool:
+    """Whether the checkpoint's ``payload`` can resume this run: its config (unless
+    ``ignore_config``), its format (sharded or not), its weights' shapes and its
+    optimizer. Returns whether it is a sharded checkpoint.
+
+    Raises:
+        UserError: naming what does not fit and how to resume.
+    """
     if not ignore_config:
         diffs = config_differences(payload["config"], state.config)
         if diffs:
@@ -422,28 +455,7 @@ def load_checkpoint(
             "state cannot carry over to another; resume with the same optimizer.type, or start a new run from the weights",
             path=str(path),
         )
-    try:
-        if sharded_file:
-            load_sharded_tensors(path, state)
-        else:
-            state.model.load_state_dict(payload["model"])
-            state.optimizer.load_state_dict(payload["optimizer"])
-    except (ValueError, KeyError, RuntimeError) as exc:
-        raise UserError(
-            f"the optimizer state does not fit this run's parameter groups ({type(exc).__name__}: {exc}); resume with the "
-            "same optimizer settings (no_weight_decay, exclude_1d, layer_decay)",
-            path=str(path),
-        ) from exc
-    if state.scaler and payload["scaler"]:
-        state.scaler.load_state_dict(payload["scaler"])
-    state._counters.load_state_dict(payload["counters"])
-    for key, hook in zip(hook_state_keys(hooks), hooks):
-        if key in payload["hooks"]:
-            hook.load_state_dict(payload["hooks"][key])
-    # The position within the epoch follows from the counters: checkpoints are taken at
-    # optimizer-step boundaries, and the samples of each step do not depend on the world
-    # size (``largebatch.data.sharding``), so this also holds after a change of world size.
-    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * state.plan.accumulation})
+    return sharded_file
 
 
 def save_weights(model: torch.nn.Module, path: pathlib.Path) -> None:

@@ -337,14 +337,6 @@ def describe_keys(section: Section, prefix: str = "") -> list[tuple[str, str, st
     return rows
 
 
-def section_defaults(name: str) -> dict[str, Any]:
-    """The defaults of the keys of top-level section ``name`` (``{}`` when there is none)."""
-    section = SCHEMA.fields.get(name)
-    if not isinstance(section, Section):
-        return {}
-    return {key: spec.default for key, spec in section.fields.items() if isinstance(spec, Field)}
-
-
 def default_of(dotted: str) -> Any:
     """The schema's default for a dotted key (``REQUIRED`` for a required key or one the
     schema does not know)."""

@@ -26,10 +26,12 @@ class FrozenDict(dict):
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("the config is frozen; build a new one from to_dict() instead")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenDict, (dict(self),))
+
+
+for _method in ("__setitem__", "__delitem__", "__ior__", "clear", "pop", "popitem", "setdefault", "update"):
+    setattr(FrozenDict, _method, FrozenDict._refuse)
 
 
 def freeze(value: Any) -> Any:

@@ -76,6 +76,40 @@ def _import_dali():
     return fn, tfrec, types, pipeline_def, DALIGenericIterator, LastBatchPolicy
 
 
+def _read_records(fn, tfrec, paths: list[str], index_paths: list[str]):
+    """The reader's ``(jpegs, labels)`` of the run's record files, in index order."""
+    record = fn.readers.tfrecord(
+        path=paths,
+        index_path=index_paths,
+        features={
+            "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+            "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+        },
+        random_shuffle=False,
+        name=_READER,
+    )
+    return record["image/encoded"], record["image/class/label"]
+
+
+def _train_crop(fn, types, jpegs, draws, cfg: DataConfig, decode_device: str, ops_device: str, output_type):
+    """Training images: the native loader's crop box decoded, resized to
+    ``data.image_size``, and the flip decision ``(images, mirror)``."""
+    left, top, crop_w, crop_h = crop_window(jpegs, draws, cfg.scale, cfg.ratio)
+    images = fn.decoders.image_slice(
+        jpegs,
+        fn.cast(fn.stack(left, top), dtype=types.FLOAT),
+        fn.cast(fn.stack(crop_w, crop_h), dtype=types.FLOAT),
+        device=decode_device,
+        output_type=output_type,
+        axis_names="WH",
+        normalized_anchor=False,
+        normalized_shape=False,
+    )
+    images = fn.resize(images, device=ops_device, resize_x=cfg.image_size, resize_y=cfg.image_size)
+    mirror = fn.cast(draws[2 * CROP_ATTEMPTS + 2] < cfg.hflip, dtype=types.INT32)
+    return images, mirror
+
+
 def write_run_indexes(shards: ShardSet, batches: list[np.ndarray], folder: str) -> tuple[list[str], list[str]]:
     """Index files that make DALI's reader yield ``batches`` (each sorted within itself).
 
@@ -198,34 +232,10 @@ class DaliLoader(IndexedLoader):
             prefetch_queue_depth=cfg.prefetch,
         )
         def pipeline():
-            record = fn.readers.tfrecord(
-                path=paths,
-                index_path=index_paths,
-                features={
-                    "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
-                    "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
-                },
-                random_shuffle=False,
-                name=_READER,
-            )
-            jpegs, labels = record["image/encoded"], record["image/class/label"]
+            jpegs, labels = _read_records(fn, tfrec, paths, index_paths)
             if self.batches.train:
                 draws = fn.external_source(source=sample_draws, batch=True, batch_info=True, dtype=types.FLOAT64)
-                left, top, crop_w, crop_h = crop_window(
-                    jpegs, draws, cfg.scale, cfg.ratio
-                )
-                images = fn.decoders.image_slice(
-                    jpegs,
-                    fn.cast(fn.stack(left, top), dtype=types.FLOAT),
-                    fn.cast(fn.stack(crop_w, crop_h), dtype=types.FLOAT),
-                    device=decode_device,
-                    output_type=output_type,
-                    axis_names="WH",
-                    normalized_anchor=False,
-                    normalized_shape=False,
-                )
-                images = fn.resize(images, device=ops_device, resize_x=size, resize_y=size)
-                mirror = fn.cast(draws[2 * CROP_ATTEMPTS + 2] < cfg.hflip, dtype=types.INT32)
+                images, mirror = _train_crop(fn, types, jpegs, draws, cfg, decode_device, ops_device, output_type)
                 crop = None
             else:
                 images = fn.decoders.image(jpegs, device=decode_device, output_type=output_type)
