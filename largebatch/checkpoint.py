@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from largebatch.config.schema import default_of
+from largebatch.config.typed import Config
 from largebatch.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -186,7 +187,7 @@ def check_finite(state: Any) -> None:
     if optimizer is not None:
         bad += non_finite_optimizer_state(optimizer, state.model)
     refuse = bool(bad)
-    if uses_sharded_format(getattr(state, "config", {})):
+    if _writes_sharded(state):
         from largebatch.dist import all_reduce_sum
 
         refuse = float(all_reduce_sum(torch.tensor([float(len(bad))], device=state.backend.device))[0]) > 0
@@ -236,7 +237,7 @@ def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | N
             before the collective, so no rank is left waiting).
     """
     check_finite(state)
-    if uses_sharded_format(getattr(state, "config", {})):
+    if _writes_sharded(state):
         return save_sharded_checkpoint(state, hooks, keep)
     if not state.is_main:
         return None
@@ -412,25 +413,7 @@ def load_checkpoint(
     """
     if payload is None:
         payload = read_checkpoint(path)
-    if not ignore_config:
-        check_same_config(payload["config"], state.config, path)
-    sharded_file = payload.get("sharded", False)
-    if sharded_file != uses_sharded_format(state.config):
-        made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"
-        raise UserError(
-            f"this is {made} checkpoint and this run uses dist.strategy {state.config['dist']['strategy']!r}: the two "
-            "formats do not convert; resume with the strategy it was made with",
-            path=str(path),
-        )
-    current = {k: v.shape for k, v in state.model.state_dict().items()}
-    check_weights_fit(payload["model"], current, path)
-    saved_type = payload["config"].get("optimizer", {}).get("type")
-    if saved_type != state.config["optimizer"]["type"]:
-        raise UserError(
-            f"the checkpoint holds {saved_type}'s state, this run builds {state.config['optimizer']['type']}: an optimizer's "
-            "state cannot carry over to another; resume with the same optimizer.type, or start a new run from the weights",
-            path=str(path),
-        )
+    sharded_file = check_resumable(path, payload, state, ignore_config=ignore_config)
     try:
         if sharded_file:
             load_sharded_tensors(path, state)
@@ -453,6 +436,36 @@ def load_checkpoint(
     # optimizer-step boundaries, and the samples of each step do not depend on the world
     # size (``largebatch.data.sharding``), so this also holds after a change of world size.
     train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * state.plan.accumulation})
+
+
+def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, ignore_config: bool = False) -> bool:
+    """Whether the checkpoint's ``payload`` can resume this run: its config (unless
+    ``ignore_config``), its format (sharded or not), its weights' shapes and its
+    optimizer. Returns whether it is a sharded checkpoint.
+
+    Raises:
+        UserError: naming what does not fit and how to resume.
+    """
+    if not ignore_config:
+        check_same_config(payload["config"], state.config, path)
+    sharded_file = payload.get("sharded", False)
+    if sharded_file != uses_sharded_format(state.cfg):
+        made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"
+        raise UserError(
+            f"this is {made} checkpoint and this run uses dist.strategy {state.cfg.dist.strategy!r}: the two "
+            "formats do not convert; resume with the strategy it was made with",
+            path=str(path),
+        )
+    current = {k: v.shape for k, v in state.model.state_dict().items()}
+    check_weights_fit(payload["model"], current, path)
+    saved_type = payload["config"].get("optimizer", {}).get("type")  # the saved dict: an old checkpoint's may lack keys
+    if saved_type != state.cfg.optimizer.type:
+        raise UserError(
+            f"the checkpoint holds {saved_type}'s state, this run builds {state.cfg.optimizer.type}: an optimizer's "
+            "state cannot carry over to another; resume with the same optimizer.type, or start a new run from the weights",
+            path=str(path),
+        )
+    return sharded_file
 
 
 def save_weights(model: torch.nn.Module, path: pathlib.Path) -> None:
@@ -494,9 +507,16 @@ def _shape(value: Any) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- sharded (DCP)
 
 
-def uses_sharded_format(config: dict[str, Any]) -> bool:
+def uses_sharded_format(cfg: Config) -> bool:
     """Whether the run writes sharded checkpoints (``dist.strategy`` fsdp or hsdp)."""
-    return config.get("dist", {}).get("strategy", "ddp") != "ddp"
+    return cfg.dist.strategy != "ddp"
+
+
+def _writes_sharded(state: Any) -> bool:
+    """``uses_sharded_format`` of the state's config; a state without one (a bare model
+    and run directory) writes the single-file format."""
+    cfg = getattr(state, "cfg", None)
+    return cfg is not None and uses_sharded_format(cfg)
 
 
 def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | None:

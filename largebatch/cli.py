@@ -91,17 +91,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return preemption.EXIT_REQUEUE if state.interrupted else 0
 
 
-def train_sample_count(cfg: dict) -> tuple[int, str]:
-    """Training samples for ``config show``: counted from the data when it is at hand,
-    else the config's ``data.train_samples``."""
+def train_sample_count(cfg: typing.Any) -> tuple[int, str]:
+    """Training samples for ``config show`` (``cfg``: the typed config): counted from the
+    data when it is at hand, else the config's ``data.train_samples``."""
     from largebatch import data as data_mod
 
-    if cfg["data"]["loader"] == "synthetic":
-        return cfg["data"]["train_samples"], "synthetic"
+    if cfg.data.loader == "synthetic":
+        return cfg.data.train_samples, "synthetic"
     try:
-        return data_mod.count_samples(cfg["data"], "train"), "counted from the shards"
+        return data_mod.count_samples(cfg.data, "train"), "counted from the shards"
     except (UserError, OSError, ImportError):
-        return cfg["data"]["train_samples"], "data.train_samples (shards not found)"
+        return cfg.data.train_samples, "data.train_samples (shards not found)"
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -120,7 +120,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     derived = derive(cfg, world_size, samples)
     derived["train_samples_from"] = source
     derived["memory_estimate"] = estimate_memory(cfg, derived)
-    sys.stdout.write(dump_yaml({**cfg, "derived": derived}))
+    sys.stdout.write(dump_yaml({**cfg.to_dict(), "derived": derived}))
     return 0
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import yaml
 
+from largebatch.config.typed import Config, typed
 from largebatch.errors import UserError
 
 WEIGHTS = "model.safetensors"
@@ -38,34 +39,35 @@ HUB_CONFIG = "config.json"
 _NOT_OURS = ("tag", "license", "hf_hub_id", "hf_hub_filename", "url", "file", "source", "paper_ids", "notes", "origin_url")
 
 
-def data_config(cfg: dict[str, Any]) -> dict[str, Any]:
+def data_config(cfg: Config) -> dict[str, Any]:
     """timm's preprocessing fields for the run's evaluation transform."""
-    data = cfg["data"]
-    size = int(data["image_size"])
+    data = cfg.data
+    size = data.image_size
     return {
-        "input_size": (int(data["channels"]), size, size),
-        "mean": tuple(float(m) for m in data["mean"]),
-        "std": tuple(float(s) for s in data["std"]),
+        "input_size": (data.channels, size, size),
+        "mean": tuple(float(m) for m in data.mean),
+        "std": tuple(float(s) for s in data.std),
         "interpolation": "bilinear",  # the loaders' resize filter
-        "crop_pct": float(data["eval_crop_ratio"]),
+        "crop_pct": data.eval_crop_ratio,
         "crop_mode": "center",
     }
 
 
-def class_names(cfg: dict[str, Any]) -> list[str] | None:
+def class_names(cfg: Config) -> list[str] | None:
     """The class names from ``data.root``'s ``dataset.json``, when it lists one per class."""
-    root = cfg["data"].get("root")
+    root = cfg.data.root
     meta_path = pathlib.Path(root) / "dataset.json" if root else None
     if meta_path is None or not meta_path.is_file():
         return None
     names = json.loads(meta_path.read_text()).get("classes")
-    return list(names) if isinstance(names, list) and len(names) == int(cfg["data"]["num_classes"]) else None
+    return list(names) if isinstance(names, list) and len(names) == cfg.data.num_classes else None
 
 
-def write_hub_config(model: torch.nn.Module, cfg: dict[str, Any], path: pathlib.Path) -> None:
+def write_hub_config(model: torch.nn.Module, cfg: Config | dict[str, Any], path: pathlib.Path) -> None:
     """Write timm's ``config.json`` for ``model`` trained under ``cfg`` (atomically)."""
     from timm.models._hub import save_config_for_hf
 
+    cfg = typed(cfg)
     names = class_names(cfg)
     tmp = path.with_name(path.name + ".tmp")
     save_config_for_hf(model, str(tmp), model_config={"label_names": names} if names else None, data_config=data_config(cfg))
@@ -76,7 +78,7 @@ def write_hub_config(model: torch.nn.Module, cfg: dict[str, Any], path: pathlib.
     tmp.replace(path)
 
 
-def write_run_hub_config(cfg: dict[str, Any], run_dir: pathlib.Path) -> None:
+def write_run_hub_config(cfg: Config | dict[str, Any], run_dir: pathlib.Path) -> None:
     """``config.json`` beside a finished run's ``model.safetensors``, from a model built on
     the meta device (the config needs the model's attributes, not its weights)."""
     from largebatch.models import build_model
@@ -86,9 +88,9 @@ def write_run_hub_config(cfg: dict[str, Any], run_dir: pathlib.Path) -> None:
     write_hub_config(model, cfg, run_dir / HUB_CONFIG)
 
 
-def load_run(run_dir: pathlib.Path, weights: str = WEIGHTS) -> tuple[dict[str, Any], torch.nn.Module]:
-    """The run's resolved config and its model with the final weights (``weights``:
-    ``EMA_WEIGHTS`` for the EMA's).
+def load_run(run_dir: pathlib.Path, weights: str = WEIGHTS) -> tuple[Config, torch.nn.Module]:
+    """The run's resolved config (typed; ``config.yaml`` without its ``derived`` numbers)
+    and its model with the final weights (``weights``: ``EMA_WEIGHTS`` for the EMA's).
 
     Raises:
         UserError: not a finished run directory (no ``config.yaml`` or no final weights),
@@ -108,7 +110,8 @@ def load_run(run_dir: pathlib.Path, weights: str = WEIGHTS) -> tuple[dict[str, A
         )
     if not weights_path.is_file():
         raise UserError(f"{run_dir} has no {weights}: the run kept no model EMA (set ema.decay to keep one)")
-    cfg = yaml.safe_load(config_path.read_text())
+    saved = yaml.safe_load(config_path.read_text())
+    cfg = typed({k: v for k, v in saved.items() if k != "derived"})
     model = build_model(cfg)
     model.load_state_dict(load_file(str(weights_path)))
     return cfg, model

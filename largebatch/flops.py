@@ -92,5 +92,5 @@ def peak_tflops(backend) -> float | None:
     name = device_name(backend)
     if name is None:
         return None
-    tf32 = bool(backend.options.get("tf32", False)) if backend.device.type == "cuda" else False
+    tf32 = backend.options.tf32 if backend.device.type == "cuda" else False
     return lookup_peak(name, number_format(backend.precision, tf32))

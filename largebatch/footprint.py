@@ -36,23 +36,25 @@ from typing import Any
 
 import torch
 
+from largebatch.config.typed import Config, OptimizerConfig, typed
+
 GIB = 1024**3
 
 # Optimizer state tensors per parameter, each the parameter's size.
 STATE_TENSORS = {"lamb": 2, "adamw": 2, "lars": 1, "sgd": 1}
 
 
-def optimizer_state_tensors(section: dict[str, Any]) -> int:
+def optimizer_state_tensors(section: OptimizerConfig) -> int:
     """How many parameter-sized tensors the optimizer keeps (momentum off: none for SGD/LARS)."""
-    kind = section["type"]
-    if kind in ("lars", "sgd") and not section.get("momentum", 0.9 if kind == "lars" else 0.0):
+    kind, extra = section.type, section.extra  # momentum and amsgrad: the optimizer class's own arguments
+    if kind in ("lars", "sgd") and not extra.get("momentum", 0.9 if kind == "lars" else 0.0):
         return 0
-    if kind == "adamw" and section.get("amsgrad"):
+    if kind == "adamw" and extra.get("amsgrad"):
         return 3
     return STATE_TENSORS.get(kind, 2)
 
 
-def model_sizes(cfg: dict[str, Any]) -> tuple[int, int, int]:
+def model_sizes(cfg: Config | dict[str, Any]) -> tuple[int, int, int]:
     """``(parameters, largest block's parameters, root-only parameters)`` of the config's
     model, built on the meta device (no memory, no initialisation)."""
     from largebatch.models import build_model
@@ -66,25 +68,25 @@ def model_sizes(cfg: dict[str, Any]) -> tuple[int, int, int]:
     return total, largest, total - in_blocks
 
 
-def estimate_memory(cfg: dict[str, Any], derived: dict[str, Any], sizes: tuple[int, int, int] | None = None) -> dict[str, Any]:
+def estimate_memory(cfg: Config | dict[str, Any], derived: dict[str, Any], sizes: tuple[int, int, int] | None = None) -> dict[str, Any]:
     """Bytes per device (GiB, rounded) of the model's state under the run's strategy.
 
     Args:
-        cfg: a validated config.
+        cfg: a validated config (typed, or the dict ``validate`` returns).
         derived: its derived numbers (``strategy``, ``shard_size``, ``accumulation``).
         sizes: ``model_sizes(cfg)`` when already known.
     """
+    cfg = typed(cfg)
     total, block, root = sizes or model_sizes(cfg)
     sharded = derived["strategy"] != "ddp" and derived["world_size"] > 1
     shard = derived["shard_size"] if sharded else 1
     fp32 = 4
-    compute = 2 if cfg["precision"] in ("bf16", "fp16") else fp32
-    device = cfg.get("device", "auto")
-    windowed = not sharded and device == "cpu" and cfg["optimizer"]["type"] in ("lamb", "lars")
+    compute = 2 if cfg.precision in ("bf16", "fp16") else fp32
+    windowed = not sharded and cfg.device == "cpu" and cfg.optimizer.type in ("lamb", "lars")
     parts = {
         "parameters": total * fp32 / shard,
         "gradients": total * fp32 / shard,
-        "optimizer_state": total * fp32 * optimizer_state_tensors(cfg["optimizer"]) / shard,
+        "optimizer_state": total * fp32 * optimizer_state_tensors(cfg.optimizer) / shard,
         "step_temporaries": 0.0 if windowed else total * fp32 / shard,
     }
     backward = parts["parameters"] + parts["optimizer_state"] + parts["gradients"]
@@ -96,7 +98,7 @@ def estimate_memory(cfg: dict[str, Any], derived: dict[str, Any], sizes: tuple[i
     if sharded:
         parts["gathered_blocks"] = 2 * block * (compute + compute) + root * compute
         backward += parts["gathered_blocks"]
-        if derived["accumulation"] > 1 and not cfg["dist"]["reduce_every_micro_batch"]:
+        if derived["accumulation"] > 1 and not cfg.dist.reduce_every_micro_batch:
             parts["unsharded_gradients"] = total * fp32  # FSDP2 accumulates them in the fp32 reduce dtype
             backward += parts["unsharded_gradients"] - parts["gradients"]
     step = parts["parameters"] + parts["gradients"] + parts["optimizer_state"] + parts["step_temporaries"]

@@ -20,7 +20,7 @@ from largebatch import checkpoint as ckpt
 from largebatch import data as data_mod
 from largebatch import preemption
 from largebatch.backends import create_backend
-from largebatch.config import derive, dump_yaml, load_and_validate, make_plan
+from largebatch.config import Config, derive, dump_yaml, load_and_validate, make_plan, typed
 from largebatch.data.mixup import MixupCutmix
 from largebatch.dist import barrier, broadcast_object, destroy_process_group, discover
 from largebatch.engine.engine import Engine
@@ -75,9 +75,10 @@ def default_run_dir(config_path: str, resume: str | None, env: dict[str, str] | 
     return pathlib.Path("runs") / f"{stem}-{stamp}"
 
 
-def resolve_config(path: str, overrides: list[str]) -> dict[str, Any]:
-    """Load and validate, including checks that need timm or the optimizer's signature."""
-    cfg = load_and_validate(path, overrides)
+def resolve_config(path: str, overrides: list[str]) -> Config:
+    """Load and validate, including checks that need timm or the optimizer's signature;
+    the config typed and frozen (``largebatch.config.typed``)."""
+    cfg = typed(load_and_validate(path, overrides))
     check_model_config(cfg)
     return cfg
 
@@ -116,11 +117,11 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     if args.run_dir:
         check_run_dir(pathlib.Path(args.run_dir), resuming=bool(args.resume))
     info = discover()
-    backend = create_backend(cfg["device"], cfg["precision"], info.local_rank, cfg)
-    dist_backend = backend.dist_backend if cfg["dist"]["backend"] == "auto" else cfg["dist"]["backend"]
-    backend.init_process_group(info, dist_backend, cfg["dist"]["timeout_minutes"])
+    backend = create_backend(cfg.device, cfg.precision, info.local_rank, cfg)
+    dist_backend = backend.dist_backend if cfg.dist.backend == "auto" else cfg.dist.backend
+    backend.init_process_group(info, dist_backend, cfg.dist.timeout_minutes)
 
-    num_samples = data_mod.count_samples(cfg["data"], "train")
+    num_samples = data_mod.count_samples(cfg.data, "train")
     derived = derive(cfg, info.world_size, num_samples)
     plan = make_plan(cfg, info.world_size, num_samples)
     run_dir = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir(args.config, args.resume)
@@ -128,24 +129,8 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
 
-    model, train_model = build_models(cfg, derived, info, backend)
-    seed_everything(cfg["seed"] + info.rank)  # then each rank its own randomness
-    backend.seed(cfg["seed"] + info.rank)
-    train_model = backend.compile(train_model, cfg["compile"])
-    optimizer = backend.build_optimizer(cfg, model)  # after sharding: it holds the sharded parameters
-    mix = cfg["mixup"]
-    mixup = MixupCutmix(
-        cfg["data"]["num_classes"],
-        mix["mixup_alpha"],
-        mix["cutmix_alpha"],
-        mix["prob"],
-        mix["switch_prob"],
-        mix["label_smoothing"],
-        seed=cfg["seed"] * 7919 + info.rank,
-    )
-    train_loader = data_mod.build_train_loader(cfg["data"], plan, rank=info.rank, seed=cfg["seed"], device=backend.device)
-    eval_loader = build_eval_loader(cfg, hooks, info, backend)
-
+    model, train_model, optimizer = build_training_model(cfg, derived, info, backend)
+    train_loader, eval_loader = build_loaders(cfg, plan, hooks, info, backend.device)
     state = TrainState(
         config=cfg,
         derived=derived,
@@ -157,51 +142,75 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         optimizer=optimizer,
         schedule=build_schedule(cfg, derived),
         scaler=backend.make_grad_scaler(),
-        mixup=mixup,
+        mixup=build_mixup(cfg, info.rank),
         run_dir=run_dir,
         task=task,
     )
     if args.resume:
         resume(args, state, hooks, train_loader)
     if info.is_main:  # only once a resume has been accepted: a refused one leaves the run's config as it was
-        (run_dir / "config.yaml").write_text(dump_yaml({**cfg, "derived": derived}))
+        (run_dir / "config.yaml").write_text(dump_yaml({**cfg.to_dict(), "derived": derived}))
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
 
-def build_models(cfg: dict[str, Any], derived: dict[str, Any], info: Any, backend: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The model (unwrapped; sharded in place under fsdp/hsdp) and what the forward pass
-    calls (the DDP wrapper when distributed), with the same initial weights on every rank."""
-    seed_everything(cfg["seed"])
+def build_training_model(cfg: Config, derived: dict[str, Any], info: Any, backend: Any) -> tuple[Any, Any, Any]:
+    """``(model, train_model, optimizer)``: the model with the same initial weights on
+    every rank, sharded or wrapped for the run, compiled if asked, and its optimizer;
+    each rank's own randomness is seeded on the way out."""
+    seed_everything(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, initial_weights=True)
     if info.distributed and derived["strategy"] != "ddp":
         # Sharded on the host: FSDP2 moves each block's slices to the device as it
         # shards it, so the whole model never sits in one device's memory.
-        model = backend.shard_model(model, derived)  # in place: parameters become DTensors
-        return model, model
-    model = backend.prepare_model(model)
-    return model, backend.wrap_ddp(model, cfg["dist"]) if info.distributed else model
+        train_model = model = backend.shard_model(model, derived)  # in place: parameters become DTensors
+    else:
+        model = backend.prepare_model(model)
+        train_model = backend.wrap_ddp(model, cfg.dist) if info.distributed else model
+    seed_everything(cfg.seed + info.rank)  # then each rank its own randomness
+    backend.seed(cfg.seed + info.rank)
+    train_model = backend.compile(train_model, cfg.compile)
+    optimizer = backend.build_optimizer(cfg, model)  # after sharding: it holds the sharded parameters
+    return model, train_model, optimizer
 
 
-def build_eval_loader(cfg: dict[str, Any], hooks: list, info: Any, backend: Any) -> Any:
-    """The evaluation loader, or None when nothing evaluates or the split is empty."""
-    wants_eval = cfg["eval"]["interval_epochs"] or cfg["eval"]["at_end"] or any(isinstance(h, EvalHook) for h in hooks)
-    if not wants_eval or data_mod.count_samples(cfg["data"], "eval") == 0:
-        return None
-    return data_mod.build_eval_loader(
-        cfg["data"],
-        batch_size=cfg["eval"]["batch_size"] or cfg["micro_batch_size"],
-        rank=info.rank,
-        world_size=info.world_size,
-        device=backend.device,
-        cache=cfg["eval"]["cache"],
+def build_mixup(cfg: Config, rank: int) -> MixupCutmix:
+    """Mixup/CutMix as the ``mixup`` section says, seeded per rank."""
+    mix = cfg.mixup
+    return MixupCutmix(
+        cfg.data.num_classes,
+        mix.mixup_alpha,
+        mix.cutmix_alpha,
+        mix.prob,
+        mix.switch_prob,
+        mix.label_smoothing,
+        seed=cfg.seed * 7919 + rank,
     )
 
 
+def build_loaders(cfg: Config, plan: Any, hooks: list, info: Any, device: torch.device) -> tuple[Any, Any]:
+    """The training loader, and the evaluation loader when anything evaluates and the
+    evaluation split has samples (else None)."""
+    train_loader = data_mod.build_train_loader(cfg.data, plan, rank=info.rank, seed=cfg.seed, device=device)
+    wants_eval = cfg.eval.interval_epochs or cfg.eval.at_end or any(isinstance(h, EvalHook) for h in hooks)
+    if not wants_eval or data_mod.count_samples(cfg.data, "eval") == 0:
+        return train_loader, None
+    eval_loader = data_mod.build_eval_loader(
+        cfg.data,
+        batch_size=cfg.eval.batch_size or cfg.micro_batch_size,
+        rank=info.rank,
+        world_size=info.world_size,
+        device=device,
+        cache=cfg.eval.cache,
+    )
+    return train_loader, eval_loader
+
+
 def resume(args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -> None:
-    """Load the checkpoint ``--resume`` names into the run (``auto`` without one: a fresh start).
+    """Load the checkpoint ``--resume`` names into ``state``, the hooks and the loader.
 
     Raises:
-        UserError: an explicit ``--resume`` path with no checkpoint to resume from.
+        UserError: ``--resume`` names a checkpoint that is not there (``auto`` without
+            one starts afresh).
     """
     found = ckpt.read_resume_checkpoint(args.resume, state.run_dir, warn=state.is_main)
     if found is not None:
@@ -254,7 +263,7 @@ def train(args: TrainArgs) -> TrainState:
                 f"{preemption.EXIT_REQUEUE} (requeue)",
                 flush=True,
             )
-            if state.config["slurm"]["requeue"]:
+            if state.cfg.slurm.requeue:
                 preemption.requeue_slurm_job()
         return state
     finally:

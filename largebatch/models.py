@@ -29,18 +29,21 @@ from typing import Any
 import torch
 
 from largebatch.config.signature import check_call
+from largebatch.config.typed import Config, thaw, typed
 from largebatch.errors import ConfigError
 
 _OURS = ("name", "pretrained", "init_from")  # model keys that are not timm.create_model arguments
 
 
-def model_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments for ``timm.create_model``, data-derived ones filled in."""
-    kwargs = {k: v for k, v in cfg["model"].items() if k not in _OURS}
-    data = cfg["data"]
-    kwargs.setdefault("num_classes", data["num_classes"])
-    kwargs.setdefault("img_size", data["image_size"])
-    kwargs.setdefault("in_chans", data["channels"])
+def model_kwargs(cfg: Config | dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments for ``timm.create_model`` (the model section's other keys, as
+    plain values), data-derived ones filled in."""
+    cfg = typed(cfg)
+    kwargs = thaw(cfg.model.extra)
+    data = cfg.data
+    kwargs.setdefault("num_classes", data.num_classes)
+    kwargs.setdefault("img_size", data.image_size)
+    kwargs.setdefault("in_chans", data.channels)
     return kwargs
 
 
@@ -55,7 +58,7 @@ def check_model_name(name: str) -> None:
     raise ConfigError(f"timm has no model {name!r}; {hint}", key="model.name")
 
 
-def check_model_config(cfg: dict[str, Any]) -> None:
+def check_model_config(cfg: Config | dict[str, Any]) -> None:
     """Check the model name and its keyword arguments without building the model.
 
     Raises:
@@ -64,7 +67,8 @@ def check_model_config(cfg: dict[str, Any]) -> None:
     """
     import timm
 
-    name = cfg["model"]["name"]
+    cfg = typed(cfg)
+    name = cfg.model.name
     check_model_name(name)
     accepted = set(_accepted_kwargs(timm, name)) | set(inspect.signature(timm.create_model).parameters)
     for key in model_kwargs(cfg):
@@ -77,11 +81,11 @@ def check_model_config(cfg: dict[str, Any]) -> None:
         check_call(model_class, model_kwargs(cfg), "model")
 
 
-def build_model(cfg: dict[str, Any], *, initial_weights: bool = False) -> torch.nn.Module:
+def build_model(cfg: Config | dict[str, Any], *, initial_weights: bool = False) -> torch.nn.Module:
     """Create the config's timm model on the CPU.
 
     Args:
-        cfg: the resolved config.
+        cfg: the resolved config (typed, or the dict ``validate`` returns).
         initial_weights: load the weights ``model.init_from`` or ``model.pretrained``
             names (the run's model); random initialisation otherwise (and always on the
             meta device, where only the model's shape is wanted).
@@ -93,7 +97,8 @@ def build_model(cfg: dict[str, Any], *, initial_weights: bool = False) -> torch.
     """
     import timm
 
-    name = cfg["model"]["name"]
+    cfg = typed(cfg)
+    name = cfg.model.name
     check_model_name(name)
     kwargs = model_kwargs(cfg)
     with tempfile.TemporaryDirectory(prefix="largebatch-init-") as scratch:
@@ -120,11 +125,11 @@ def _argument_error(timm: Any, name: str, kwargs: dict[str, Any], exc: TypeError
     return ConfigError(f"{name} does not take the argument {bad!r}; {hint}", key=f"model.{bad}")
 
 
-def _weights_error(cfg: dict[str, Any], name: str, exc: Exception) -> ConfigError:
+def _weights_error(cfg: Config, name: str, exc: Exception) -> ConfigError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if cfg["model"].get("init_from"):
+    if cfg.model.init_from:
         return ConfigError(
-            f"the weights of {cfg['model']['init_from']!r} do not fit {name} with this config's model arguments "
+            f"the weights of {cfg.model.init_from!r} do not fit {name} with this config's model arguments "
             f"({first}); use the same model.name and arguments as the run that wrote them",
             key="model.init_from",
         )
@@ -135,14 +140,14 @@ def _weights_error(cfg: dict[str, Any], name: str, exc: Exception) -> ConfigErro
     )
 
 
-def _weights_overlay(cfg: dict[str, Any], name: str, scratch: pathlib.Path) -> dict[str, Any] | None:
+def _weights_overlay(cfg: Config, name: str, scratch: pathlib.Path) -> dict[str, Any] | None:
     """timm's ``pretrained_cfg_overlay`` for the starting weights ({} for timm's own), or
     None for random initialisation."""
-    section = cfg["model"]
-    if section.get("init_from"):
-        weights = weights_file(section["init_from"], scratch)
+    section = cfg.model
+    if section.init_from:
+        weights = weights_file(section.init_from, scratch)
         return {"file": str(weights), "num_classes": _classes_in(weights, name)}
-    return {} if section.get("pretrained") else None
+    return {} if section.pretrained else None
 
 
 def weights_file(spec: str, scratch: pathlib.Path) -> pathlib.Path:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from largebatch.backends.base import Backend
+from largebatch.config.typed import ConfigSection, section
 from largebatch.errors import UserError
 
 __all__ = ["Backend", "create_backend", "resolve_device_name"]
@@ -34,7 +35,15 @@ def resolve_device_name(name: str, hpu_mode: str = "lazy") -> str:
     return "cpu"
 
 
-def create_backend(name: str, precision: str = "auto", local_rank: int = 0, options: dict[str, Any] | None = None) -> Backend:
+def _backend_section(options: Any, name: str) -> Any:
+    """Section ``name`` (``cuda``, ``hpu``) of ``options``, typed; the schema's defaults
+    where ``options`` has none."""
+    if isinstance(options, ConfigSection):
+        return getattr(options, name)
+    return section(name, (options or {}).get(name) or {})
+
+
+def create_backend(name: str, precision: str = "auto", local_rank: int = 0, options: Any = None) -> Backend:
     """Build the backend for ``device`` = ``name``.
 
     Args:
@@ -46,8 +55,7 @@ def create_backend(name: str, precision: str = "auto", local_rank: int = 0, opti
     Raises:
         UserError: the device is not present, or the precision does not suit it.
     """
-    options = options or {}
-    name = resolve_device_name(name, (options.get("hpu") or {}).get("mode", "lazy"))
+    name = resolve_device_name(name, _backend_section(options, "hpu").mode)
     if name == "cpu":
         from largebatch.backends.cpu import CpuBackend
 
@@ -55,9 +63,9 @@ def create_backend(name: str, precision: str = "auto", local_rank: int = 0, opti
     if name == "cuda":
         from largebatch.backends.cuda import CudaBackend
 
-        return CudaBackend(precision, local_rank, options.get("cuda"))
+        return CudaBackend(precision, local_rank, _backend_section(options, "cuda"))
     if name == "hpu":
         from largebatch.backends import hpu
 
-        return hpu.HpuBackend(precision, local_rank, options.get("hpu"))
+        return hpu.HpuBackend(precision, local_rank, _backend_section(options, "hpu"))
     raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or hpu", key="device")

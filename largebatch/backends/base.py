@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from largebatch import dist
-from largebatch.config.schema import section_defaults
+from largebatch.config.typed import Config, DistConfig, has_section, section
 from largebatch.errors import UserError
 from largebatch.optim import build_optimizer, sharded
 
@@ -35,8 +35,9 @@ class Backend:
     Args:
         precision: ``'auto'``, ``'fp32'``, ``'bf16'`` or ``'fp16'``.
         local_rank: this process's index on its node (picks the device).
-        options: the config section named like the backend (``cuda``, ``hpu``); missing
-            keys take the schema's defaults.
+        options: the config section named like the backend (``cuda``, ``hpu``), typed or
+            a dict whose missing keys take the schema's defaults; ``self.options`` is the
+            typed section (None for a backend without one).
     """
 
     name = "base"
@@ -45,9 +46,9 @@ class Backend:
     supported_precisions: tuple[str, ...] = ("fp32",)
     auto_precision = "fp32"
 
-    def __init__(self, precision: str = "auto", local_rank: int = 0, options: dict[str, Any] | None = None) -> None:
+    def __init__(self, precision: str = "auto", local_rank: int = 0, options: Any = None) -> None:
         self.local_rank = local_rank
-        self.options = {**section_defaults(self.name), **(options or {})}
+        self.options = section(self.name, options or {}) if has_section(self.name) else None
         self.precision = self.auto_precision if precision == "auto" else precision
         if self.precision not in self.supported_precisions:
             raise UserError(
@@ -84,17 +85,18 @@ class Backend:
         """Move the model to the device (and apply backend-specific settings)."""
         return model.to(self.device)
 
-    def ddp_options(self, dist_cfg: dict[str, Any]) -> dict[str, Any]:
+    def ddp_options(self, dist_cfg: DistConfig | dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments for ``DistributedDataParallel`` from the ``dist`` config section."""
+        dist_cfg = section("dist", dist_cfg)
         return {
             "device_ids": None,
-            "bucket_cap_mb": dist_cfg["bucket_cap_mb"],
-            "gradient_as_bucket_view": dist_cfg["gradient_as_bucket_view"],
-            "find_unused_parameters": dist_cfg["find_unused_parameters"],
-            "static_graph": dist_cfg["static_graph"],
+            "bucket_cap_mb": dist_cfg.bucket_cap_mb,
+            "gradient_as_bucket_view": dist_cfg.gradient_as_bucket_view,
+            "find_unused_parameters": dist_cfg.find_unused_parameters,
+            "static_graph": dist_cfg.static_graph,
         }
 
-    def wrap_ddp(self, model: torch.nn.Module, dist_cfg: dict[str, Any]) -> torch.nn.Module:
+    def wrap_ddp(self, model: torch.nn.Module, dist_cfg: DistConfig | dict[str, Any]) -> torch.nn.Module:
         """``model`` in DistributedDataParallel with this backend's options."""
         return torch.nn.parallel.DistributedDataParallel(model, **self.ddp_options(dist_cfg))
 
@@ -150,7 +152,7 @@ class Backend:
         """``torch.compile(model)`` when ``enabled`` (the config's ``compile``), else ``model``."""
         return torch.compile(model) if enabled else model
 
-    def build_optimizer(self, cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+    def build_optimizer(self, cfg: Config | dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
         """The config's optimizer; a backend may substitute a fused implementation."""
         return build_optimizer(cfg, model)
 

@@ -47,7 +47,7 @@ class CudaBackend(Backend):
                 key="device",
             )
         torch.cuda.set_device(self.local_rank)
-        tf32 = bool(self.options["tf32"])
+        tf32 = self.options.tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
         if self.precision == "bf16" and not torch.cuda.is_bf16_supported():
@@ -55,7 +55,7 @@ class CudaBackend(Backend):
                 f"GPU {torch.cuda.get_device_name(self.local_rank)} has no bf16 support; use precision='fp16' (with a grad scaler) or 'fp32'",
                 key="precision",
             )
-        set_timm_fused_attention(bool(self.options["fused_attention"]))
+        set_timm_fused_attention(self.options.fused_attention)
         return torch.device("cuda", self.local_rank)
 
     def make_grad_scaler(self) -> torch.amp.GradScaler | None:
@@ -67,7 +67,7 @@ class CudaBackend(Backend):
     def compile(self, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
         if not enabled:
             return model
-        mode = self.options.get("compile_mode")
+        mode = self.options.compile_mode
         return torch.compile(model, mode=mode) if mode else torch.compile(model)
 
     def synchronize(self) -> None:

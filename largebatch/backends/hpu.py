@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from largebatch.backends.base import Backend
+from largebatch.config.typed import Config, section_of, thaw
 from largebatch.errors import UserError
 
 MODES = ("lazy", "eager", "compile")
@@ -121,7 +122,7 @@ class HpuBackend(Backend):
     auto_precision = "bf16"
 
     def make_device(self) -> torch.device:
-        self.mode = self.options["mode"]
+        self.mode = self.options.mode
         prepare_environment(self.mode)
         self.core = _import("habana_frameworks.torch.core")
         self.hpu = _import("habana_frameworks.torch.hpu")
@@ -181,7 +182,7 @@ class HpuBackend(Backend):
     def build_optimizer(self, cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
         # Habana's fused kernels see whole tensors; sharded (DTensor) parameters take
         # largebatch's sharded LAMB and clipping instead.
-        if self.options["fused_optimizer"] and cfg["optimizer"]["type"] == "lamb" and not _any_sharded(model.parameters()):
+        if self.options.fused_optimizer and section_of(cfg, "optimizer").type == "lamb" and not _any_sharded(model.parameters()):
             optimizers = _optional("habana_frameworks.torch.hpex.optimizers")
             fused = getattr(optimizers, "FusedLamb", None)
             if fused is not None:
@@ -189,7 +190,7 @@ class HpuBackend(Backend):
         return super().build_optimizer(cfg, model)
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
-        if self.options["fused_clip_norm"] and not _any_sharded(parameters):
+        if self.options.fused_clip_norm and not _any_sharded(parameters):
             if self._fused_clip is None or self._fused_clip_max != max_norm:
                 normalization = _optional("habana_frameworks.torch.hpex.normalization")
                 cls = getattr(normalization, "FusedClipNorm", None)
@@ -231,12 +232,12 @@ class HpuBackend(Backend):
 
 
 # LAMB settings of ``optimizer`` that Habana's FusedLamb can reproduce, by our name.
-_FUSED_LAMB_SAME = ("lr", "betas", "eps", "weight_decay", "bias_correction")
+_FUSED_LAMB_SAME = ("betas", "eps", "bias_correction")  # besides lr and weight_decay
 # Defaults of largebatch's Lamb that FusedLamb cannot change; any other value is refused.
 _FUSED_LAMB_FIXED = {"decoupled_weight_decay": False, "adapt": True, "max_trust_ratio": None, "min_trust_ratio": None, "adam": False}
 
 
-def fused_lamb(fused_cls: type, cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+def fused_lamb(fused_cls: type, cfg: Config | dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
     """Habana's ``FusedLamb`` over the config's parameter groups, set up as the paper's LAMB.
 
     ``adam_w_mode=True`` is the paper's update ``u = r + wd * x``; ``use_lamb=True`` applies
@@ -249,25 +250,27 @@ def fused_lamb(fused_cls: type, cfg: dict[str, Any], model: torch.nn.Module) -> 
     """
     from largebatch.optim.param_groups import build_param_groups
 
-    section = cfg["optimizer"]
+    section = section_of(cfg, "optimizer")
+    extra = thaw(section.extra)  # Lamb's own arguments
     for key, default in _FUSED_LAMB_FIXED.items():
-        if key in section and section[key] != default:
+        if key in extra and extra[key] != default:
             raise UserError(
-                f"Habana's FusedLamb cannot reproduce optimizer.{key}={section[key]!r}; "
+                f"Habana's FusedLamb cannot reproduce optimizer.{key}={extra[key]!r}; "
                 f"set hpu.fused_optimizer=False to use largebatch's Lamb",
                 key=f"optimizer.{key}",
             )
     groups = build_param_groups(
         model,
-        weight_decay=section["weight_decay"],
-        no_weight_decay=section["no_weight_decay"],
-        exclude_1d=section["exclude_1d"],
-        layer_decay=section["layer_decay"],
+        weight_decay=section.weight_decay,
+        no_weight_decay=list(section.no_weight_decay),
+        exclude_1d=section.exclude_1d,
+        layer_decay=section.layer_decay,
     )
-    kwargs = {key: section[key] for key in _FUSED_LAMB_SAME if key in section}
+    kwargs = {"lr": section.lr, "weight_decay": section.weight_decay}
+    kwargs.update((key, extra[key]) for key in _FUSED_LAMB_SAME if key in extra)
     if isinstance(kwargs.get("betas"), list):
         kwargs["betas"] = tuple(kwargs["betas"])
-    kwargs["max_grad_norm"] = section.get("max_grad_norm")
+    kwargs["max_grad_norm"] = extra.get("max_grad_norm")
 
     class LargebatchFusedLamb(fused_cls):
         # Some FusedLamb releases define zero_grad() without set_to_none; the engine passes it.
@@ -279,7 +282,7 @@ def fused_lamb(fused_cls: type, cfg: dict[str, Any], model: torch.nn.Module) -> 
                     elif param.grad is not None:
                         param.grad.detach_().zero_()
 
-    use_lamb = bool(section.get("no_decay_adapt", True))
+    use_lamb = bool(extra.get("no_decay_adapt", True))  # Lamb's default
     return LargebatchFusedLamb(groups, adam_w_mode=True, use_lamb=use_lamb, **kwargs)
 
 

@@ -1,4 +1,4 @@
-"""Config files: load (``loader``), validate (``schema``), derive (``derive``), save."""
+"""Config files: load (``loader``), validate (``schema``), type (``typed``), derive (``derive``), save."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import yaml
 from largebatch.config.derive import derive, make_plan, scaled_lr
 from largebatch.config.loader import apply_override, load_config, merge_into
 from largebatch.config.schema import SCHEMA, validate
+from largebatch.config.typed import Config, typed, validate_typed
 
 __all__ = [
     "SCHEMA",
+    "Config",
     "apply_override",
     "derive",
     "dump_yaml",
@@ -21,7 +23,9 @@ __all__ = [
     "make_plan",
     "merge_into",
     "scaled_lr",
+    "typed",
     "validate",
+    "validate_typed",
 ]
 
 

@@ -164,7 +164,9 @@ SCHEMA = Section(
                 "label_offset": Field(int, 0, "subtracted from stored labels (ImageNet TFRecords: 1)"),
                 "mean": Field(list, [0.485, 0.456, 0.406], "per-channel mean, 0-1 units", items=float),
                 "std": Field(list, [0.229, 0.224, 0.225], "per-channel std, 0-1 units", items=float),
-                "num_workers": Field(int, 2, "loader worker processes (threads for DALI)", low=0),
+                "num_workers": Field(
+                    int, 2, "loader worker processes (0: in the main process); threads for DALI and the media pipeline (at least 1)", low=0
+                ),
                 "prefetch": Field(int, 2, "batches prefetched per worker", low=1),
                 "scale": Field(list, [0.08, 1.0], "RandomResizedCrop area range", items=float, length=2),
                 "ratio": Field(list, [0.75, 1.3333333333333333], "RandomResizedCrop aspect range", items=float, length=2),
@@ -352,6 +354,15 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def validate_section(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Check top-level section ``name`` alone and return a copy with defaults filled in
+    (the rules across sections are ``validate``'s)."""
+    spec = SCHEMA.fields[name]
+    if not isinstance(spec, Section):
+        raise KeyError(f"{name!r} is not a section")
+    return _check_section(spec, copy.deepcopy(values), prefix=f"{name}.")
+
+
 def describe_keys(section: Section, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """Every key under ``section`` as ``(dotted key, kind, default, meaning)`` rows, in
     schema order, for ``largebatch config keys``. A section gets its own row (kind
@@ -372,14 +383,6 @@ def describe_keys(section: Section, prefix: str = "") -> list[tuple[str, str, st
             doc += f" (one of: {', '.join(map(str, spec.choices))})"
         rows.append((key, kind, default, doc))
     return rows
-
-
-def section_defaults(name: str) -> dict[str, Any]:
-    """The defaults of the keys of top-level section ``name`` (``{}`` when there is none)."""
-    section = SCHEMA.fields.get(name)
-    if not isinstance(section, Section):
-        return {}
-    return {key: spec.default for key, spec in section.fields.items() if isinstance(spec, Field)}
 
 
 def default_of(dotted: str) -> Any:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
+from largebatch.config.typed import DataConfig
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import UserError
@@ -32,7 +33,6 @@ __all__ = [
     "check_channels",
     "check_normalisation",
     "eval_shards",
-    "setting",
     "train_shards",
 ]
 
@@ -177,26 +177,25 @@ class IndexedLoader:
         raise NotImplementedError
 
 
-def setting(data_cfg: dict, key: str, default: Any = None) -> Any:
-    """``data_cfg[key]``; a missing one is a ``UserError`` naming ``data.<key>``."""
-    value = data_cfg.get(key, default)
-    if value is None:
-        raise UserError(f"missing data setting {key!r}", key=f"data.{key}")
-    return value
+def shard_root(data_cfg: DataConfig) -> str:
+    """``data.root``; None (a synthetic config's) is a ``UserError`` naming it."""
+    if data_cfg.root is None:
+        raise UserError("missing data setting 'root'", key="data.root")
+    return data_cfg.root
 
 
-def check_channels(data_cfg: dict) -> int:
+def check_channels(data_cfg: DataConfig) -> int:
     """``data.channels``, which must be 1 or 3."""
-    channels = int(setting(data_cfg, "channels"))
+    channels = data_cfg.channels
     if channels not in (1, 3):
         raise UserError(f"data.channels must be 1 or 3, got {channels}", key="data.channels")
     return channels
 
 
-def check_normalisation(data_cfg: dict) -> tuple[list[float], list[float]]:
+def check_normalisation(data_cfg: DataConfig) -> tuple[list[float], list[float]]:
     """``data.mean`` and ``data.std``, one value per channel."""
     channels = check_channels(data_cfg)
-    mean, std = [float(m) for m in setting(data_cfg, "mean")], [float(s) for s in setting(data_cfg, "std")]
+    mean, std = [float(m) for m in data_cfg.mean], [float(s) for s in data_cfg.std]
     if len(mean) != channels or len(std) != channels:
         raise UserError(
             f"data.mean and data.std need {channels} values (data.channels), got {len(mean)} and {len(std)}",
@@ -205,10 +204,10 @@ def check_normalisation(data_cfg: dict) -> tuple[list[float], list[float]]:
     return mean, std
 
 
-def train_shards(data_cfg: dict, plan: BatchPlan, *, verify_crc: bool) -> ShardSet:
+def train_shards(data_cfg: DataConfig, plan: BatchPlan, *, verify_crc: bool) -> ShardSet:
     """The training split's shards, checked against the batch plan's sample count."""
     check_normalisation(data_cfg)
-    shards = ShardSet(setting(data_cfg, "root"), data_cfg.get("train_split", "train"), verify_crc)
+    shards = ShardSet(shard_root(data_cfg), data_cfg.train_split, verify_crc)
     if len(shards) != plan.num_samples:
         raise UserError(
             f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
@@ -218,7 +217,7 @@ def train_shards(data_cfg: dict, plan: BatchPlan, *, verify_crc: bool) -> ShardS
     return shards
 
 
-def eval_shards(data_cfg: dict, *, verify_crc: bool) -> ShardSet:
+def eval_shards(data_cfg: DataConfig, *, verify_crc: bool) -> ShardSet:
     """The evaluation split's shards."""
     check_normalisation(data_cfg)
-    return ShardSet(setting(data_cfg, "root"), data_cfg.get("eval_split", "validation"), verify_crc)
+    return ShardSet(shard_root(data_cfg), data_cfg.eval_split, verify_crc)

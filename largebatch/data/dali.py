@@ -51,7 +51,8 @@ import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
-from largebatch.data.base import IndexedLoader, MicroBatches, check_normalisation, eval_shards, setting, train_shards
+from largebatch.config.typed import DataConfig, section
+from largebatch.data.base import IndexedLoader, MicroBatches, check_normalisation, eval_shards, train_shards
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
 from largebatch.randomness import CROP_ATTEMPTS
@@ -73,6 +74,40 @@ def _import_dali():
             key="data.loader",
         ) from err
     return fn, tfrec, types, pipeline_def, DALIGenericIterator, LastBatchPolicy
+
+
+def _read_records(fn, tfrec, paths: list[str], index_paths: list[str]):
+    """The reader's ``(jpegs, labels)`` of the run's record files, in index order."""
+    record = fn.readers.tfrecord(
+        path=paths,
+        index_path=index_paths,
+        features={
+            "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+            "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+        },
+        random_shuffle=False,
+        name=_READER,
+    )
+    return record["image/encoded"], record["image/class/label"]
+
+
+def _train_crop(fn, types, jpegs, draws, cfg: DataConfig, decode_device: str, ops_device: str, output_type):
+    """Training images: the native loader's crop box decoded, resized to
+    ``data.image_size``, and the flip decision ``(images, mirror)``."""
+    left, top, crop_w, crop_h = crop_window(jpegs, draws, cfg.scale, cfg.ratio)
+    images = fn.decoders.image_slice(
+        jpegs,
+        fn.cast(fn.stack(left, top), dtype=types.FLOAT),
+        fn.cast(fn.stack(crop_w, crop_h), dtype=types.FLOAT),
+        device=decode_device,
+        output_type=output_type,
+        axis_names="WH",
+        normalized_anchor=False,
+        normalized_shape=False,
+    )
+    images = fn.resize(images, device=ops_device, resize_x=cfg.image_size, resize_y=cfg.image_size)
+    mirror = fn.cast(draws[2 * CROP_ATTEMPTS + 2] < cfg.hflip, dtype=types.INT32)
+    return images, mirror
 
 
 def write_run_indexes(shards: ShardSet, batches: list[np.ndarray], folder: str) -> tuple[list[str], list[str]]:
@@ -150,18 +185,18 @@ class DaliLoader(IndexedLoader):
         shards: ShardSet,
         batches: MicroBatches,
         *,
-        data_cfg: dict,
+        data_cfg: DataConfig,
         seed: int,
         rank: int,
         device: torch.device,
     ) -> None:
         self._dali = _import_dali()
-        super().__init__(len(shards), setting(data_cfg, "num_classes"), batches, device)
+        super().__init__(len(shards), data_cfg.num_classes, batches, device)
         self.shards = shards
         self._seed = seed
         self._rank = rank
         self._cfg = data_cfg
-        self._label_offset = int(data_cfg.get("label_offset", 0))
+        self._label_offset = data_cfg.label_offset
         self._mean, self._std = check_normalisation(data_cfg)
         self._channels = len(self._mean)
         self._folder = tempfile.mkdtemp(prefix="largebatch-dali-")
@@ -173,7 +208,7 @@ class DaliLoader(IndexedLoader):
     def _pipeline(self, paths: list[str], index_paths: list[str], batches: list[np.ndarray]):
         fn, tfrec, types, pipeline_def, _, _ = self._dali
         cfg = self._cfg
-        size = int(cfg["image_size"])
+        size = cfg.image_size
         gray = self._channels == 1
         mean = [m * 255 for m in self._mean]
         std = [s * 255 for s in self._std]
@@ -191,44 +226,20 @@ class DaliLoader(IndexedLoader):
 
         @pipeline_def(
             batch_size=max(len(b) for b in batches),
-            num_threads=max(1, int(cfg.get("num_workers", 1))),
+            num_threads=max(1, cfg.num_workers),  # DALI needs a thread even at data.num_workers 0
             device_id=device_id,
             seed=zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF,
-            prefetch_queue_depth=max(1, int(cfg.get("prefetch", 2))),
+            prefetch_queue_depth=cfg.prefetch,
         )
         def pipeline():
-            record = fn.readers.tfrecord(
-                path=paths,
-                index_path=index_paths,
-                features={
-                    "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
-                    "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
-                },
-                random_shuffle=False,
-                name=_READER,
-            )
-            jpegs, labels = record["image/encoded"], record["image/class/label"]
+            jpegs, labels = _read_records(fn, tfrec, paths, index_paths)
             if self.batches.train:
                 draws = fn.external_source(source=sample_draws, batch=True, batch_info=True, dtype=types.FLOAT64)
-                left, top, crop_w, crop_h = crop_window(
-                    jpegs, draws, tuple(cfg.get("scale", (0.08, 1.0))), tuple(cfg.get("ratio", (3 / 4, 4 / 3)))
-                )
-                images = fn.decoders.image_slice(
-                    jpegs,
-                    fn.cast(fn.stack(left, top), dtype=types.FLOAT),
-                    fn.cast(fn.stack(crop_w, crop_h), dtype=types.FLOAT),
-                    device=decode_device,
-                    output_type=output_type,
-                    axis_names="WH",
-                    normalized_anchor=False,
-                    normalized_shape=False,
-                )
-                images = fn.resize(images, device=ops_device, resize_x=size, resize_y=size)
-                mirror = fn.cast(draws[2 * CROP_ATTEMPTS + 2] < float(cfg.get("hflip", 0.5)), dtype=types.INT32)
+                images, mirror = _train_crop(fn, types, jpegs, draws, cfg, decode_device, ops_device, output_type)
                 crop = None
             else:
                 images = fn.decoders.image(jpegs, device=decode_device, output_type=output_type)
-                shorter = size / float(cfg.get("eval_crop_ratio", 0.875))
+                shorter = size / cfg.eval_crop_ratio
                 images = fn.resize(images, device=ops_device, resize_shorter=shorter)
                 mirror, crop = 0, (size, size)
             images = fn.crop_mirror_normalize(
@@ -304,7 +315,7 @@ class DaliLoader(IndexedLoader):
         self.close()
 
 
-def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> DaliLoader:
+def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> DaliLoader:
     """The DALI training loader of ``rank``; same contract and samples as the native one.
 
     Raises:
@@ -312,13 +323,15 @@ def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int,
         DataError: missing or inconsistent shards or index files.
     """
     _import_dali()
+    data_cfg = section("data", data_cfg)
     shards = train_shards(data_cfg, plan, verify_crc=False)
     return DaliLoader(shards, MicroBatches.for_training(plan, rank, seed), data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> DaliLoader:
+def build_eval_loader(data_cfg: DataConfig | dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> DaliLoader:
     """The DALI evaluation loader: every record once across ranks, in record order."""
     _import_dali()
+    data_cfg = section("data", data_cfg)
     shards = eval_shards(data_cfg, verify_crc=False)
     batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
     return DaliLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

@@ -48,8 +48,9 @@ import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
+from largebatch.config.typed import DataConfig, section
 from largebatch.data import native
-from largebatch.data.base import IndexedLoader, MicroBatches, eval_shards, setting, train_shards
+from largebatch.data.base import IndexedLoader, MicroBatches, eval_shards, train_shards
 from largebatch.data.example import ExampleDecodeError, decode_example
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError
@@ -86,12 +87,12 @@ def _import_mediapipe() -> SimpleNamespace:
     )
 
 
-def unavailable_reason(data_cfg: dict, device: torch.device) -> str | None:
+def unavailable_reason(data_cfg: DataConfig | dict, device: torch.device) -> str | None:
     """Why the media pipeline cannot run here, or None when it can."""
     device = torch.device(device)
     if device.type != "hpu":
         return f"the device is {device.type}, and the media pipeline decodes on a Gaudi (HPU)"
-    if int(data_cfg.get("channels", 3)) != 3:
+    if section("data", data_cfg).channels != 3:
         return "data.channels is 1, and the HPU JPEG decoder writes RGB"
     try:
         _import_mediapipe()
@@ -175,25 +176,25 @@ def _reader_class(mp: SimpleNamespace) -> type:
     return TFRecordReader
 
 
-def _make_pipe(mp: SimpleNamespace, source: _RecordSource, cfg: dict, *, train: bool, seed: int) -> Any:
+def _make_pipe(mp: SimpleNamespace, source: _RecordSource, cfg: DataConfig, *, train: bool, seed: int) -> Any:
     fn, dt = mp.fn, mp.dtype
-    size = int(cfg["image_size"])
-    mean = np.array([float(m) * 255 for m in cfg["mean"]], dtype=np.float32)
-    inv_std = np.array([1.0 / (float(s) * 255) for s in cfg["std"]], dtype=np.float32)
+    size = cfg.image_size
+    mean = np.array([float(m) * 255 for m in cfg.mean], dtype=np.float32)
+    inv_std = np.array([1.0 / (float(s) * 255) for s in cfg.std], dtype=np.float32)
     reader_class = _reader_class(mp)
 
     class ImagePipe(mp.MediaPipe):
         def __init__(self) -> None:
             super().__init__(
                 device="hpu",
-                prefetch_depth=max(1, int(cfg.get("prefetch", 2))),
+                prefetch_depth=cfg.prefetch,
                 batch_size=source.batch_size,
-                num_threads=max(1, int(cfg.get("num_workers", 1))),
+                num_threads=max(1, cfg.num_workers),  # at least one thread at data.num_workers 0
                 pipe_name=f"largebatch-{'train' if train else 'eval'}-{next(_pipe_numbers)}",
             )
             self.reader = fn.MediaExtReaderOp(impl=reader_class, num_outputs=2, priv_params={"source": source}, seed=seed)
             if train:
-                scale, ratio = cfg.get("scale", (0.08, 1.0)), cfg.get("ratio", (3 / 4, 4 / 3))
+                scale, ratio = cfg.scale, cfg.ratio
                 self.decode = fn.ImageDecoder(
                     device="hpu",
                     output_format=mp.imgtype.RGB_P,
@@ -206,12 +207,12 @@ def _make_pipe(mp: SimpleNamespace, source: _RecordSource, cfg: dict, *, train: 
                     ratio_max=float(ratio[1]),
                     seed=seed,
                 )
-                self.flip_probability = fn.Constant(constant=float(cfg.get("hflip", 0.5)), dtype=dt.FLOAT32, device="cpu")
+                self.flip_probability = fn.Constant(constant=cfg.hflip, dtype=dt.FLOAT32, device="cpu")
                 self.coin_flip = fn.CoinFlip(seed=seed + 1, device="cpu")
                 self.flip = fn.RandomFlip(horizontal=1, device="hpu")
                 self.cmn = fn.CropMirrorNorm(crop_w=size, crop_h=size, crop_d=0, dtype=dt.FLOAT32, device="hpu")
             else:
-                resized = int(math.floor(size / float(cfg.get("eval_crop_ratio", 0.875)) + 0.5))
+                resized = int(math.floor(size / cfg.eval_crop_ratio + 0.5))
                 self.decode = fn.ImageDecoder(
                     device="hpu", output_format=mp.imgtype.RGB_P, resize=[resized, resized], resampling_mode=mp.ftype.BI_LINEAR
                 )
@@ -240,20 +241,20 @@ class MediaPipeLoader(IndexedLoader):
         shards: ShardSet,
         batches: MicroBatches,
         *,
-        data_cfg: dict,
+        data_cfg: DataConfig,
         seed: int,
         rank: int,
         device: torch.device,
     ) -> None:
         self._mp = _import_mediapipe()
-        super().__init__(len(shards), setting(data_cfg, "num_classes"), batches, device)
+        super().__init__(len(shards), data_cfg.num_classes, batches, device)
         self.shards = shards
         self._cfg = data_cfg
         self._seed = seed
         self._rank = rank
 
     def _iterate(self, batches):
-        label_offset = int(self._cfg.get("label_offset", 0))
+        label_offset = self._cfg.label_offset
         source = _RecordSource(self.shards, batches, self.batches.batch_size, self.num_classes, label_offset)
         seed = zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF
         pipe = _make_pipe(self._mp, source, self._cfg, train=self.batches.train, seed=seed)
@@ -266,28 +267,30 @@ class MediaPipeLoader(IndexedLoader):
             del iterator, pipe
 
 
-def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
+def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
     """The media-pipeline training loader of ``rank`` (the native one where it cannot run).
 
     Raises:
         UserError: a plan made for a different sample count.
         DataError: missing or inconsistent shards or index files.
     """
+    data_cfg = section("data", data_cfg)
     reason = unavailable_reason(data_cfg, device)
     if reason is not None:
         _warn_fallback(reason)
         return native.build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
-    shards = train_shards(data_cfg, plan, verify_crc=bool(data_cfg.get("verify_crc", True)))
+    shards = train_shards(data_cfg, plan, verify_crc=data_cfg.verify_crc)
     batches = MicroBatches.for_training(plan, rank, seed)
     return MediaPipeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device):
+def build_eval_loader(data_cfg: DataConfig | dict, *, batch_size: int, rank: int, world_size: int, device: torch.device):
     """The media-pipeline evaluation loader: every record once across ranks, in record order."""
+    data_cfg = section("data", data_cfg)
     reason = unavailable_reason(data_cfg, device)
     if reason is not None:
         _warn_fallback(reason)
         return native.build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
-    shards = eval_shards(data_cfg, verify_crc=bool(data_cfg.get("verify_crc", True)))
+    shards = eval_shards(data_cfg, verify_crc=data_cfg.verify_crc)
     batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
     return MediaPipeLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

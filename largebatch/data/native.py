@@ -27,12 +27,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from largebatch.batching import BatchPlan
+from largebatch.config.typed import DataConfig, section
 from largebatch.data.base import (
     IndexedLoader,
     MicroBatches,
     check_normalisation,
     eval_shards,
-    setting,
     train_shards,
 )
 from largebatch.data.decode import (
@@ -58,17 +58,17 @@ class _MicroBatchDataset(Dataset):
     ``DataError`` (a worker's exception would arrive wrapped in a traceback dump).
     """
 
-    def __init__(self, shards: ShardSet, batches: MicroBatches, cfg: dict) -> None:
+    def __init__(self, shards: ShardSet, batches: MicroBatches, cfg: DataConfig) -> None:
         self.shards = shards
         self.batches = batches
-        self.size = int(cfg["image_size"])
-        self.channels = int(cfg["channels"])
-        self.num_classes = int(cfg["num_classes"])
-        self.label_offset = int(cfg.get("label_offset", 0))
-        self.scale = tuple(cfg.get("scale", (0.08, 1.0)))
-        self.ratio = tuple(cfg.get("ratio", (3 / 4, 4 / 3)))
-        self.hflip = float(cfg.get("hflip", 0.5))
-        self.crop_ratio = float(cfg.get("eval_crop_ratio", 0.875))
+        self.size = cfg.image_size
+        self.channels = cfg.channels
+        self.num_classes = cfg.num_classes
+        self.label_offset = cfg.label_offset
+        self.scale = cfg.scale
+        self.ratio = cfg.ratio
+        self.hflip = cfg.hflip
+        self.crop_ratio = cfg.eval_crop_ratio
         self.policy = image_policy(cfg) if batches.train else None
         self._epoch: int | None = None
         self._batches: list[np.ndarray] = []
@@ -150,22 +150,22 @@ class NativeLoader(IndexedLoader):
         shards: ShardSet,
         batches: MicroBatches,
         *,
-        data_cfg: dict,
+        data_cfg: DataConfig,
         seed: int,
         rank: int,
         device: torch.device,
     ) -> None:
-        super().__init__(len(shards), setting(data_cfg, "num_classes"), batches, device)
+        super().__init__(len(shards), data_cfg.num_classes, batches, device)
         self.shards = shards
         mean, std = check_normalisation(data_cfg)
         self._mean = torch.tensor([m * 255 for m in mean], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._std = torch.tensor([s * 255 for s in std], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._eraser = random_eraser(data_cfg, self.device) if batches.train else None
-        workers = int(data_cfg.get("num_workers", 0))
+        workers = data_cfg.num_workers
         kwargs = {}
         if workers > 0:
             kwargs = {
-                "prefetch_factor": max(1, int(data_cfg.get("prefetch", 2))),
+                "prefetch_factor": data_cfg.prefetch,
                 "persistent_workers": True,
             }
         self._loader = DataLoader(
@@ -222,11 +222,12 @@ class NativeLoader(IndexedLoader):
         return batch
 
 
-def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> NativeLoader:
+def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> NativeLoader:
     """The training loader of ``rank``: ``plan.micro_batches_per_epoch`` micro-batches per epoch.
 
     Args:
-        data_cfg: the ``data`` section of the config (``root``, ``train_split``, ...).
+        data_cfg: the ``data`` section of the config (``root``, ``train_split``, ...); a
+            dict is checked against the schema and its missing keys take the defaults.
         plan: the run's batch arithmetic; ``plan.num_samples`` must equal the split's size.
         rank: this process's rank in ``0 .. plan.world_size - 1``.
         seed: the run's seed (shuffling and augmentation).
@@ -236,16 +237,18 @@ def build_train_loader(data_cfg: dict, plan: BatchPlan, *, rank: int, seed: int,
         DataError: missing or inconsistent shards or index files.
         UserError: a plan made for a different sample count, a bad setting.
     """
-    shards = train_shards(data_cfg, plan, verify_crc=bool(data_cfg.get("verify_crc", True)))
-    batches = MicroBatches.for_training(plan, rank, seed, repeats=int(data_cfg.get("repeated_aug", 1)))
+    data_cfg = section("data", data_cfg)
+    shards = train_shards(data_cfg, plan, verify_crc=data_cfg.verify_crc)
+    batches = MicroBatches.for_training(plan, rank, seed, repeats=data_cfg.repeated_aug)
     return NativeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(data_cfg: dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> NativeLoader:
+def build_eval_loader(data_cfg: DataConfig | dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> NativeLoader:
     """The evaluation loader of ``rank``: every record exactly once across ranks, in order.
 
     The rank's block comes from ``rank_eval_indices``; its last batch may be short.
     """
-    shards = eval_shards(data_cfg, verify_crc=bool(data_cfg.get("verify_crc", True)))
+    data_cfg = section("data", data_cfg)
+    shards = eval_shards(data_cfg, verify_crc=data_cfg.verify_crc)
     batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
     return NativeLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

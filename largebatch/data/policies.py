@@ -32,20 +32,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from largebatch.config.typed import DataConfig
 from largebatch.errors import ConfigError
 from largebatch.randomness import seeded_globals
 
 
-def _active(data_cfg: dict[str, Any]) -> list[str]:
+def _active(data_cfg: DataConfig) -> list[str]:
     """The policy keys this config turns on."""
     on = []
-    if data_cfg.get("auto_augment"):
+    if data_cfg.auto_augment:
         on.append("auto_augment")
-    if data_cfg.get("color_jitter"):
+    if data_cfg.color_jitter:
         on.append("color_jitter")
-    if data_cfg.get("reprob", 0.0) > 0:
+    if data_cfg.reprob > 0:
         on.append("reprob")
-    if data_cfg.get("repeated_aug", 1) > 1:
+    if data_cfg.repeated_aug > 1:
         on.append("repeated_aug")
     return on
 
@@ -57,9 +58,12 @@ WHY_NOT = {
 }
 
 
-def refuse_policies(data_cfg: dict[str, Any], loader: str) -> None:
-    """A ``ConfigError`` naming the first policy key the ``loader`` lacks, and why."""
+def refuse_policies(data_cfg: DataConfig, loader: str) -> None:
+    """A ``ConfigError`` naming the first policy key the ``loader`` lacks, and why
+    (``synthetic`` repeats samples: it takes ``repeated_aug``)."""
     for key in _active(data_cfg):
+        if loader == "synthetic" and key == "repeated_aug":
+            continue
         raise ConfigError(
             f"{key} is available with data.loader='native' only (and repeated_aug with 'synthetic'), "
             f"not with data.loader={loader!r} ({WHY_NOT.get(loader, 'not offered')}); switch the loader or unset data.{key}",
@@ -67,13 +71,13 @@ def refuse_policies(data_cfg: dict[str, Any], loader: str) -> None:
         )
 
 
-def image_policy(data_cfg: dict[str, Any]) -> Callable[[Any], Any] | None:
+def image_policy(data_cfg: DataConfig) -> Callable[[Any], Any] | None:
     """The PIL-image transform of ``auto_augment`` / ``color_jitter`` (None: neither).
 
     Raises:
         ConfigError: both set, or a policy string timm does not parse.
     """
-    policy, jitter = data_cfg.get("auto_augment"), data_cfg.get("color_jitter")
+    policy, jitter = data_cfg.auto_augment, data_cfg.color_jitter
     if policy and jitter:
         raise ConfigError(
             "color_jitter is not applied under auto_augment (timm turns it off there); unset one of them",
@@ -88,9 +92,9 @@ def image_policy(data_cfg: dict[str, Any]) -> Callable[[Any], Any] | None:
     from PIL import Image
     from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
 
-    mean = [min(255, round(255 * m)) for m in data_cfg["mean"]]
+    mean = [min(255, round(255 * m)) for m in data_cfg.mean]
     hparams: dict[str, Any] = {
-        "translate_const": int(data_cfg["image_size"] * 0.45),
+        "translate_const": int(data_cfg.image_size * 0.45),
         "img_mean": mean[0] if len(mean) == 1 else tuple(mean),  # a grey image's fill is one number
         "interpolation": Image.BICUBIC,
     }
@@ -118,13 +122,13 @@ def apply_policy(policy: Callable[[Any], Any], image: np.ndarray, seed: int) -> 
     image[...] = out[None] if out.ndim == 2 else out.transpose(2, 0, 1)
 
 
-def random_eraser(data_cfg: dict[str, Any], device: torch.device):
+def random_eraser(data_cfg: DataConfig, device: torch.device):
     """timm's ``RandomErasing`` for ``data.reprob`` > 0 (None otherwise)."""
-    if not data_cfg.get("reprob", 0.0) > 0:
+    if not data_cfg.reprob > 0:
         return None
     from timm.data.random_erasing import RandomErasing
 
-    return RandomErasing(data_cfg["reprob"], mode=data_cfg["remode"], max_count=data_cfg["recount"], device=device)
+    return RandomErasing(data_cfg.reprob, mode=data_cfg.remode, max_count=data_cfg.recount, device=device)
 
 
 def erase(eraser, images: torch.Tensor, seeds: np.ndarray) -> None:

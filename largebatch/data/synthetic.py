@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from largebatch.batching import BatchPlan
+from largebatch.config.typed import DataConfig, section
 from largebatch.data.base import IndexedLoader, MicroBatches
 
 SPLIT_IDS = {"train": 1, "eval": 2}
@@ -68,28 +69,31 @@ class SyntheticLoader(IndexedLoader):
             yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
 
-def _images(data_cfg: dict[str, Any], split: str) -> SyntheticImages:
+def _images(data_cfg: DataConfig | dict[str, Any], split: str) -> SyntheticImages:
+    data_cfg = section("data", data_cfg)
     return SyntheticImages(
-        num_samples=data_cfg["train_samples" if split == "train" else "eval_samples"],
-        num_classes=data_cfg["num_classes"],
-        channels=data_cfg["channels"],
-        image_size=data_cfg["image_size"],
-        seed=data_cfg["synthetic_seed"],
+        num_samples=data_cfg.train_samples if split == "train" else data_cfg.eval_samples,
+        num_classes=data_cfg.num_classes,
+        channels=data_cfg.channels,
+        image_size=data_cfg.image_size,
+        seed=data_cfg.synthetic_seed,
         split=split,
-        signal=data_cfg["signal"],
+        signal=data_cfg.signal,
     )
 
 
-def count_samples(data_cfg: dict[str, Any], split: str) -> int:
+def count_samples(data_cfg: DataConfig | dict[str, Any], split: str) -> int:
     """``data.train_samples`` for the training split's name, else ``data.eval_samples``."""
-    return data_cfg["train_samples" if split == data_cfg["train_split"] else "eval_samples"]
+    data_cfg = section("data", data_cfg)
+    return data_cfg.train_samples if split == data_cfg.train_split else data_cfg.eval_samples
 
 
-def build_train_loader(data_cfg: dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:
-    batches = MicroBatches.for_training(plan, rank, seed, repeats=int(data_cfg.get("repeated_aug", 1)))
+def build_train_loader(data_cfg: DataConfig | dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:
+    data_cfg = section("data", data_cfg)
+    batches = MicroBatches.for_training(plan, rank, seed, repeats=data_cfg.repeated_aug)
     return SyntheticLoader(_images(data_cfg, "train"), batches, device)
 
 
-def build_eval_loader(data_cfg: dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device) -> SyntheticLoader:
+def build_eval_loader(data_cfg: DataConfig | dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device) -> SyntheticLoader:
     images = _images(data_cfg, "eval")
     return SyntheticLoader(images, MicroBatches.for_evaluation(images.num_samples, batch_size, rank, world_size), device)

@@ -31,6 +31,7 @@ from typing import Self
 import crc32c
 import numpy as np
 
+from largebatch.config.typed import section
 from largebatch.errors import DataError
 
 _MASK_DELTA = 0xA282EAD8
@@ -322,8 +323,8 @@ def count_records(root: str | os.PathLike, split: str) -> int:
 
 
 def count_samples(data_cfg: dict, split: str) -> int:
-    """Samples in ``data_cfg['root']``'s ``split`` (the loader contract's counting function)."""
-    return count_records(data_cfg["root"], split)
+    """Samples in ``data.root``'s ``split`` (the loader contract's counting function)."""
+    return count_records(section("data", data_cfg).root, split)
 
 
 class ShardSet:

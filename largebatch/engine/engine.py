@@ -84,11 +84,11 @@ class Engine:
                 counters.epoch += 1
                 counters.step_in_epoch = 0
                 self.fire(Event.AFTER_EPOCH)
-                interval = state.config["eval"]["interval_epochs"]
+                interval = state.cfg.eval.interval_epochs
                 if interval > 0 and counters.epoch % interval == 0:
                     state.request_eval()
                 self._eval_if_requested()
-            if state.config["eval"]["at_end"] and self._last_eval_step != state.step and not state.interrupted:
+            if state.cfg.eval.at_end and self._last_eval_step != state.step and not state.interrupted:
                 self.evaluate()
             self.fire(Event.AFTER_TRAIN)
             if self.finish is not None and not state.interrupted:

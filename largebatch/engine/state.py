@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from largebatch.batching import BatchPlan
+from largebatch.config.typed import Config, typed
 from largebatch.dist import DistInfo
 from largebatch.optim import sharded
 from largebatch.randomness import RandomStreams
@@ -73,7 +74,11 @@ class TrainState:
     """Everything a hook may read (and ``metrics`` / ``request_stop`` to write).
 
     Attributes:
-        config: the validated config.
+        cfg: the validated config, typed and frozen (``largebatch.config.typed``):
+            ``state.cfg.eval.at_end``; what the engine and new hooks read.
+        config: the same config as the plain nested dict ``validate`` returns
+            (``cfg.to_dict()``): ``state.config["eval"]["at_end"]``, for hooks written
+            against dicts; checkpoints save and compare this form.
         derived: the derived numbers (``largebatch.config.derive``).
         plan: the batch arithmetic.
         dist: rank, world size, local rank.
@@ -127,7 +132,7 @@ class TrainState:
     def __init__(
         self,
         *,
-        config: dict[str, Any],
+        config: Config | dict[str, Any],
         derived: dict[str, Any],
         plan: BatchPlan,
         dist: DistInfo,
@@ -142,7 +147,8 @@ class TrainState:
         random: RandomStreams | None = None,
         task: Task | None = None,
     ) -> None:
-        self.config = config
+        self.cfg = typed(config)
+        self.config = self.cfg.to_dict()
         self.derived = derived
         self.plan = plan
         self.dist = dist
@@ -155,7 +161,7 @@ class TrainState:
         self.mixup = mixup
         self.task = task if task is not None else ClassificationTask()
         self.run_dir = run_dir
-        self.random = random or RandomStreams(config.get("seed", 0), dist.rank, backend)
+        self.random = random or RandomStreams(self.cfg.seed, dist.rank, backend)
         self._counters = Counters()
         self.batch = None
         self.outputs: Any = None
@@ -178,7 +184,7 @@ class TrainState:
         self.stop_resumable = False
         self.sync_first_micro = False
         self.hooks: list[Any] = []
-        self.sync_every_micro = bool(config.get("dist", {}).get("reduce_every_micro_batch", False))
+        self.sync_every_micro = self.cfg.dist.reduce_every_micro_batch
         self.sharded = derived.get("strategy", "ddp") != "ddp" and dist.world_size > 1
         self.extra_models: dict[str, torch.nn.Module] = {}
         self.skip_eval_models: set[str] = set()
@@ -208,12 +214,12 @@ class TrainState:
 
     @property
     def epochs(self) -> int:
-        return self.config["epochs"]
+        return self.cfg.epochs
 
     @property
     def total_steps(self) -> int:
         """Optimizer steps this run takes (``max_steps`` included)."""
-        max_steps = self.config["max_steps"]
+        max_steps = self.cfg.max_steps
         total = self.derived["total_steps"]
         return min(total, max_steps) if max_steps else total
 
@@ -224,7 +230,7 @@ class TrainState:
 
     def log_due(self, step: int) -> bool:
         """Whether the step that ends with ``step`` completed steps is logged."""
-        return step % self.config["log"]["interval"] == 0 or step >= self.total_steps
+        return step % self.cfg.log.interval == 0 or step >= self.total_steps
 
     @property
     def will_log(self) -> bool:

@@ -19,6 +19,7 @@ import pathlib
 from typing import Any
 
 from largebatch.config.resolve import check_arguments, construct, load_class
+from largebatch.config.typed import Config, thaw, typed
 from largebatch.engine.hook import Hook, parse_priority
 from largebatch.errors import ConfigError
 
@@ -73,22 +74,23 @@ def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
     return construct(cls, kwargs, key)
 
 
-def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> list[Hook]:
+def build_hooks(cfg: Config | dict[str, Any], config_path: pathlib.Path | None = None) -> list[Hook]:
     """The run's hooks: the defaults (with any arguments the config gives them), the
     clipping hook when ``clip_grad_norm`` is set, the ``ema`` hook when ``ema.decay`` is
     set, then the config's other hooks in order."""
+    cfg = typed(cfg)
     specs: list[tuple[str, dict[str, Any], str]] = []
-    for i, entry in enumerate(cfg["hooks"]):
+    for i, entry in enumerate(thaw(cfg.hooks)):
         key = f"hooks[{i}]"
         if isinstance(entry, str):
             specs.append((entry, {}, key))
         else:
             specs.append((entry["type"], {k: v for k, v in entry.items() if k != "type"}, key))
     defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
-    defaults["checkpoint"] = (dict(cfg["checkpoint"]), "checkpoint")
-    defaults["logger"] = ({"console": cfg["log"]["console"]}, "log")
-    ema = cfg["ema"]
-    ema_args = None if ema["decay"] is None else ({"decay": ema["decay"], "warmup": ema["warmup"], "evaluate": ema["eval"]}, "ema")
+    defaults["checkpoint"] = (cfg.checkpoint.to_dict(), "checkpoint")
+    defaults["logger"] = ({"console": cfg.log.console}, "log")
+    ema = cfg.ema
+    ema_args = None if ema.decay is None else ({"decay": ema.decay, "warmup": ema.warmup, "evaluate": ema.eval}, "ema")
     extra = []
     for type_name, kwargs, key in specs:
         if type_name in defaults:
@@ -98,8 +100,8 @@ def build_hooks(cfg: dict[str, Any], config_path: pathlib.Path | None = None) ->
         else:
             extra.append((type_name, kwargs, key))
     hooks = [instantiate(_builtin_class(name), kwargs, key) for name, (kwargs, key) in defaults.items()]
-    if cfg["clip_grad_norm"]:
-        hooks.append(_builtin_class("clip_grad_norm")(cfg["clip_grad_norm"]))
+    if cfg.clip_grad_norm:
+        hooks.append(_builtin_class("clip_grad_norm")(cfg.clip_grad_norm))
     if ema_args is not None:
         hooks.append(instantiate(_builtin_class("ema"), *ema_args))
     for type_name, kwargs, key in extra:

@@ -15,8 +15,11 @@ import time
 from typing import Any
 
 from largebatch.checkpoint import save_checkpoint
+from largebatch.config.typed import CheckpointConfig
 from largebatch.dist import any_rank
 from largebatch.engine.hook import Hook, Priority
+
+_SCHEMA = CheckpointConfig()  # the checkpoint section's defaults: the config gives the same ones
 
 
 class CheckpointHook(Hook):
@@ -33,11 +36,11 @@ class CheckpointHook(Hook):
 
     def __init__(
         self,
-        interval_steps: int | None = None,
-        interval_epochs: int = 1,
-        interval_minutes: float | None = None,
-        keep: int = 3,
-        at_end: bool = True,
+        interval_steps: int | None = _SCHEMA.interval_steps,
+        interval_epochs: int = _SCHEMA.interval_epochs,
+        interval_minutes: float | None = _SCHEMA.interval_minutes,
+        keep: int = _SCHEMA.keep,
+        at_end: bool = _SCHEMA.at_end,
         priority: int | str | None = None,
     ) -> None:
         super().__init__(priority)

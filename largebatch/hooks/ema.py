@@ -57,7 +57,7 @@ class ModelEmaHook(Hook):
         if state.sharded:
             raise UserError(
                 f"model EMA (ema.decay) is not available with sharded parameters yet (dist.strategy "
-                f"{state.config['dist']['strategy']!r}); use dist.strategy 'ddp' or set ema.decay to null"
+                f"{state.cfg.dist.strategy!r}); use dist.strategy 'ddp' or set ema.decay to null"
             )
         self.ema = ModelEmaV3(state.model, decay=self.decay, use_warmup=self.warmup)
         if self._loaded is not None:

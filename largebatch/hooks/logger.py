@@ -17,8 +17,11 @@ import time
 
 import torch
 
+from largebatch.config.typed import LogConfig
 from largebatch.dist import all_reduce_mean
 from largebatch.engine.hook import Hook, Priority
+
+_SCHEMA = LogConfig()  # the log section's defaults: the config gives the same ones
 
 
 class MetricsLogger(Hook):
@@ -31,7 +34,7 @@ class MetricsLogger(Hook):
 
     priority = Priority.VERY_LOW
 
-    def __init__(self, console: bool = True, filename: str = "metrics.jsonl", priority: int | str | None = None) -> None:
+    def __init__(self, console: bool = _SCHEMA.console, filename: str = "metrics.jsonl", priority: int | str | None = None) -> None:
         super().__init__(priority)
         self.console = console
         self.filename = filename

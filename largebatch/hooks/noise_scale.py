@@ -83,9 +83,9 @@ class NoiseScaleHook(Hook):
         if state.accumulation < 2:
             raise UserError(
                 f"the noise_scale hook compares the first micro-batch's gradient with the step's, which are the same with "
-                f"accumulation 1 (micro_batch_size {state.config['micro_batch_size']} x {state.world_size} rank(s) = "
-                f"global_batch_size {state.config['global_batch_size']}); set micro_batch_size to at most half of "
-                f"{state.config['global_batch_size'] // state.world_size}, or drop the hook",
+                f"accumulation 1 (micro_batch_size {state.cfg.micro_batch_size} x {state.world_size} rank(s) = "
+                f"global_batch_size {state.cfg.global_batch_size}); set micro_batch_size to at most half of "
+                f"{state.cfg.global_batch_size // state.world_size}, or drop the hook",
                 key="hooks",
             )
         # Sharded gradients exist only once reduced: ask for a reduction after the first

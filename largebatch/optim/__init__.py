@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from largebatch.config.signature import check_call
+from largebatch.config.typed import Config, section_of
 from largebatch.errors import ConfigError
 from largebatch.optim.param_groups import build_param_groups
 
@@ -53,15 +54,15 @@ def optimizer_kwargs(section: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def build_optimizer(cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: Config | dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
     """The config's optimizer over the model's parameter groups (weight-decay exclusion,
     optional layer-wise lr decay). The learning rate is set by the schedule each step."""
-    section = cfg["optimizer"]
+    section = section_of(cfg, "optimizer")
     groups = build_param_groups(
         model,
-        weight_decay=section["weight_decay"],
-        no_weight_decay=section["no_weight_decay"],
-        exclude_1d=section["exclude_1d"],
-        layer_decay=section["layer_decay"],
+        weight_decay=section.weight_decay,
+        no_weight_decay=list(section.no_weight_decay),
+        exclude_1d=section.exclude_1d,
+        layer_decay=section.layer_decay,
     )
-    return optimizer_class(section["type"])(groups, **optimizer_kwargs(section))
+    return optimizer_class(section.type)(groups, **optimizer_kwargs(section.to_dict()))

@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from largebatch.config.typed import Config, section_of
+
 
 @dataclasses.dataclass(frozen=True)
 class LRSchedule:
@@ -77,15 +79,15 @@ class LRSchedule:
         return lr
 
 
-def build_schedule(cfg: dict, derived: dict) -> LRSchedule:
+def build_schedule(cfg: Config | dict, derived: dict) -> LRSchedule:
     """The schedule of a validated config with its derived numbers (``config.derive``)."""
-    section = cfg["lr_schedule"]
+    section = section_of(cfg, "lr_schedule")
     return LRSchedule(
         peak_lr=derived["peak_lr"],
         total_steps=derived["total_steps"],
         warmup_steps=derived["warmup_steps"],
-        decay=section["type"],
-        min_lr=section["min_lr"],
-        warmup_init_lr=section["warmup_init_lr"],
-        power=section["power"],
+        decay=section.type,
+        min_lr=section.min_lr,
+        warmup_init_lr=section.warmup_init_lr,
+        power=section.power,
     )

@@ -15,6 +15,7 @@ import pathlib
 from typing import Any
 
 from largebatch.config.resolve import check_arguments, construct, load_class
+from largebatch.config.typed import Config, section_of
 from largebatch.tasks.base import Task
 from largebatch.tasks.classification import ClassificationTask
 
@@ -23,7 +24,7 @@ __all__ = ["BUILTIN_TASKS", "ClassificationTask", "Task", "build_task"]
 BUILTIN_TASKS = {"classification": "largebatch.tasks.classification:ClassificationTask"}
 
 
-def build_task(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> Task:
+def build_task(cfg: Config | dict[str, Any], config_path: pathlib.Path | None = None) -> Task:
     """The task the config's ``task`` section names, built with its other keys.
 
     Args:
@@ -34,7 +35,7 @@ def build_task(cfg: dict[str, Any], config_path: pathlib.Path | None = None) -> 
         ConfigError: an unknown name, a missing file, module or class, a class that is
             not a ``Task``, or arguments it does not take.
     """
-    kwargs = dict(cfg["task"])
+    kwargs = section_of(cfg, "task").to_dict()
     cls = load_class(kwargs.pop("type"), key="task.type", kind="task", base=Task, builtins=BUILTIN_TASKS, config_path=config_path)
     check_arguments(cls, kwargs, "task")
     return construct(cls, kwargs, "task")

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from largebatch import preemption
 from largebatch.backends.cpu import CpuBackend
 from largebatch.config import validate
+from largebatch.config.typed import typed
 from largebatch.data import build_eval_loader
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import ConfigError, UserError
@@ -111,7 +112,8 @@ def test_ema_decay_outside_0_1_is_refused(decay):
 
 
 def test_sharded_parameters_are_refused_at_the_start():
-    state = types.SimpleNamespace(sharded=True, config={"dist": {"strategy": "fsdp"}}, model=torch.nn.Linear(2, 2))
+    cfg = typed(validate(tiny_config(**{"dist.strategy": "fsdp"})))
+    state = types.SimpleNamespace(sharded=True, cfg=cfg, config=cfg.to_dict(), model=torch.nn.Linear(2, 2))
     with pytest.raises(UserError, match="not available with sharded parameters"):
         ModelEmaHook(0.9).before_run(state)
 
@@ -142,7 +144,7 @@ def evaluate_file(run_dir: pathlib.Path) -> dict[str, float]:
     """``model_ema.safetensors`` evaluated with the task on the run's evaluation split."""
     cfg, model = load_run(run_dir, EMA_WEIGHTS)
     backend = CpuBackend("fp32")
-    loader = build_eval_loader(cfg["data"], batch_size=cfg["micro_batch_size"], rank=0, world_size=1, device=backend.device)
+    loader = build_eval_loader(cfg.data, batch_size=cfg.micro_batch_size, rank=0, world_size=1, device=backend.device)
     return ClassificationTask().evaluate(model, loader, backend, prefix="eval_ema")
 
 
