@@ -389,7 +389,7 @@ def make_shards(work: pathlib.Path, sizes: Sizes) -> dict:
     }
 
 
-def fallback_note(device: str, data: dict) -> str:
+def fallback_note(device: str, data) -> str:
     """On a Gaudi, why the media pipeline would fall back to the native loader, if it would."""
     if device != "hpu":
         return ""
@@ -437,9 +437,9 @@ def section_loader_alone(device: str, quick: bool) -> None:
         path = work / "config.yaml"
         path.write_text(yaml.safe_dump(engine_config(device, sizes, "bf16", data=data)))
         cfg = resolve_config(str(path), [])
-        backend = create_backend(cfg["device"], cfg["precision"], 0, cfg)
-        plan = make_plan(cfg, 1, data_mod.count_samples(cfg["data"], "train"))
-        loader = data_mod.build_train_loader(cfg["data"], plan, rank=0, seed=0, device=backend.device)
+        backend = create_backend(cfg.device, cfg.precision, 0, cfg)
+        plan = make_plan(cfg, 1, data_mod.count_samples(cfg.data, "train"))
+        loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
         rates = []
         try:
             for epoch in range(epochs + 1):  # epoch 0 warms up
@@ -456,8 +456,8 @@ def section_loader_alone(device: str, quick: bool) -> None:
                 close()
     print(
         f"{loader_label(device)}: {sizes.images} JPEGs (about 500x375) to {sizes.image_size} px random-resized-crop + flip + "
-        f"normalise, micro-batch {sizes.micro}, {cfg['data']['num_workers']} threads; one warm-up epoch, then {epochs} epochs"
-        f"{fallback_note(device, cfg['data'])}"
+        f"normalise, micro-batch {sizes.micro}, {cfg.data.num_workers} threads; one warm-up epoch, then {epochs} epochs"
+        f"{fallback_note(device, cfg.data)}"
     )
     print()
     print("| loader | images/s (median epoch) | epochs |")

@@ -131,13 +131,15 @@ Config = section_class(SCHEMA)
 
 def typed(config: Mapping[str, Any] | ConfigSection) -> Any:
     """The config as a frozen ``Config``: a typed one as is; a dict (the one ``validate``
-    returned, or one a caller changed) validated first, which leaves a validated dict as
-    it is.
+    returned, one a caller changed, or a run's ``config.yaml``, whose ``derived`` numbers
+    are left out) validated first, which leaves a validated dict as it is.
 
     Raises:
         ConfigError: a dict that does not validate.
     """
-    return config if isinstance(config, ConfigSection) else Config.from_dict(validate(thaw(config)))
+    if isinstance(config, ConfigSection):
+        return config
+    return Config.from_dict(validate(thaw({k: v for k, v in config.items() if k != "derived"})))
 
 
 def validate_typed(config: dict[str, Any]) -> Any:
