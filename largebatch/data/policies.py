@@ -100,16 +100,39 @@ def image_policy(data_cfg: DataConfig) -> Callable[[Any], Any] | None:
     }
     try:
         if policy.startswith("rand"):
-            return rand_augment_transform(policy, hparams)
+            return _zero_bit_posterize(rand_augment_transform(policy, hparams))
         if policy.startswith("augmix"):
-            return augment_and_mix_transform(policy, {**hparams, "translate_pct": 0.3})
-        return auto_augment_transform(policy, hparams)
+            return _zero_bit_posterize(augment_and_mix_transform(policy, {**hparams, "translate_pct": 0.3}))
+        return _zero_bit_posterize(auto_augment_transform(policy, hparams))
     except (AssertionError, ValueError, KeyError, IndexError) as err:
         raise ConfigError(
             f"timm does not parse the policy {policy!r} ({type(err).__name__}: {err}); e.g. 'rand-m9-mstd0.5-inc1', "
             "'original', 'v0', 'augmix-m5-w4-d2'",
             key="data.auto_augment",
         ) from err
+
+
+def posterize_any_bits(img, bits_to_keep: int, **kwargs):
+    """timm's ``posterize``, also for 0 bits kept: a black image, as Pillow gave before
+    version 11 refused 0 (timm's increasing posterize asks for it at high magnitudes)."""
+    from PIL import Image
+    from timm.data import auto_augment
+
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+
+def _zero_bit_posterize(transform):
+    """``transform`` with its posterize operations on ``posterize_any_bits`` (this
+    transform's own operations only; timm's module is left as it is)."""
+    from timm.data import auto_augment
+
+    ops = [op for sub in getattr(transform, "policy", []) for op in sub] + list(getattr(transform, "ops", []))
+    for op in ops:
+        if op.aug_fn is auto_augment.posterize:
+            op.aug_fn = posterize_any_bits
+    return transform
 
 
 def apply_policy(policy: Callable[[Any], Any], image: np.ndarray, seed: int) -> None:

@@ -15,6 +15,7 @@ from tests.data.conftest import data_cfg
 from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
 from largebatch.data import native
+from largebatch.config.typed import section
 from largebatch.data.base import MicroBatches
 from largebatch.data.sharding import rank_train_indices
 from largebatch.errors import ConfigError
@@ -173,3 +174,19 @@ def test_bad_policy_strings_and_jitter_under_a_policy_are_config_errors(unique_s
         native.build_train_loader(data_cfg(unique_shards, 48, auto_augment="rand-q9"), PLAN, rank=0, seed=0, device=CPU)
     with pytest.raises(ConfigError, match=r"data\.color_jitter: .*auto_augment"):
         native.build_train_loader(data_cfg(unique_shards, 48, auto_augment=POLICY, color_jitter=0.3), PLAN, rank=0, seed=0, device=CPU)
+
+
+def test_zero_bit_posterize_gives_a_black_image_where_pillow_refuses_it(unique_shards):
+    """timm's increasing posterize asks for 0 bits at high magnitudes; Pillow 11+ refuses
+    that, so the policy's posterize ops keep 0 bits as older Pillow did (a black image)."""
+    from largebatch.data.policies import apply_policy, image_policy, posterize_any_bits
+
+    gray = Image.fromarray(np.arange(28 * 28, dtype=np.uint8).reshape(28, 28))
+    assert np.asarray(posterize_any_bits(gray, 0)).max() == 0
+    assert np.array_equal(np.asarray(posterize_any_bits(gray, 3)), np.asarray(gray) & 0b11100000)
+    cfg = section("data", data_cfg(unique_shards, 48, auto_augment=POLICY))
+    policy = image_policy(cfg)
+    assert [op.aug_fn for op in policy.ops if op.name == "PosterizeIncreasing"] == [posterize_any_bits]
+    rng = np.random.default_rng(0)
+    for seed in range(3000):  # magnitude noise (mstd 0.5) reaches 0 bits in some of these
+        apply_policy(policy, rng.integers(0, 256, (3, 16, 16), dtype=np.uint8), seed)
