@@ -24,6 +24,16 @@ from largebatch.engine.hook import Hook, Priority
 _SCHEMA = LogConfig()  # the log section's defaults: the config gives the same ones
 
 
+def numeric_values(record: dict, skip: tuple[str, ...] = ("step",)) -> dict[str, float]:
+    """The finite numbers of a logged record (text values, NaN and inf left out), without
+    the keys in ``skip``: what the other sinks (tensorboard, the trackers) plot."""
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key not in skip and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    }
+
+
 class MetricsLogger(Hook):
     """Write metrics to ``metrics.jsonl`` and the console.
 

@@ -10,10 +10,9 @@ without it is an error before training starts. View with
 
 from __future__ import annotations
 
-import math
-
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
+from largebatch.hooks.logger import numeric_values
 
 SKIPPED = ("step", "epoch")
 
@@ -47,9 +46,8 @@ class TensorBoardSink(Hook):
     def _add(self, record: dict, step: int) -> None:
         if self.writer is None:
             return
-        for key, value in record.items():
-            if key not in SKIPPED and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                self.writer.add_scalar(key, value, global_step=step)
+        for key, value in numeric_values(record, skip=SKIPPED).items():
+            self.writer.add_scalar(key, value, global_step=step)
 
     def after_step(self, state) -> None:
         if state.log_record is not None:

@@ -22,26 +22,17 @@ hook without it is an error before training starts.
 
 from __future__ import annotations
 
-import math
 import pathlib
 from typing import Any
 
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
+from largebatch.hooks.logger import numeric_values
 
 # MLflow's limits: parameters and metrics per log_batch call, characters per parameter value
 MLFLOW_PARAMS_PER_BATCH = 100
 MLFLOW_METRICS_PER_BATCH = 1000
 MLFLOW_PARAM_CHARS = 6000
-
-
-def numeric_items(record: dict[str, Any]) -> dict[str, float]:
-    """The finite numbers of a metrics record, without its ``step``."""
-    return {
-        key: float(value)
-        for key, value in record.items()
-        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    }
 
 
 def flat_config(config: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
@@ -97,11 +88,11 @@ class TrackerHook(Hook):
 
     def after_step(self, state) -> None:
         if self._active and state.log_record is not None:
-            self._log_metrics(numeric_items(state.log_record), state.step)
+            self._log_metrics(numeric_values(state.log_record), state.step)
 
     def after_eval(self, state) -> None:
         if self._active:
-            self._log_metrics(numeric_items({"epoch": state.epoch, **state.eval_metrics}), state.step)
+            self._log_metrics(numeric_values({"epoch": state.epoch, **state.eval_metrics}), state.step)
 
     def after_run(self, state) -> None:
         if not self._active:
