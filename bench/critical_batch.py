@@ -378,7 +378,10 @@ def score_accuracy(trial: dict) -> tuple[float, float]:
 
 
 def initial_grid(optimizer: str, batch: int, args: argparse.Namespace) -> list[float]:
-    centre = RECIPES[optimizer].centre(batch)
+    """``--initial`` rates spaced by ``--grid-factor`` around the optimizer's rule, or
+    around the rate the ``--reference`` study chose for the same cell."""
+    chosen = (getattr(args, "reference", None) or {}).get("chosen", {}).get(f"{optimizer}/{batch}")
+    centre = chosen if chosen is not None else RECIPES[optimizer].centre(batch)
     half = (args.initial - 1) / 2
     return [round_lr(centre * args.grid_factor ** (i - half)) for i in range(args.initial)]
 
@@ -423,7 +426,8 @@ def cell_trials(results: dict, optimizer: str, batch: int) -> list[dict]:
 
 def summarise(results: dict) -> dict[str, Any]:
     """Per optimizer and batch: the chosen trials, steps and samples to target, scaling
-    efficiency against batch 256, and per optimizer the knee and B_simple.
+    efficiency against the smallest batch (or, for a study with a ``reference``, against
+    the reference study's smallest batch), and per optimizer the knee and B_simple.
 
     A cell that did not reach the target within its budget of steps has no efficiency,
     only an upper bound (``efficiency_below``: steps at 256 / budget, over batch / 256).
@@ -432,7 +436,8 @@ def summarise(results: dict) -> dict[str, Any]:
     (``knee_undecided`` lists such batches: a longer budget would tell)."""
     batches = sorted({t["batch"] for t in results["trials"]})
     optimizers = [o for o in RECIPES if any(t["optimizer"] == o for t in results["trials"])]
-    base = min(batches) if batches else BASE_BATCH
+    reference = results.get("reference")
+    base = reference["base"] if reference else min(batches) if batches else BASE_BATCH
     cells, per_optimizer = {}, {}
     for opt in optimizers:
         for batch in batches:
@@ -454,7 +459,7 @@ def summarise(results: dict) -> dict[str, Any]:
                 "lrs": sorted(t["lr"] for t in trials),
                 "edge": by_steps["lr"] in (min(t["lr"] for t in trials), max(t["lr"] for t in trials)) and len(trials) > 1,
             }
-        ref = cells.get((opt, base), {}).get("steps_to_target")
+        ref = reference["base_steps"].get(opt) if reference else cells.get((opt, base), {}).get("steps_to_target")
         knee, undecided = None, []
         for batch in batches:
             cell = cells.get((opt, batch))
@@ -475,8 +480,32 @@ def summarise(results: dict) -> dict[str, Any]:
                 continue
             if below:
                 knee = batch
-        per_optimizer[opt] = {"knee": knee, "knee_undecided": undecided, "b_simple": b_simple_near_target(results, opt, base, cells)}
+        b_simple = reference["b_simple"].get(opt) if reference else b_simple_near_target(results, opt, base, cells)
+        per_optimizer[opt] = {
+            "base_steps": ref,
+            "knee": knee,
+            "knee_undecided": undecided,
+            "b_simple": b_simple or {"near_target": None, "whole_run": None},
+        }
     return {"batches": batches, "optimizers": optimizers, "base": base, "cells": cells, "per_optimizer": per_optimizer}
+
+
+def reference_of(path: pathlib.Path) -> dict[str, Any]:
+    """What a follow-up study keeps of an earlier one (``--reference``): its file name and
+    settings, its smallest batch with that batch's steps to target and B_simple per
+    optimizer (the base of the follow-up's efficiencies), and the rate it chose for steps
+    to target in every cell (the centre of the follow-up's grid for the same cell)."""
+    results = load_results(path)
+    s = summarise(results)
+    return {
+        "file": path.name,
+        "target": results.get("settings", {}).get("target"),
+        "epochs": results.get("settings", {}).get("epochs"),
+        "base": s["base"],
+        "base_steps": {opt: cell["steps_to_target"] for (opt, batch), cell in s["cells"].items() if batch == s["base"]},
+        "b_simple": {opt: info["b_simple"] for opt, info in s["per_optimizer"].items()},
+        "chosen": {f"{opt}/{batch}": cell["lr_steps"] for (opt, batch), cell in s["cells"].items()},
+    }
 
 
 def b_simple_near_target(results: dict, optimizer: str, base: int, cells: dict) -> dict[str, float | None]:
@@ -530,6 +559,15 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         return f"{c['steps_to_target']}{eff}{'*' if c['edge'] else ''}"
 
     header = "| optimizer | " + " | ".join(f"batch {b}" for b in batches) + " |"
+    follow_up = []
+    if reference := results.get("reference"):
+        base_steps = ", ".join(f"{opt} {'-' if v is None else v}" for opt, v in reference["base_steps"].items())
+        follow_up = [
+            f"A follow-up of `{reference['file']}` ({reference['epochs']} epochs at every batch): efficiencies are against "
+            f"its steps to target at batch {reference['base']} ({base_steps}), each cell's grid is centred on the rate it "
+            "chose for the same cell, and the B_simple below is the one it measured.",
+            "",
+        ]
     rule = "|---|" + "---:|" * len(batches)
     lines = [
         "# Critical batch size: steps to a target accuracy, per optimizer",
@@ -545,6 +583,7 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         "",
         f"## Steps to {100 * target:.0f}% test top-1 (scaling efficiency against batch {s['base']})",
         "",
+        *follow_up,
         "Learning rate chosen on the held-out split; `*`: the chosen rate sits at the grid's edge after the extensions "
         "allowed (the cell may be under-tuned). `not reached in N, < e`: the target was not reached in the N steps of "
         "the budget, so the efficiency is below e.",
@@ -580,7 +619,7 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         info = s["per_optimizer"][opt]
         b = info["b_simple"]
         fmt = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
-        if cells.get((opt, s["base"]), {}).get("steps_to_target") is None:
+        if info["base_steps"] is None:
             knee = f"- (batch {s['base']} did not reach the target)"
         else:
             knee = knee_text(info, batches[-1])
@@ -745,6 +784,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--merge", type=pathlib.Path, nargs="+", default=[], metavar="JSON", help="with --report-only: combine these results"
     )
     parser.add_argument("--reading", type=pathlib.Path, help="a Markdown file with the results' reading, kept in the JSON")
+    parser.add_argument(
+        "--reference",
+        type=pathlib.Path,
+        metavar="JSON",
+        help="an earlier study at the same target (e.g. with a longer --epochs for the large batches): efficiencies "
+        "against its smallest batch, grids centred on its chosen rates",
+    )
     args = parser.parse_args(argv)
     args.model = dict(STUDY_MODEL)
     if args.quick:
@@ -777,6 +823,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         from bench.machine import machine_description
 
+        if args.reference:
+            args.reference = reference_of(args.reference)
+            if args.reference["target"] != args.target:
+                raise SystemExit(
+                    f"error: --reference {args.reference['file']} aims at {args.reference['target']}, this study at {args.target}"
+                )
+            results["reference"] = args.reference
         counts = prepare_study_data(args.data, args.study_data)
         args.train_samples = counts["train"]
         settings = {
@@ -793,6 +846,7 @@ def main(argv: list[str] | None = None) -> int:
             "test_samples": counts[TEST_SPLIT],
             "steps_per_epoch": args.steps_per_epoch,
             "config_lines": args.config_lines,
+            **({"reference": args.reference["file"]} if args.reference else {}),
         }
         if results["trials"] and results.get("settings") not in (None, settings):
             raise SystemExit(

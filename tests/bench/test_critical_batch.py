@@ -169,6 +169,42 @@ def test_report_renders_from_results(tmp_path):
     assert (tmp_path / "cb.png").stat().st_size > 0
 
 
+def test_a_follow_up_study_measures_efficiency_against_its_references_base_and_centres_on_its_rates(tmp_path):
+    # the reference: 20 epochs, batch 4096 short of the target in its 240 steps (efficiency
+    # below 2000 / 240 / 16 = 0.52: undecided); the follow-up gives batch 4096 a longer budget
+    first = [
+        trial(batch=256, lr=0.01, heldout_steps=2000, test_steps=2000, steps=4100, noise=[(1500, 300.0)]),
+        trial(batch=256, lr=0.02, heldout_steps=2100, test_steps=2100, steps=4100),
+        trial(batch=4096, lr=0.04, steps=240, final=0.83),
+        trial(batch=4096, lr=0.08, steps=240, final=0.82),
+    ]
+    path = tmp_path / "critical_batch.json"
+    cb.save_results({"trials": first, "settings": {"target": 0.85, "epochs": 20}}, path)
+    reference = cb.reference_of(path)
+    assert reference["base"] == 256 and reference["base_steps"] == {"lamb": 2000}
+    assert reference["chosen"] == {"lamb/256": 0.01, "lamb/4096": 0.04}
+    assert cb.summarise(cb.load_results(path))["per_optimizer"]["lamb"]["knee_undecided"] == [4096]
+
+    args = study_args(initial=3, grid_factor=2.0, reference=reference)
+    assert cb.initial_grid("lamb", 4096, args) == [0.02, 0.04, 0.08]  # its choice (the rule also gives 0.04 here)
+    assert cb.initial_grid("lamb", 1024, args) == [0.01, 0.02, 0.04]  # a cell it lacks: the rule
+    reference["chosen"]["lamb/4096"] = 0.1
+    assert cb.initial_grid("lamb", 4096, args) == [0.05, 0.1, 0.2]
+
+    # 300 steps to target at 4096: (2000 / 300) / 16 = 0.42, below 0.5: the knee is 4096
+    follow = {"trials": [trial(batch=4096, lr=0.1, heldout_steps=300, test_steps=300, steps=480)], "reference": reference}
+    s = cb.summarise(follow)
+    assert s["base"] == 256 and s["cells"][("lamb", 4096)]["efficiency"] == pytest.approx(2000 / 300 / 16)
+    assert s["per_optimizer"]["lamb"]["knee"] == 4096 and s["per_optimizer"]["lamb"]["b_simple"]["near_target"] == 300.0
+    # 200 steps: 0.63, perfect scaling goes on past 4096
+    follow["trials"][0].update(steps_to_target_heldout=200, steps_to_target_test=200)
+    assert cb.summarise(follow)["per_optimizer"]["lamb"]["knee"] is None
+    cb.render({**follow, "settings": {"target": 0.85, "epochs": 40}}, tmp_path, "follow")
+    report = (tmp_path / "follow.md").read_text()
+    assert "A follow-up of `critical_batch.json` (20 epochs at every batch)" in report
+    assert "| lamb | 200 (0.62) |" in report and "| lamb | none up to 4,096 | 300 |" in report
+
+
 def test_trial_config_validates_with_the_warmup_grown_with_the_batch():
     args = study_args(train_samples=52500, study_data=FMNIST)
     # 32768: 6.4 epochs, capped at a fifth of the 20-epoch budget
