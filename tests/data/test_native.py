@@ -226,3 +226,68 @@ def test_cached_eval_replays_the_first_pass_without_decoding(unique_shards, monk
         # the first complete pass decodes every record of the rank once, later ones none
         assert len(decoded) == 10, attempt
     cached.close()
+
+
+def _slow_first_worker(monkeypatch):
+    """Worker 0 decodes slowly, so worker 1's batches arrive first and wait."""
+    import time
+
+    original = native._MicroBatchDataset._load
+
+    def slow(self, index, draws, out):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 0:
+            time.sleep(0.003)
+        return original(self, index, draws, out)
+
+    monkeypatch.setattr(native._MicroBatchDataset, "_load", slow)
+
+
+def test_workers_decode_into_shared_slots_that_are_reused_only_after_their_batch_is_taken(unique_shards, monkeypatch):
+    # 12 micro-batches per epoch through a ring of prefetch 1 x 2 workers + 1 = 3 slots,
+    # worker 0 slower than worker 1: every slot is rewritten four times an epoch while
+    # batches arrive out of order; the batches must equal a loader without workers.
+    p = plan(micro=2, global_batch=8)
+    _slow_first_worker(monkeypatch)
+    reference = native.build_train_loader(data_cfg(unique_shards, 48), p, rank=1, seed=SEED, device=CPU)
+    ring = native.build_train_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), p, rank=1, seed=SEED, device=CPU)
+    assert ring._ring.shape[:2] == (3, 2) and ring._ring.is_shared()
+    for epoch in (0, 1):
+        reference.set_epoch(epoch)
+        ring.set_epoch(epoch)
+        expected, got = list(reference), list(ring)  # all held at once: no batch may alias a slot
+        assert len(got) == 12
+        for (a_img, a_lab), (b_img, b_lab) in zip(expected, got, strict=True):
+            assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+    # an epoch left after 5 batches (tasks still in flight), then the next one in full
+    ring.set_epoch(2)
+    iterator = iter(ring)
+    for _ in range(5):
+        next(iterator)
+    iterator.close()
+    reference.set_epoch(3)
+    ring.set_epoch(3)
+    for (a_img, a_lab), (b_img, b_lab) in zip(reference, ring, strict=True):
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+    ring.close()
+
+
+def test_eval_through_the_ring_keeps_the_short_last_batch(unique_shards):
+    # 20 records in batches of 3: the last batch holds 2 images of a 3-image slot
+    kwargs = dict(batch_size=3, rank=0, world_size=1, device=CPU)
+    plain = list(native.build_eval_loader(data_cfg(unique_shards, 48), **kwargs))
+    ring = list(native.build_eval_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), **kwargs))
+    assert [len(labels) for _, labels in ring] == [3] * 6 + [2]
+    for (a_img, a_lab), (b_img, b_lab) in zip(plain, ring, strict=True):
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+
+
+def test_a_ring_too_large_for_shared_memory_is_a_data_error_with_the_settings_to_change(monkeypatch):
+    def refuse(self):
+        raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
+    with pytest.raises(
+        native.DataError, match=r"cannot allocate the loader's 3 MiB of shared memory \(9 slots of 32 images.*--shm-size.*data.prefetch"
+    ):
+        native.shared_ring(9, 32, 3, 56)  # 2.6 MiB
