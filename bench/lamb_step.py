@@ -32,6 +32,7 @@ from typing import Any
 import timm
 import torch
 
+from largebatch.optim import lamb_fused
 from largebatch.optim.lamb import Lamb
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
@@ -67,6 +68,23 @@ def ours_no_bc(ps: list) -> Lamb:
 AA_LABEL = "A/A control: ours foreach, second instance"
 
 
+class CudaPathOnCpu:
+    """Ours taking CUDA's path (``lamb_fused``: torch's fused Adam kernel over whole
+    tensors) on these CPU tensors, the CPU counted among the fused devices during its
+    steps only; beside torch's fused Adam, the CPU's stand-in for the ratio to the floor
+    that ``python -m bench --device cuda`` measures on a GPU."""
+
+    def __init__(self, params: list) -> None:
+        self.inner = Lamb(params, lr=LR, weight_decay=WEIGHT_DECAY, chunk_elements=0)
+
+    def step(self) -> None:
+        saved, lamb_fused.FUSED_DEVICES = lamb_fused.FUSED_DEVICES, ("cpu",)
+        try:
+            self.inner.step()
+        finally:
+            lamb_fused.FUSED_DEVICES = saved
+
+
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
     """(label, factory, matched factory of ours, or None where no update is compared);
     ours first, the A/A control second."""
@@ -79,6 +97,12 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
             None,
         ),
         ("reference: torch.optim.Adam fused (not LAMB)", lambda ps: torch.optim.Adam(ps, lr=LR, fused=True), None),
+        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", CudaPathOnCpu, ours_paper),
+        (
+            "ours, plain multi-tensor path (other accelerators') on the CPU",
+            lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, chunk_elements=0),
+            ours_paper,
+        ),
     ]
 
     from timm.optim import Lamb as TimmLamb
@@ -237,7 +261,7 @@ def print_table(rows: list[tuple[str, float, float, tuple[float, float, float], 
             f"| {paired:.2f} ({q1:.2f}-{q3:.2f}) | {shown} |"
         )
     control = next(row for row in rows if row[0] == AA_LABEL)
-    peers = [row for row in rows if row[4] is not None and row is not control]
+    peers = [row for row in rows if row[4] is not None and row is not control and not row[0].startswith("ours")]
     fastest_median = min(peers, key=lambda row: row[2])
     fastest_min = min(peers, key=lambda row: row[1])
     fastest_paired = min(peers, key=lambda row: row[3][0])
@@ -250,6 +274,11 @@ def print_table(rows: list[tuple[str, float, float, tuple[float, float, float], 
         f"A/A control (ours / ours): {control[2] / ours_median:.2f} by median, {control[1] / ours_low:.2f} by min, "
         f"{control[3][0]:.2f} per round ({control[3][1]:.2f}-{control[3][2]:.2f})"
     )
+    floor = next((row for row in rows if "Adam fused" in row[0]), None)
+    if floor is not None:
+        for row in rows:
+            if row[0].startswith("ours"):
+                print(f"{row[0]} / the fused Adam floor: {row[2] / floor[2]:.2f} by median, {row[3][0] / floor[3][0]:.2f} per round")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ against the update written out):
   reads a value back to the host. On the CPU a bucket whose tensors allow it goes to
   ``largebatch.optim.lamb_cpu`` instead: cache-sized chunks on torch's fused Adam
   kernel, taken only where ``lamb_cpu.applies`` says the private kernel is there and
-  usable (otherwise this path runs).
+  usable (otherwise this path runs). On CUDA the moments and ``r`` come from the same
+  fused kernel over whole tensors (``largebatch.optim.lamb_fused``: half the memory
+  traffic of plain foreach ops), the norms and the step as here.
 * sharded (FSDP2's DTensors, ``_step_sharded``): the multi-tensor path on each rank's
   slices, with every norm of the step summed across the shard group in one collective
   (``largebatch.optim.sharded``).
@@ -58,7 +60,7 @@ import torch
 from torch import Tensor
 
 from largebatch.errors import UserError
-from largebatch.optim import lamb_cpu, sharded
+from largebatch.optim import lamb_cpu, lamb_fused, sharded
 from largebatch.optim.lamb_cpu import CPU_CHUNK_ELEMENTS
 
 # Optimizer-wide switches (not per group), kept by pickling and deepcopy.
@@ -363,14 +365,19 @@ class Lamb(torch.optim.Optimizer):
         clip: Tensor | None,
         record: bool,
     ) -> tuple[Tensor, Tensor, Tensor] | None:
-        """One bucket (device, dtype, step count): the CPU kernel where it applies, else foreach ops."""
+        """One bucket (device, dtype, step count): the CPU kernel where it applies, the fused
+        Adam kernel for the moments on accelerators (``lamb_fused``), else foreach ops."""
         exp_avgs, exp_avg_sqs = self._moments(params)
         adapt = self._adapts(group)
         limit = CPU_CHUNK_ELEMENTS if self.chunk_elements is None else self.chunk_elements
         if limit and lamb_cpu.applies(params, grads, exp_avgs, exp_avg_sqs):
             settings = lamb_cpu.Settings.of(group, step, adapt, record)
             return lamb_cpu.step(settings, (params, grads, exp_avgs, exp_avg_sqs), clip, limit, self._scratch)
-        us, scale, decay = _directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
+        if lamb_fused.applies(params, grads, exp_avgs, exp_avg_sqs):
+            us, decay = lamb_fused.directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
+            scale = 1.0
+        else:
+            us, scale, decay = _directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
         if not (adapt or record):
             _apply(params, us, None, decay, -group["lr"] * scale)  # no ratio to wait for: one pass
             return None

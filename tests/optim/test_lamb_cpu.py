@@ -10,6 +10,7 @@ import torch
 
 from largebatch.optim import lamb_cpu
 from largebatch.optim.lamb import Lamb
+from tests.optim.conftest import count_calls
 from tests.optim.test_lamb import MODES, assert_matches_paper_update, make_grads, make_params
 
 OPTIONS = list(itertools.product([True, False], [False, True], [None, (0.01, 0.5)], [True, False]))
@@ -18,15 +19,7 @@ OPTIONS = list(itertools.product([True, False], [False, True], [None, (0.01, 0.5
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """How many buckets went through the CPU kernel path."""
-    calls = []
-    real = lamb_cpu.step
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(lamb_cpu, "step", counting)
-    return calls
+    return count_calls(monkeypatch, lamb_cpu, "step")
 
 
 @pytest.mark.skipif(not lamb_cpu.kernel_usable(torch.float64), reason="this torch has no usable CPU fused Adam kernel")

@@ -2,10 +2,11 @@
 
 On CUDA or an HPU a read-back (``.item()``, ``float(t)``, ``if t:``, ``torch.equal``,
 ``nonzero``) waits for the queued kernels, and once per tensor it costs more than the
-update. The path LAMB takes on accelerators is its multi-tensor path (the CPU kernel of
-``lamb_cpu`` applies to CPU tensors only), so that path runs here on the CPU, with the CPU
-kernel turned off (``chunk_elements=0``), under a dispatch mode that records every
-operator that materialises a tensor's value on the host.
+update. On accelerators other than CUDA LAMB takes its multi-tensor path (the CPU kernel
+of ``lamb_cpu`` applies to CPU tensors only), so that path runs here on the CPU, with the
+CPU kernel turned off (``chunk_elements=0``), under a dispatch mode that records every
+operator that materialises a tensor's value on the host. CUDA's path (``lamb_fused``) is
+checked the same way in ``test_lamb_fused.py``.
 """
 
 from __future__ import annotations
