@@ -489,6 +489,9 @@ def lamb_candidates(device: str) -> list[tuple[str, object]]:
             return out
         out.append(("floor: torch.optim.AdamW (foreach; no fused AdamW found)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd)))
         return out
+    from bench.lamb_step import FusedPathOn
+
+    out.append(("largebatch Lamb, plain multi-tensor path (fused kernel off)", lambda ps: FusedPathOn(ps, ())))
     out.append(("floor: torch.optim.AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd, fused=True)))
     return out
 

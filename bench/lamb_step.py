@@ -68,17 +68,19 @@ def ours_no_bc(ps: list) -> Lamb:
 AA_LABEL = "A/A control: ours foreach, second instance"
 
 
-class CudaPathOnCpu:
-    """Ours taking CUDA's path (``lamb_fused``: torch's fused Adam kernel over whole
-    tensors) on these CPU tensors, the CPU counted among the fused devices during its
-    steps only; beside torch's fused Adam, the CPU's stand-in for the ratio to the floor
-    that ``python -m bench --device cuda`` measures on a GPU."""
+class FusedPathOn:
+    """Ours with ``lamb_fused``'s path (torch's fused Adam kernel over whole tensors,
+    CUDA's path) taken on exactly ``devices`` during its steps: ``("cpu",)`` runs it on
+    CPU tensors, the stand-in here for the ratio to the fused Adam floor that
+    ``python -m bench --device cuda`` measures; ``()`` makes CUDA take the plain
+    multi-tensor path, for that suite's comparison."""
 
-    def __init__(self, params: list) -> None:
+    def __init__(self, params: list, devices: tuple[str, ...]) -> None:
         self.inner = Lamb(params, lr=LR, weight_decay=WEIGHT_DECAY, chunk_elements=0)
+        self.devices = devices
 
     def step(self) -> None:
-        saved, lamb_fused.FUSED_DEVICES = lamb_fused.FUSED_DEVICES, ("cpu",)
+        saved, lamb_fused.FUSED_DEVICES = lamb_fused.FUSED_DEVICES, self.devices
         try:
             self.inner.step()
         finally:
@@ -97,7 +99,7 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
             None,
         ),
         ("reference: torch.optim.Adam fused (not LAMB)", lambda ps: torch.optim.Adam(ps, lr=LR, fused=True), None),
-        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", CudaPathOnCpu, ours_paper),
+        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", lambda ps: FusedPathOn(ps, ("cpu",)), ours_paper),
         (
             "ours, plain multi-tensor path (other accelerators') on the CPU",
             lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, chunk_elements=0),
