@@ -46,6 +46,14 @@ target is the one that reaches the target on the held-out split in the fewest st
 with the best final held-out accuracy. Other hyperparameters (weight decay, momentum)
 are fixed per optimizer.
 
+The epoch budget bounds what the study can show: a cell that misses the target only
+bounds its efficiency by (steps at the smallest batch) / (its budget) / (batch ratio),
+the same for every batch under a fixed epoch budget, so a knee below 0.5 can only be
+shown where the smallest batch reaches the target within half the budget. A follow-up
+with ``--reference`` runs chosen batches with a longer ``--epochs``, each grid centred on
+the rate the earlier study chose for the cell, and reports efficiencies against the
+earlier study's smallest batch (``reference_of``).
+
 Results go to ``STEM.json`` after every trial (a trial already there is skipped, so a
 stopped study resumes where it stopped; ``--jobs N`` runs N trials side by side, and
 separate invocations over disjoint ``--optimizers``/``--batches`` can run on separate
@@ -55,6 +63,8 @@ machines and be combined with ``--report-only --merge``), then to ``STEM.md`` an
     OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2      # the study
     python bench/critical_batch.py --quick --out /tmp/cb            # smoke run, minutes
     python bench/critical_batch.py --report-only                    # re-render from the JSON
+    OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2 --stem critical_batch_4096_40ep \\
+        --batches 4096 --epochs 40 --optimizers lamb adamw sgd --reference bench/results/critical_batch.json
 """
 
 from __future__ import annotations

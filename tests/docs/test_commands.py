@@ -79,6 +79,11 @@ COVERED = {
     ),
     "python bench/critical_batch.py --quick --out /tmp/cb": "tests/bench/test_critical_batch.py::test_quick_study_runs_every_optimizer",
     "python bench/critical_batch.py --report-only": "tests/bench/test_critical_batch.py::test_report_renders_from_results",
+    "OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2 --stem critical_batch_4096_40ep --batches 4096 --epochs 40"
+    " --optimizers lamb adamw sgd --reference bench/results/critical_batch.json": (
+        "tests/bench/test_critical_batch.py::test_a_follow_up_study_measures_efficiency_against_its_references_base_and_centres_on_its_rates"
+        "  # the follow-up's arithmetic; the trials it starts are the study's, run by test_quick_study_runs_every_optimizer"
+    ),
 }
 
 # Command -> why it cannot run on a CPU machine (it still has to parse).
