@@ -551,8 +551,25 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def follow_ups(out: pathlib.Path, stem: str) -> list[tuple[str, dict, dict]]:
+    """``(stem, settings, summary)`` of every study in ``out`` made with ``--reference``
+    pointing at ``STEM.json``: its cells are shown beside this study's."""
+    found = []
+    for path in sorted(out.glob("*.json")):
+        if path.name == f"{stem}.json":
+            continue
+        try:
+            other = load_results(path)
+        except (ValueError, KeyError, TypeError):
+            continue  # not a study's results
+        if isinstance(other, dict) and (other.get("reference") or {}).get("file") == f"{stem}.json" and other.get("trials"):
+            found.append((path.stem, other.get("settings", {}), summarise(other)))
+    return found
+
+
 def render(results: dict, out: pathlib.Path, stem: str) -> None:
     s = summarise(results)
+    extra = follow_ups(out, stem)
     settings = results.get("settings", {})
     target = settings.get("target", 0)
     batches, optimizers, cells = s["batches"], s["optimizers"], s["cells"]
@@ -602,6 +619,12 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
         rule,
     ]
     lines += [f"| {opt} | " + " | ".join(cell_text(opt, b, steps_text) for b in batches) + " |" for opt in optimizers]
+    for name, other_settings, other in extra:
+        cells_text = "; ".join(
+            f"{opt} at {batch:,}: {steps_text(cell)}"
+            for (opt, batch), cell in sorted(other["cells"].items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        )
+        lines += ["", f"Follow-up [`{name}.md`]({name}.md), {other_settings.get('epochs', '?')} epochs: {cells_text}."]
     lines += ["", "Samples to target (millions):", "", header, rule]
     lines += [
         f"| {opt} | "
@@ -659,10 +682,12 @@ def render(results: dict, out: pathlib.Path, stem: str) -> None:
     if results.get("reading"):
         lines += ["", "## Reading", "", results["reading"]]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    plot(s, out / f"{stem}.png", target)
+    plot(s, out / f"{stem}.png", target, [(other_settings.get("epochs"), other) for _, other_settings, other in extra])
 
 
-def plot(s: dict, path: pathlib.Path, target: float) -> None:
+def plot(s: dict, path: pathlib.Path, target: float, extra: list[tuple[int | None, dict]] = ()) -> None:
+    """Steps to target and accuracy against the batch; ``extra``: follow-ups' ``(epochs,
+    summary)``, whose cells that reached the target are drawn as open markers."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -679,9 +704,18 @@ def plot(s: dict, path: pathlib.Path, target: float) -> None:
         ref = cells.get((opt, base), {}).get("steps_to_target")
         if ref:
             left.plot(batches, [ref * base / b for b in batches], ":", color=color, alpha=0.6)
+        for epochs, other in extra:
+            points = [(b, c["steps_to_target"]) for (o, b), c in other["cells"].items() if o == opt and c["steps_to_target"]]
+            if points:
+                last = max(xs) if xs else None
+                link = [(last, cells[(opt, last)]["steps_to_target"])] if last else []
+                line = sorted(link + points)
+                left.plot([b for b, _ in line], [v for _, v in line], "--", color=color, alpha=0.7)
+                left.plot([b for b, _ in points], [v for _, v in points], "o", mfc="white", color=color, label=f"{opt}, {epochs} epochs")
+                any_steps = True
         b_simple = s["per_optimizer"][opt]["b_simple"]["near_target"]
         if b_simple:
-            left.axvline(b_simple, color=color, alpha=0.4, linestyle="--")
+            left.axvline(b_simple, color=color, alpha=0.4, linestyle="-.")
         accs = [(b, cells[(opt, b)]["final_test"]) for b in batches if (opt, b) in cells and cells[(opt, b)]["final_test"] is not None]
         right.plot([b for b, _ in accs], [100 * a for _, a in accs], marker="o", color=color, label=opt)
     for axis in (left, right):
@@ -693,7 +727,7 @@ def plot(s: dict, path: pathlib.Path, target: float) -> None:
     if any_steps:  # a log axis with no positive data warns and draws nothing useful
         left.set_yscale("log")
     left.set_ylabel(f"steps to {100 * target:.0f}% test top-1")
-    left.set_title("steps to target (dotted: perfect scaling; dashed: B_simple)")
+    left.set_title("steps to target (dotted: perfect scaling; vertical: B_simple)")
     right.set_ylabel("test top-1 (%)")
     right.set_title("accuracy after the same number of epochs")
     fig.tight_layout()

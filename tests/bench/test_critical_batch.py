@@ -203,6 +203,10 @@ def test_a_follow_up_study_measures_efficiency_against_its_references_base_and_c
     report = (tmp_path / "follow.md").read_text()
     assert "A follow-up of `critical_batch.json` (20 epochs at every batch)" in report
     assert "| lamb | 200 (0.62) |" in report and "| lamb | none up to 4,096 | 300 |" in report
+    # the reference's own report, rendered beside the follow-up's results, names its cells
+    cb.save_results({**follow, "settings": {"target": 0.85, "epochs": 40}}, tmp_path / "follow.json")
+    cb.render(cb.load_results(path), tmp_path, "critical_batch")
+    assert "Follow-up [`follow.md`](follow.md), 40 epochs: lamb at 4,096: 200 (0.62)." in (tmp_path / "critical_batch.md").read_text()
 
 
 def test_trial_config_validates_with_the_warmup_grown_with_the_batch():
