@@ -46,8 +46,8 @@ against the update written out):
   fused kernel over whole tensors (``largebatch.optim.lamb_fused``: half the memory
   traffic of plain foreach ops), the norms and the step as here.
 * sharded (FSDP2's DTensors, ``_step_sharded``): the multi-tensor path on each rank's
-  slices, with every norm of the step summed across the shard group in one collective
-  (``largebatch.optim.sharded``).
+  slices (on CUDA with ``lamb_fused``'s moments), with every norm of the step summed
+  across the shard group in one collective (``largebatch.optim.sharded``).
 """
 
 from __future__ import annotations
@@ -373,11 +373,7 @@ class Lamb(torch.optim.Optimizer):
         if limit and lamb_cpu.applies(params, grads, exp_avgs, exp_avg_sqs):
             settings = lamb_cpu.Settings.of(group, step, adapt, record)
             return lamb_cpu.step(settings, (params, grads, exp_avgs, exp_avg_sqs), clip, limit, self._scratch)
-        if lamb_fused.applies(params, grads, exp_avgs, exp_avg_sqs):
-            us, decay = lamb_fused.directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
-            scale = 1.0
-        else:
-            us, scale, decay = _directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
+        us, scale, decay = _directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
         if not (adapt or record):
             _apply(params, us, None, decay, -group["lr"] * scale)  # no ratio to wait for: one pass
             return None
@@ -501,7 +497,11 @@ def _directions(
     and decoupled weight decay multiplies the weights by ``decay``.
 
     ``in_place`` divides tensor by tensor into the square roots: one parameter-sized
-    temporary instead of two, for a kernel launch per tensor instead of one."""
+    temporary instead of two, for a kernel launch per tensor instead of one. Where
+    ``lamb_fused.applies`` (CUDA), torch's fused Adam kernel does the work, scale 1."""
+    if lamb_fused.applies(ps, gs, ms, vs):
+        us, decay = lamb_fused.directions(group, step, ps, gs, ms, vs, clip)
+        return us, 1.0, decay
     beta1, beta2 = group["betas"]
     lr, wd, decoupled = group["lr"], group["weight_decay"], group["decoupled_weight_decay"]
     if clip is not None:

@@ -67,6 +67,14 @@ def shard(model, mesh):
 def _worker(rank: int, world: int, port: int, kind: str, mesh_shape: tuple[int, ...]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    fused_calls = None
+    if kind == "lamb-fused":  # CUDA's path (torch's fused Adam kernel) on the slices, the CPU standing in
+        from largebatch.optim import lamb_fused
+        from tests.optim.conftest import count_calls
+
+        monkeypatch = pytest.MonkeyPatch()
+        monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
+        fused_calls, kind = count_calls(monkeypatch, lamb_fused, "directions"), "lamb"
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor
@@ -101,11 +109,12 @@ def _worker(rank: int, world: int, port: int, kind: str, mesh_shape: tuple[int, 
         images, labels = batch(0)
         torch.nn.functional.cross_entropy(slow_model(images[rows]), labels[rows]).backward()
         assert collectives_in(slow.step) > len(list(slow_model.parameters()))
+        assert fused_calls is None or fused_calls  # the path under test ran
     finally:
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("kind", ["lamb", "lars"])
+@pytest.mark.parametrize("kind", ["lamb", "lars", "lamb-fused"])
 def test_sharded_step_matches_the_unsharded_optimizer_with_one_collective(kind):
     mp.spawn(_worker, args=(2, free_port(), kind, (2,)), nprocs=2)
 
