@@ -390,7 +390,7 @@ def score_accuracy(trial: dict) -> tuple[float, float]:
 def initial_grid(optimizer: str, batch: int, args: argparse.Namespace) -> list[float]:
     """``--initial`` rates spaced by ``--grid-factor`` around the optimizer's rule, or
     around the rate the ``--reference`` study chose for the same cell."""
-    chosen = (getattr(args, "reference", None) or {}).get("chosen", {}).get(f"{optimizer}/{batch}")
+    chosen = (args.reference or {}).get("chosen", {}).get(f"{optimizer}/{batch}")
     centre = chosen if chosen is not None else RECIPES[optimizer].centre(batch)
     half = (args.initial - 1) / 2
     return [round_lr(centre * args.grid_factor ** (i - half)) for i in range(args.initial)]
@@ -562,7 +562,7 @@ def follow_ups(out: pathlib.Path, stem: str) -> list[tuple[str, dict, dict]]:
             other = load_results(path)
         except (ValueError, KeyError, TypeError):
             continue  # not a study's results
-        if isinstance(other, dict) and (other.get("reference") or {}).get("file") == f"{stem}.json" and other.get("trials"):
+        if (other.get("reference") or {}).get("file") == f"{stem}.json" and other.get("trials"):
             found.append((path.stem, other.get("settings", {}), summarise(other)))
     return found
 
