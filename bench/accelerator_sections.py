@@ -491,7 +491,8 @@ def lamb_candidates(device: str) -> list[tuple[str, object]]:
         return out
     from bench.lamb_step import FusedPathOn
 
-    out.append(("largebatch Lamb, plain multi-tensor path (fused kernel off)", lambda ps: FusedPathOn(ps, ())))
+    out.append(("largebatch Lamb, fused-Adam-kernel path (Triton path off)", lambda ps: FusedPathOn(ps, ("cuda",), ())))
+    out.append(("largebatch Lamb, plain multi-tensor path (both off)", lambda ps: FusedPathOn(ps, (), ())))
     out.append(("floor: torch.optim.AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd, fused=True)))
     return out
 

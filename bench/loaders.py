@@ -42,6 +42,7 @@ from largebatch.data import convert, native
 
 CEILING = "decode only, 1 core x workers"
 NATIVE, DALI, FOLDER = "native (TFRecord)", "DALI CPU (TFRecord)", "ImageFolder + PIL"
+DECODE_STEP, DEVICE_STEP = "full-size decode (simplejpeg)", "normalise, contiguous NCHW uint8 batch (used)"
 
 
 def make_images(folder: Path, count: int, subsampling: str = "420", classes: int = 8, seed: int = 0) -> None:
@@ -125,16 +126,19 @@ def tree_cpu_seconds() -> float:
     return total
 
 
-def time_epoch(loader, epoch: int) -> tuple[float, float]:
-    """(images per second, CPU milliseconds per image) over one epoch."""
+def time_epoch(loader, epoch: int) -> tuple[float, float, float]:
+    """(images per second, CPU milliseconds per image, of which in the main process) over
+    one epoch. The main process's share is its own threads' CPU time: for the native
+    loader, the hand-over and the device stage (float conversion and normalisation, on
+    the GPU when there is one); the rest is the worker processes'."""
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(epoch)
     count = 0
-    cpu, start = tree_cpu_seconds(), time.perf_counter()
+    cpu, main, start = tree_cpu_seconds(), time.process_time(), time.perf_counter()
     for images, _ in loader:
         count += images.shape[0]
-    wall, cpu = time.perf_counter() - start, tree_cpu_seconds() - cpu
-    return count / wall, cpu / count * 1e3
+    wall, cpu, main = time.perf_counter() - start, tree_cpu_seconds() - cpu, time.process_time() - main
+    return count / wall, cpu / count * 1e3, main / count * 1e3
 
 
 def imagefolder_loader(folder: Path, workers: int, batch: int):
@@ -166,12 +170,12 @@ class DecodeOnly:
         self.jpegs = [path.read_bytes() for path in sorted(folder.rglob("*.JPEG"))]
         self.workers = workers
 
-    def time(self) -> tuple[float, float]:
+    def time(self) -> tuple[float, float, float]:
         start = time.process_time()
         for jpeg in self.jpegs:
             simplejpeg.decode_jpeg(jpeg)
         per_image = (time.process_time() - start) / len(self.jpegs)
-        return self.workers / per_image, per_image * 1e3
+        return self.workers / per_image, per_image * 1e3, per_image * 1e3
 
 
 def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
@@ -231,7 +235,7 @@ def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
         return run
 
     steps = [
-        ("full-size decode (simplejpeg)", scaled(1.0)),
+        (DECODE_STEP, scaled(1.0)),
         ("full-size decode (Pillow)", pil_decode),
         ("decode at DCT scale 7/8", scaled(0.875)),
         ("decode at DCT scale 3/4", scaled(0.75)),
@@ -241,7 +245,7 @@ def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
         ("crop + resize, torch uint8 antialias, channels-last view (used)", torch_resize("view")),
         ("crop + resize, torch uint8 antialias, NCHW copy first", torch_resize("NCHW")),
         ("crop + resize, torch float32 antialias", torch_resize("float")),
-        ("normalise, contiguous NCHW uint8 batch (used)", normalise(nchw)),
+        (DEVICE_STEP, normalise(nchw)),
         ("normalise, channels-last uint8 batch", normalise(channels_last)),
     ]
     out = []
@@ -254,6 +258,23 @@ def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
             best = min(best, time.process_time() - start)
         out.append((name, best / len(jpegs) * 1e3))
     return out
+
+
+def decode_share(steps: dict[str, float], total: float, in_main: float) -> list[str]:
+    """Where the native loader's CPU time goes, against its full-size decode cost: its
+    share of the whole, of the host side (the whole less the device stage, which runs on
+    the GPU when there is one) and of the worker processes'."""
+    decode, device_stage = steps[DECODE_STEP], steps[DEVICE_STEP]
+    host, workers = total - device_stage, total - in_main
+    return [
+        "Full-size decoding's share of the native loader's CPU time (the decode step above over the native row's medians):",
+        "",
+        "| native loader's CPU time | ms/image | full-size decode's share |",
+        "|---|---:|---:|",
+        f"| all of it (the device stage included: on the CPU it runs in the main process) | {total:.2f} | {decode / total:.0%} |",
+        f"| host side: all less the device stage ({device_stage:.3f} ms, the normalise step above) | {host:.2f} | {decode / host:.0%} |",
+        f"| worker processes only (all less the main process's {in_main:.2f} ms) | {workers:.2f} | {decode / workers:.0%} |",
+    ]
 
 
 def machine() -> str:
@@ -304,6 +325,7 @@ def main() -> None:
     load_before = os.getloadavg()
     rates: dict[str, list[float]] = {name: [] for name in [CEILING, *loaders]}
     cpu_ms: dict[str, list[float]] = {name: [] for name in rates}
+    main_ms: dict[str, list[float]] = {name: [] for name in rates}
     names = list(loaders)
     for round_number in range(args.rounds + 1):
         order = names[round_number % len(names) :] + names[: round_number % len(names)]
@@ -311,14 +333,15 @@ def main() -> None:
         results[CEILING] = decode_only.time()
         print(
             f"round {round_number}{' (warm-up)' if round_number == 0 else ''}: "
-            + ", ".join(f"{n} {r:.0f} img/s {c:.2f} CPU-ms/img" for n, (r, c) in results.items()),
+            + ", ".join(f"{n} {r:.0f} img/s {c:.2f} CPU-ms/img" for n, (r, c, _) in results.items()),
             file=sys.stderr,
         )
         if round_number == 0:
             continue
-        for name, (rate, ms) in results.items():
+        for name, (rate, ms, in_main) in results.items():
             rates[name].append(rate)
             cpu_ms[name].append(ms)
+            main_ms[name].append(in_main)
     load_after = os.getloadavg()
 
     def ratio(name: str, base: str, values: dict[str, list[float]], invert: bool = False) -> str:
@@ -337,15 +360,17 @@ def main() -> None:
             f"{args.rounds} rounds of one epoch per loader in rotating order; medians over the rounds."
         ),
         "",
-        "| loader | images/s | CPU ms/image | native images/s / this | this CPU ms / native |",
-        "|---|---:|---:|---:|---:|",
+        "| loader | images/s | CPU ms/image | of which main process | native images/s / this | this CPU ms / native |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name in rates:
         if name == NATIVE:
             vs = "-", "-"
         else:
             vs = ratio(NATIVE, name, rates), ratio(NATIVE, name, cpu_ms, invert=True)
-        lines.append(f"| {name} | {median(rates[name]):.0f} | {median(cpu_ms[name]):.2f} | {vs[0]} | {vs[1]} |")
+        lines.append(
+            f"| {name} | {median(rates[name]):.0f} | {median(cpu_ms[name]):.2f} | {median(main_ms[name]):.2f} | {vs[0]} | {vs[1]} |"
+        )
     lines += [
         "",
         (
@@ -370,7 +395,9 @@ def main() -> None:
         "| step | CPU ms/image |",
         "|---|---:|",
     ]
-    lines += [f"| {name} | {ms:.3f} |" for name, ms in step_costs(jpegs)]
+    steps = step_costs(jpegs)
+    lines += [f"| {name} | {ms:.3f} |" for name, ms in steps]
+    lines += ["", *decode_share(dict(steps), median(cpu_ms[NATIVE]), median(main_ms[NATIVE]))]
     text = "\n".join(lines)
     print(text)
     if args.out:

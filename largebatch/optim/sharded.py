@@ -107,7 +107,11 @@ class NormReduction:
 
     def add(self, tensors: Sequence[Tensor]) -> int:
         """Queue the norms of ``tensors``; returns the handle for ``norms``."""
-        part = local_square_sums(tensors)
+        return self.add_squares(local_square_sums(tensors))
+
+    def add_squares(self, part: Tensor) -> int:
+        """Queue per-tensor sums of squares of this rank's slices, computed elsewhere
+        (a 1-D tensor); returns the handle for ``norms``."""
         self._parts.append(part)
         self._offsets.append(self._offsets[-1] + part.numel())
         return len(self._parts) - 1

@@ -1,0 +1,321 @@
+"""LAMB's step on CUDA in two passes of one Triton kernel that never writes the update.
+
+On a GPU the step is bound by memory traffic. Counting parameter-sized streams per
+element (reads + writes):
+
+* ``torch.optim.AdamW(fused=True)``, the floor: 7.
+* ``lamb_fused`` (torch's fused Adam kernel writing ``u``, then the norms and the step): 14.
+* this path: pass 1 reads ``x, g, m, v``, writes ``m, v`` and sums ``||u||^2`` and
+  ``||x||^2`` per chunk without storing ``u`` (6); pass 2 reads ``x, m, v``, computes ``u``
+  again and writes ``x`` (4): 10, so about 1.43x the floor by traffic. Without trust
+  ratios or statistics to wait for, one pass does it all (7, like Adam).
+
+Both passes are one kernel with compile-time switches. A program takes one chunk of one
+tensor (``CHUNK_ELEMENTS``), so one launch covers a whole bucket: the tensors' addresses
+travel in a small int64 table made from their ``data_ptr`` each step. Per-tensor sums are
+added up from the chunks' partial sums in chunk order (a gather and a sum, no atomics),
+so a step is deterministic. The trust ratios and their clamps are
+``largebatch.optim.lamb.Lamb._ratio`` on the per-tensor norms, on the device: nothing is
+read back to the host.
+
+Arithmetic, per element, with the bias corrections as ``lamb.bias_scalars``' two scalars::
+
+    g = clip * g                                  (when clipping inside the step)
+    m = b1 * m + (1 - b1) * g                     v = b2 * v + (1 - b2) * g * g
+    u = scale * m / (sqrt(v) + eps') + wd * x     (the ``wd * x`` term without decoupled decay)
+    x = decay * x + size * u                      (size = -lr * ratio, decay = 1 - lr * wd decoupled)
+
+Taken for float32 buckets on ``DEVICES`` whose tensors are contiguous when Triton imports (it comes with torch's CUDA wheels), FSDP2's local slices included:
+there the norms of every bucket are summed across the shard group between the two passes
+(``Bucket``), in the sharded step's one collective. Not yet run on a GPU: the tests run
+the same kernel on the CPU through Triton's interpreter, against the paper's update, and
+compile it for sm_80 and sm_90 with Triton's compiler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - torch's CUDA wheels bring Triton
+    triton = None
+
+# Devices whose buckets take this path. With "cpu" added, CPU buckets run the kernel
+# through Triton's interpreter when it is on (the tests); never by default.
+DEVICES = ("cuda",)
+# Elements per program, and per vector operation inside it.
+CHUNK_ELEMENTS = 64 * 1024
+BLOCK_ELEMENTS = 1024
+
+
+def _jit(fn):
+    return fn if triton is None else triton.jit(fn)
+
+
+@_jit
+def _block(
+    x_ptr, g_ptr, m_ptr, v_ptr, offsets, mask, clip, size, sum_u, sum_x, beta1, beta2, scale, eps, wd, decay,
+    HAS_CLIP: tl.constexpr, MOMENTS: tl.constexpr, NORMS: tl.constexpr, APPLY: tl.constexpr,
+    COUPLED: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One vector of elements; masked only for a chunk's last, partial vector, so that
+    the others load and store whole aligned vectors."""
+    if MASKED:
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+        m = tl.load(m_ptr + offsets, mask=mask, other=0.0)
+        v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
+    else:
+        x = tl.load(x_ptr + offsets)
+        m = tl.load(m_ptr + offsets)
+        v = tl.load(v_ptr + offsets)
+    if MOMENTS:
+        if MASKED:
+            g = tl.load(g_ptr + offsets, mask=mask, other=0.0)
+        else:
+            g = tl.load(g_ptr + offsets)
+        if HAS_CLIP:
+            g = g * clip
+        m = beta1 * m + (1.0 - beta1) * g
+        v = beta2 * v + (1.0 - beta2) * g * g
+        if MASKED:
+            tl.store(m_ptr + offsets, m, mask=mask)
+            tl.store(v_ptr + offsets, v, mask=mask)
+        else:
+            tl.store(m_ptr + offsets, m)
+            tl.store(v_ptr + offsets, v)
+    u = scale * m / (tl.sqrt(v) + eps)
+    if COUPLED:
+        u = u + wd * x
+    if NORMS:
+        sum_u += u * u  # masked lanes hold m = v = x = 0, so u = 0 there
+        sum_x += x * x
+    if APPLY:
+        if MASKED:
+            tl.store(x_ptr + offsets, decay * x + size * u, mask=mask)
+        else:
+            tl.store(x_ptr + offsets, decay * x + size * u)
+    return sum_u, sum_x
+
+
+@_jit
+def _address(table, t, ALIGNED: tl.constexpr):
+    """Tensor ``t``'s float32 pointer from an address table; 16-byte aligned if ``ALIGNED``
+    (whole vectors then load and store 16 bytes at a time)."""
+    pointer = tl.load(table + t).to(tl.pointer_type(tl.float32), bitcast=True)
+    if ALIGNED:
+        pointer = tl.multiple_of(pointer, 16)
+    return pointer
+
+
+@_jit
+def _lamb_kernel(
+    x_addrs, g_addrs, m_addrs, v_addrs, numels, chunk_tensor, chunk_start, clip_ptr, size_ptr, partial_ptr,
+    beta1, beta2, scale, eps, wd, decay, step_size,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_CLIP: tl.constexpr, MOMENTS: tl.constexpr,
+    NORMS: tl.constexpr, APPLY: tl.constexpr, COUPLED: tl.constexpr, PER_TENSOR: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """One chunk of one tensor: advance the moments (``MOMENTS``), store the chunk's
+    ``(sum u^2, sum x^2)`` (``NORMS``), take the step (``APPLY``). Chunks start at
+    multiples of ``CHUNK``, itself a multiple of 16."""
+    chunk = tl.program_id(0)
+    t = tl.load(chunk_tensor + chunk)
+    start = tl.multiple_of(tl.load(chunk_start + chunk), 16)
+    count = tl.minimum(tl.load(numels + t) - start, CHUNK)
+    x_ptr = _address(x_addrs, t, ALIGNED) + start
+    m_ptr = _address(m_addrs, t, ALIGNED) + start
+    v_ptr = _address(v_addrs, t, ALIGNED) + start
+    g_ptr = x_ptr
+    if MOMENTS:
+        g_ptr = _address(g_addrs, t, ALIGNED) + start
+    clip = 1.0
+    if HAS_CLIP:
+        clip = tl.load(clip_ptr)
+    size = step_size
+    if PER_TENSOR:
+        size = tl.load(size_ptr + t)
+    sum_u = tl.zeros([BLOCK], dtype=tl.float32)
+    sum_x = tl.zeros([BLOCK], dtype=tl.float32)
+    whole = count // BLOCK * BLOCK
+    for offset in range(0, whole, BLOCK):
+        offsets = tl.multiple_of(offset, BLOCK) + tl.arange(0, BLOCK)
+        sum_u, sum_x = _block(
+            x_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < count, clip, size, sum_u, sum_x, beta1, beta2, scale,
+            eps, wd, decay, HAS_CLIP, MOMENTS, NORMS, APPLY, COUPLED, False,
+        )  # fmt: skip
+    if whole < count:
+        offsets = whole + tl.arange(0, BLOCK)
+        sum_u, sum_x = _block(
+            x_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < count, clip, size, sum_u, sum_x, beta1, beta2, scale,
+            eps, wd, decay, HAS_CLIP, MOMENTS, NORMS, APPLY, COUPLED, True,
+        )  # fmt: skip
+    if NORMS:
+        tl.store(partial_ptr + 2 * chunk, tl.sum(sum_u, axis=0))
+        tl.store(partial_ptr + 2 * chunk + 1, tl.sum(sum_x, axis=0))
+
+
+def _kernel():
+    """The kernel: compiled for the GPU, or run by Triton's interpreter on CPU tensors
+    when ``TRITON_INTERPRET=1`` was set before this module was imported (the tests do)."""
+    return _lamb_kernel
+
+
+def _interpreting() -> bool:
+    return triton is not None and bool(triton.knobs.runtime.interpret)
+
+
+def applies(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor]) -> bool:
+    """Whether a bucket (one device, dtype and step) takes this path: Triton imports, the
+    tensors are float32 and contiguous on a device of ``DEVICES``. Nothing here depends on
+    a rank's own slices (their addresses, say), so under FSDP2 every rank of the shard
+    group takes the same path and adds the same kind of norm to the step's collective."""
+    device = params[0].device.type
+    if triton is None or device not in DEVICES or (device == "cpu" and not _interpreting()):
+        return False
+    tensors = [t for group in (params, grads, exp_avgs, exp_avg_sqs) for t in group]
+    return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+class _Layout:
+    """A bucket's chunks on the device: each chunk's tensor and first element, the
+    tensors' sizes, a ``[tensors, most chunks]`` gather of the chunk rows (the padding
+    points at a zero row) that sums the partials per tensor in chunk order, and a spare
+    float for the pointer arguments a pass does not read."""
+
+    def __init__(self, numels: tuple[int, ...], chunk: int, device: torch.device) -> None:
+        owner, starts, rows = [], [], []
+        for t, numel in enumerate(numels):
+            first = len(starts)
+            for start in range(0, numel, chunk):
+                owner.append(t)
+                starts.append(start)
+            rows.append(list(range(first, len(starts))))
+        self.chunks = len(starts)
+        width = max(1, max(len(r) for r in rows))
+        pad = [r + [self.chunks] * (width - len(r)) for r in rows]
+        self.chunk_tensor = torch.tensor(owner, dtype=torch.int64).to(device)
+        self.chunk_start = torch.tensor(starts, dtype=torch.int64).to(device)
+        self.numels = torch.tensor(numels, dtype=torch.int64).to(device)
+        self.gather = torch.tensor(pad, dtype=torch.int64).to(device)
+        self.spare = torch.zeros(1, dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(numels: tuple[int, ...], chunk: int, device: torch.device) -> _Layout:
+    return _Layout(numels, chunk, device)
+
+
+class Bucket:
+    """One bucket's step (``applies`` holds) in its two halves: ``first_pass`` advances the
+    moments and returns each tensor's local ``(sum u^2, sum x^2)``; once the norms are
+    known (summed across ranks for FSDP2's slices), ``finish`` takes the step.
+
+    Args:
+        group: the parameter group (betas, eps, weight decay, bias correction, lr).
+        step_count: the bucket's step count, from 1.
+        tensors: ``(params, grads, exp_avgs, exp_avg_sqs)``.
+        clip: the gradients' clipping coefficient (a 0-dim tensor on the device), or None.
+    """
+
+    def __init__(
+        self,
+        group: dict[str, Any],
+        step_count: int,
+        tensors: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]],
+        clip: Tensor | None,
+    ) -> None:
+        from largebatch.optim.lamb import bias_scalars
+
+        params = tensors[0]
+        self.device = params[0].device
+        self.layout = _layout(tuple(p.numel() for p in params), CHUNK_ELEMENTS, self.device)
+        self.lr, wd, decoupled = group["lr"], group["weight_decay"], group["decoupled_weight_decay"]
+        self.decay = 1 - self.lr * wd if decoupled else 1.0  # decoupled decay's factor on the weights
+        scale, eps = bias_scalars(group, step_count)
+        self.scalars = (*group["betas"], scale, eps, wd, self.decay)
+        table = [[t.data_ptr() for t in ts] for ts in tensors]
+        self.flags = {
+            "CHUNK": CHUNK_ELEMENTS,
+            "BLOCK": BLOCK_ELEMENTS,
+            "COUPLED": not decoupled and wd != 0,
+            "ALIGNED": all(address % 16 == 0 for row in table for address in row),
+        }
+        self.addresses = torch.tensor(table, dtype=torch.int64).to(self.device, non_blocking=True)
+        self.clip = None if clip is None else clip.to(torch.float32).reshape(1)
+
+    def _launch(self, size: Tensor | None, partial: Tensor | None, step_size: float, **switches: bool) -> None:
+        layout, spare = self.layout, self.layout.spare  # spare: the float pointers a pass does not read
+        clip = self.clip if switches["MOMENTS"] else None
+        # Triton launches on the current CUDA device, which need not be the tensors'.
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            _kernel()[(layout.chunks,)](
+                *self.addresses, layout.numels, layout.chunk_tensor, layout.chunk_start,
+                spare if clip is None else clip, spare if size is None else size, spare if partial is None else partial,
+                *self.scalars, step_size, HAS_CLIP=clip is not None, PER_TENSOR=size is not None, **self.flags, **switches,
+            )  # fmt: skip
+
+    def one_pass(self) -> None:
+        """The whole step at ``-lr`` with no trust ratio: moments and weights in one pass."""
+        self._launch(None, None, -self.lr, MOMENTS=True, NORMS=False, APPLY=True)
+
+    def first_pass(self) -> Tensor:
+        """Advance the moments; returns ``[tensors, 2]``: each tensor's ``sum u^2`` and
+        ``sum x^2`` (weights before decoupled decay) over the elements held here."""
+        partial = torch.zeros((self.layout.chunks + 1, 2), dtype=torch.float32, device=self.device)  # last row: 0
+        self._launch(None, partial, 0.0, MOMENTS=True, NORMS=True, APPLY=False)
+        return partial[self.layout.gather].sum(dim=1)
+
+    def finish(self, ratio: Tensor | None) -> None:
+        """The step ``x = decay * x - lr * ratio * u``, ``u`` computed again from the moments
+        (``ratio`` per tensor on the device, or None for 1)."""
+        sizes = None if ratio is None else (ratio.to(torch.float32) * -self.lr).contiguous()
+        self._launch(sizes, None, -self.lr, MOMENTS=False, NORMS=False, APPLY=True)
+
+    def complete(
+        self,
+        group: dict[str, Any],
+        adapt: bool,
+        u_norm: Tensor,
+        x_norm: Tensor,
+        ratio_of: Callable[[dict[str, Any], Tensor, Tensor], Tensor],
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``finish`` with the trust ratios of the whole tensors' norms (``||x||`` before
+        decoupled decay); returns ``(ratio, ||x||, ||u||)`` per tensor, ``||x||`` after decay."""
+        w_norm = x_norm * abs(self.decay)
+        ratio = ratio_of(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
+        self.finish(ratio if adapt else None)
+        return ratio, w_norm, u_norm
+
+
+def step(
+    group: dict[str, Any],
+    step_count: int,
+    tensors: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]],
+    clip: Tensor | None,
+    adapt: bool,
+    record: bool,
+    ratio_of: Callable[[dict[str, Any], Tensor, Tensor], Tensor],
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """One LAMB step of a bucket (``applies`` holds); returns ``(ratio, ||x||, ||u||)`` per
+    tensor when ``adapt`` or ``record``, as the multi-tensor path does, else None.
+
+    Args:
+        group, step_count, tensors, clip: as ``Bucket``.
+        adapt: scale each tensor's step by its trust ratio.
+        record: return the statistics even without ``adapt``.
+        ratio_of: ``(group, ||x||, ||u||) -> ratio``, the optimizer's trust-ratio rule.
+    """
+    bucket = Bucket(group, step_count, tensors, clip)
+    if not (adapt or record):
+        bucket.one_pass()
+        return None
+    sums = bucket.first_pass()
+    return bucket.complete(group, adapt, sums[:, 0].sqrt(), sums[:, 1].sqrt(), ratio_of)

@@ -1,0 +1,98 @@
+"""LAMB's Triton path for CUDA (largebatch.optim.lamb_triton). No GPU here: its kernel
+runs on CPU tensors through Triton's interpreter, in a fresh pytest of
+``tests/optim/interpreted_lamb_triton.py`` (the interpreter must be on before Triton is
+imported), against the paper's update; this file checks when the path is taken."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from largebatch.optim import lamb_triton
+from tests.conftest import REPO, clean_env
+
+pytestmark = pytest.mark.skipif(lamb_triton.triton is None, reason="Triton is not installed")
+
+
+@pytest.mark.slow
+def test_kernel_matches_the_paper_update_under_the_interpreter():
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/optim/interpreted_lamb_triton.py"],
+        cwd=REPO, env=clean_env(TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed in [0-9.]+s(?: \(.*\))?", summary), summary  # none skipped
+    assert int(summary.split()[0]) >= 25
+
+
+def test_taken_only_for_float32_contiguous_tensors_on_its_devices(monkeypatch):
+    def bucket(device="meta", dtype=torch.float32, transpose=False):
+        t = torch.empty((4, 3), device=device, dtype=dtype)
+        t = t.t() if transpose else t
+        return [t], [t], [t], [t]
+
+    assert not lamb_triton.applies(*bucket())  # meta is not among its devices
+    monkeypatch.setattr(lamb_triton, "DEVICES", ("meta", "cpu"))
+    assert lamb_triton.applies(*bucket())
+    assert not lamb_triton.applies(*bucket(dtype=torch.bfloat16))  # to lamb_fused
+    assert not lamb_triton.applies(*bucket(dtype=torch.float64))
+    assert not lamb_triton.applies(*bucket(transpose=True))
+    offset = torch.empty(13, device="meta")[1:]  # misaligned: still taken, without the vector hints
+    assert lamb_triton.applies([offset], [offset], [offset], [offset])
+    # the CPU only through the interpreter, which is off in this process
+    assert not lamb_triton._interpreting()
+    assert not lamb_triton.applies(*bucket(device="cpu"))
+
+
+def test_chunk_layout_sums_each_tensor_in_chunk_order():
+    layout = lamb_triton._Layout((5, 0, 16, 17), 8, torch.device("cpu"))
+    assert layout.chunks == 1 + 0 + 2 + 3
+    assert layout.chunk_tensor.tolist() == [0, 2, 2, 3, 3, 3]
+    assert layout.chunk_start.tolist() == [0, 0, 8, 0, 8, 16]
+    partial = torch.arange(1.0, layout.chunks + 1).repeat_interleave(2).view(-1, 2)
+    partial = torch.cat([partial, torch.zeros(1, 2)])  # the padding row
+    sums = partial[layout.gather].sum(dim=1)[:, 0]
+    assert sums.tolist() == [1.0, 0.0, 2.0 + 3.0, 4.0 + 5.0 + 6.0]
+
+
+POINTERS = ("x_addrs", "g_addrs", "m_addrs", "v_addrs", "numels", "chunk_tensor", "chunk_start")
+# The launches ``step`` makes: moments and norms, the step after the ratios, and both in one.
+PASSES = [
+    {"MOMENTS": True, "NORMS": True, "APPLY": False, "PER_TENSOR": False},
+    {"MOMENTS": False, "NORMS": False, "APPLY": True, "PER_TENSOR": True},
+    {"MOMENTS": True, "NORMS": False, "APPLY": True, "PER_TENSOR": False},
+]
+
+
+def compile_for(capability: int, switches: dict) -> dict:
+    """The kernel compiled for a CUDA GPU of ``capability`` (no GPU needed); its assembly."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = lamb_triton._kernel()
+    names = list(kernel.arg_names)
+    constants = {"CHUNK": lamb_triton.CHUNK_ELEMENTS, "BLOCK": lamb_triton.BLOCK_ELEMENTS, **switches}
+    signature = {name: "*i64" if name in POINTERS else "*fp32" for name in names[:10]}
+    signature |= {name: "fp32" for name in names[10:17]} | {name: "constexpr" for name in constants}
+    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constants.items()})
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm
+
+
+@pytest.mark.parametrize("capability", [80, 90])
+@pytest.mark.parametrize("switches", PASSES, ids=["norms", "step", "one-pass"])
+@pytest.mark.parametrize("clip,coupled", [(True, True), (False, False)])
+def test_compiles_for_a100_and_h100_with_whole_vector_loads(capability, switches, clip, coupled):
+    """Triton's own compiler and ptxas, without a GPU: every pass the step launches builds
+    to a cubin; with aligned tensors the unmasked vectors load 16 bytes at a time (the
+    alignment hints hold), without, one float at a time."""
+    vector_load = re.compile(r"ld\.global(\.\S+)*\.v4\.b32")
+    for aligned in (True, False):
+        asm = compile_for(capability, switches | {"HAS_CLIP": clip, "COUPLED": coupled, "ALIGNED": aligned})
+        assert asm["cubin"]
+        assert bool(vector_load.search(asm["ptx"])) == aligned
