@@ -12,6 +12,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -206,3 +207,33 @@ def test_suite_quick_writes_its_report(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = out.read_text()
     assert "Machine:" in report and "engine / bare = " in report and "MFU = " in report
+
+
+class _Busy(torch.utils.data.Dataset):
+    """Each item burns about 30 ms of CPU in whichever process loads it."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index):
+        end = time.process_time() + 0.03
+        while time.process_time() < end:
+            pass
+        return torch.zeros(1, 3), 0
+
+
+def test_loader_bench_counts_worker_cpu_and_gives_the_main_process_apart():
+    from bench import loaders
+
+    loader = torch.utils.data.DataLoader(_Busy(), batch_size=None, num_workers=1)
+    _, total_ms, main_ms = loaders.time_epoch(loader, 0)
+    assert total_ms >= 25  # per image: the worker's busy loop is counted
+    assert main_ms < total_ms / 3  # and it is not the main process's
+
+
+def test_loader_bench_decode_share_of_all_host_side_and_workers():
+    from bench import loaders
+
+    rows = loaders.decode_share({loaders.DECODE_STEP: 0.6, loaders.DEVICE_STEP: 0.05}, total=1.0, in_main=0.1)
+    shares = [re.search(r"\| ([0-9.]+) \| (\d+)% \|$", row).groups() for row in rows if row.endswith("% |")]
+    assert shares == [("1.00", "60"), ("0.95", "63"), ("0.90", "67")]
