@@ -48,8 +48,9 @@ against the update written out):
   same fused kernel as the CPU over whole tensors (``largebatch.optim.lamb_fused``: half
   the memory traffic of plain foreach ops), the norms and the step as here.
 * sharded (FSDP2's DTensors, ``_step_sharded``): the multi-tensor path on each rank's
-  slices (on CUDA with ``lamb_triton``'s two passes, or ``lamb_fused``'s moments), with every norm of the step summed
-  across the shard group in one collective (``largebatch.optim.sharded``).
+  slices (on CUDA with ``lamb_triton``'s two passes, or ``lamb_fused``'s moments), with
+  every norm of the step summed across the shard group in one collective
+  (``largebatch.optim.sharded``).
 """
 
 from __future__ import annotations

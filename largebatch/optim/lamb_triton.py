@@ -25,9 +25,10 @@ Arithmetic, per element, with the bias corrections as ``lamb.bias_scalars``' two
     u = scale * m / (sqrt(v) + eps') + wd * x     (the ``wd * x`` term without decoupled decay)
     x = decay * x + size * u                      (size = -lr * ratio, decay = 1 - lr * wd decoupled)
 
-Taken for float32 buckets on ``DEVICES`` whose tensors are contiguous when Triton imports (it comes with torch's CUDA wheels), FSDP2's local slices included:
-there the norms of every bucket are summed across the shard group between the two passes
-(``Bucket``), in the sharded step's one collective. Not yet run on a GPU: the tests run
+Taken for float32 buckets on ``DEVICES`` whose tensors are contiguous when Triton imports
+(it comes with torch's CUDA wheels), FSDP2's local slices included: there the norms of
+every bucket are summed across the shard group between the two passes (``Bucket``), in
+the sharded step's one collective. Not yet run on a GPU: the tests run
 the same kernel on the CPU through Triton's interpreter, against the paper's update, and
 compile it for sm_80 and sm_90 with Triton's compiler.
 """
@@ -253,6 +254,8 @@ class Bucket:
 
     def _launch(self, size: Tensor | None, partial: Tensor | None, step_size: float, **switches: bool) -> None:
         layout, spare = self.layout, self.layout.spare  # spare: the float pointers a pass does not read
+        if not layout.chunks:  # only empty slices here (FSDP2): nothing to launch, and CUDA refuses an empty grid
+            return
         clip = self.clip if switches["MOMENTS"] else None
         # Triton launches on the current CUDA device, which need not be the tensors'.
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():

@@ -142,6 +142,25 @@ def test_taken_before_the_fused_adam_path(interpreted, monkeypatch):
     assert len(interpreted) == 2 * STEPS and not fused
 
 
+def test_a_bucket_of_empty_slices_launches_nothing(interpreted, monkeypatch):
+    """A rank can hold only empty slices of a bucket under FSDP2; CUDA refuses an empty grid."""
+
+    def no_launch():
+        raise AssertionError("launched a kernel over no elements")
+
+    monkeypatch.setattr(lamb_triton, "_kernel", no_launch)
+    empty = [torch.zeros(0, requires_grad=True), torch.zeros(0, 3, requires_grad=True)]
+    optimizer = Lamb(empty, lr=0.1, weight_decay=0.1, chunk_elements=0)
+    for p in empty:
+        p.grad = torch.zeros_like(p)
+    for stats in (True, False):
+        if stats:
+            optimizer.request_stats()
+        optimizer.step()
+    assert len(interpreted) == 2
+    assert optimizer.last_stats["group0"]["trust_ratio"].tolist() == [1.0, 1.0]
+
+
 @pytest.mark.parametrize("clip", [None, 1.0])
 @pytest.mark.parametrize("stats", [False, True])
 def test_the_step_reads_nothing_back(interpreted, clip, stats):
