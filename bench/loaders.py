@@ -10,8 +10,11 @@ a busy neighbour on a shared machine slows all of them alike; the first round is
 warm-up and is not counted. Two measures per epoch: images per wall-clock second, and CPU
 milliseconds per image summed over the process, its threads and its worker processes
 (read from /proc, so live DataLoader workers count), which load from other jobs inflates
-far less than wall time. The tables give the median over the counted rounds, and the
-median of the per-round ratios.
+far less than wall time; of that CPU time, the main process's own part is given apart
+(for the native loader, the hand-over and the device stage, which a GPU would run). The
+tables give the median over the counted rounds, and the median of the per-round ratios.
+The last table sets the native loader's CPU time against the full-size decode it cannot
+do without: over all of it, the host side (less the device stage) and the workers'.
 
 The decode-only ceiling is one core's full-size simplejpeg decode rate (CPU time) times
 the worker count: what the workers could deliver if decoding were all they did.

@@ -172,3 +172,13 @@ def test_the_step_reads_nothing_back(interpreted, clip, stats):
     optimizer = Lamb(groups(net), lr=1e-2, weight_decay=0.05, max_grad_norm=clip, chunk_elements=0)
     assert steps_read_back(net, optimizer, stats) == []
     assert interpreted
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_matches_the_fused_adam_path_on_misaligned_and_multi_chunk_tensors(interpreted, monkeypatch, decoupled):
+    """What ``pytest -m gpu`` checks on a GPU, here with the CPU standing in for both paths."""
+    from largebatch.optim import lamb_fused
+    from tests.optim.test_lamb_triton import compare_paths
+
+    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
+    compare_paths(monkeypatch, "cpu", [(24, 40), (40,), (24,), (50, 24), (5,)], decoupled)

@@ -96,3 +96,62 @@ def test_compiles_for_a100_and_h100_with_whole_vector_loads(capability, switches
         asm = compile_for(capability, switches | {"HAS_CLIP": clip, "COUPLED": coupled, "ALIGNED": aligned})
         assert asm["cubin"]
         assert bool(vector_load.search(asm["ptx"])) == aligned
+
+
+on_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+VIT_SHAPES = [(768, 3072), (3072,), (768,), (1000, 768), (5,)]
+
+
+def compare_paths(monkeypatch, device: str, shapes: list[tuple[int, ...]], decoupled: bool) -> None:
+    """The Triton path on ``device`` (one tensor a misaligned view, so both compiled
+    variants run), 5 steps with clipping and a no-decay group, against the fused-Adam path
+    on the same device and the per-tensor reference in float64 on the CPU; the caller has
+    put ``device`` in both paths' device lists."""
+    from largebatch.optim import lamb_fused
+    from largebatch.optim.lamb import Lamb
+    from tests.optim.conftest import count_calls
+
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
+    grads = [[torch.randn(s, generator=gen) * 1e-3 for s in shapes] for _ in range(5)]
+
+    def run(device, dtype, **options):
+        params = [t.to(device, dtype, copy=True).requires_grad_() for t in start]
+        if dtype == torch.float32:  # a view one float in: not 16-byte aligned
+            tail = torch.zeros(start[2].numel() + 1, device=device, dtype=dtype)[1:]
+            params[2] = tail.copy_(start[2]).requires_grad_()
+        groups = [{"params": params[:-1]}, {"params": params[-1:], "weight_decay": 0.0}]
+        optimizer = Lamb(
+            groups, lr=1e-2, weight_decay=0.05, max_grad_norm=1.0, decoupled_weight_decay=decoupled, chunk_elements=0, **options
+        )
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.to(device, dtype)
+            optimizer.request_stats()
+            optimizer.step()
+        return [p.detach().double().cpu() for p in params], optimizer.last_stats
+
+    taken = count_calls(monkeypatch, lamb_triton.Bucket, "first_pass")
+    triton_weights, triton_stats = run(device, torch.float32)
+    assert len(taken) == 10  # both groups, every step
+    monkeypatch.setattr(lamb_triton, "DEVICES", ())
+    fused = count_calls(monkeypatch, lamb_fused, "directions")
+    fused_weights, fused_stats = run(device, torch.float32)
+    assert fused
+    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ())
+    reference, _ = run("cpu", torch.float64, foreach=False)
+    assert len(taken) == 10
+    for ours, other, exact in zip(triton_weights, fused_weights, reference):
+        torch.testing.assert_close(ours, other, rtol=0, atol=1e-6)
+        torch.testing.assert_close(ours, exact, rtol=0, atol=2e-6)
+    for group in ("group0", "group1"):
+        for key in ("trust_ratio", "weight_norm", "update_norm"):
+            torch.testing.assert_close(triton_stats[group][key], fused_stats[group][key], rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+@on_a_gpu
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_on_a_gpu_the_kernel_matches_the_fused_adam_path_and_the_paper_update(monkeypatch, decoupled):
+    """On real hardware, with ViT-B-sized tensors spanning many 64Ki-element chunks."""
+    compare_paths(monkeypatch, "cuda", VIT_SHAPES, decoupled)
