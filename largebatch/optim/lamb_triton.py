@@ -241,7 +241,8 @@ class Bucket:
         self.lr, wd, decoupled = group["lr"], group["weight_decay"], group["decoupled_weight_decay"]
         self.decay = 1 - self.lr * wd if decoupled else 1.0  # decoupled decay's factor on the weights
         scale, eps = bias_scalars(group, step_count)
-        self.scalars = (*group["betas"], scale, eps, wd, self.decay)
+        # as floats: Triton would compile a Python int (a weight decay of 0, say) as an integer argument
+        self.scalars = tuple(float(value) for value in (*group["betas"], scale, eps, wd, self.decay))
         table = [[t.data_ptr() for t in ts] for ts in tensors]
         self.flags = {
             "CHUNK": CHUNK_ELEMENTS,
@@ -267,7 +268,7 @@ class Bucket:
 
     def one_pass(self) -> None:
         """The whole step at ``-lr`` with no trust ratio: moments and weights in one pass."""
-        self._launch(None, None, -self.lr, MOMENTS=True, NORMS=False, APPLY=True)
+        self._launch(None, None, -float(self.lr), MOMENTS=True, NORMS=False, APPLY=True)
 
     def first_pass(self) -> Tensor:
         """Advance the moments; returns ``[tensors, 2]``: each tensor's ``sum u^2`` and
@@ -280,7 +281,7 @@ class Bucket:
         """The step ``x = decay * x - lr * ratio * u``, ``u`` computed again from the moments
         (``ratio`` per tensor on the device, or None for 1)."""
         sizes = None if ratio is None else (ratio.to(torch.float32) * -self.lr).contiguous()
-        self._launch(sizes, None, -self.lr, MOMENTS=False, NORMS=False, APPLY=True)
+        self._launch(sizes, None, -float(self.lr), MOMENTS=False, NORMS=False, APPLY=True)
 
     def complete(
         self,

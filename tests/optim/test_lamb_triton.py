@@ -155,3 +155,13 @@ def compare_paths(monkeypatch, device: str, shapes: list[tuple[int, ...]], decou
 def test_on_a_gpu_the_kernel_matches_the_fused_adam_path_and_the_paper_update(monkeypatch, decoupled):
     """On real hardware, with ViT-B-sized tensors spanning many 64Ki-element chunks."""
     compare_paths(monkeypatch, "cuda", VIT_SHAPES, decoupled)
+
+
+def test_scalar_arguments_reach_the_kernel_as_floats():
+    """Triton compiles a Python int argument as an integer: a weight decay given as 0 or
+    betas given as ints must still arrive as floats."""
+    group = {"lr": 1, "betas": (0, 1), "eps": 1e-6, "weight_decay": 0, "decoupled_weight_decay": True, "bias_correction": False}
+    t = [torch.zeros(3)]
+    bucket = lamb_triton.Bucket(group, 1, (t, t, t, t), None)
+    assert all(type(value) is float for value in bucket.scalars)
+    assert bucket.flags["COUPLED"] is False
