@@ -378,8 +378,12 @@ class Lamb(torch.optim.Optimizer):
             settings = lamb_cpu.Settings.of(group, step, adapt, record)
             return lamb_cpu.step(settings, (params, grads, exp_avgs, exp_avg_sqs), clip, limit, self._scratch)
         if lamb_triton.applies(params, grads, exp_avgs, exp_avg_sqs):
-            tensors = (params, grads, exp_avgs, exp_avg_sqs)
-            return lamb_triton.step(group, step, tensors, clip, adapt, record, self._ratio)
+            bucket = lamb_triton.Bucket(group, step, (params, grads, exp_avgs, exp_avg_sqs), clip)
+            if not (adapt or record):
+                bucket.one_pass()
+                return None
+            sums = bucket.first_pass()
+            return self._finish_bucket(group, bucket, sums[:, 1].sqrt(), sums[:, 0].sqrt())
         us, scale, decay = _directions(group, step, params, grads, exp_avgs, exp_avg_sqs, clip)
         if not (adapt or record):
             _apply(params, us, None, decay, -group["lr"] * scale)  # no ratio to wait for: one pass
@@ -404,10 +408,27 @@ class Lamb(torch.optim.Optimizer):
         Decoupled decay scales the weights by a scalar, so the decayed weight norm is
         ``decay * ||x||`` and the decay itself is done in the same pass as the step."""
         lr = group["lr"]
-        w_norm, u_norm = norms[0] * abs(decay), norms[1] * scale
-        ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
+        ratio, w_norm, u_norm = self._trust(group, adapt, norms[0], norms[1] * scale, decay)
         sizes = list((ratio * (-lr * scale)).to(params[0].dtype).unbind(0)) if adapt else None
         _apply(params, us, sizes, decay, -lr * scale)
+        return ratio, w_norm, u_norm
+
+    def _trust(self, group: dict[str, Any], adapt: bool, x_norm: Tensor, u_norm: Tensor, decay: float) -> tuple[Tensor, Tensor, Tensor]:
+        """``(ratio, ||x||, ||u||)`` per tensor from the norms of the weights before decay
+        and of the updates: ``||x||`` after decoupled decay (a scalar factor), ratio 1
+        without ``adapt``."""
+        w_norm = x_norm * abs(decay)
+        ratio = self._ratio(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
+        return ratio, w_norm, u_norm
+
+    def _finish_bucket(
+        self, group: dict[str, Any], bucket: lamb_triton.Bucket, x_norm: Tensor, u_norm: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The Triton path's second pass once the whole tensors' norms are known; returns
+        ``(ratio, ||x||, ||u||)`` per tensor."""
+        adapt = self._adapts(group)
+        ratio, w_norm, u_norm = self._trust(group, adapt, x_norm, u_norm, bucket.decay)
+        bucket.finish(ratio if adapt else None)
         return ratio, w_norm, u_norm
 
     def _step_sharded(
@@ -468,7 +489,7 @@ class Lamb(torch.optim.Optimizer):
             return None
         norms = reduction.norms(part.norms[0]), reduction.norms(part.norms[1])
         if part.bucket is not None:
-            return part.bucket.complete(group, self._adapts(group), norms[1], norms[0], self._ratio)
+            return self._finish_bucket(group, part.bucket, norms[0], norms[1])
         return self._adapt_and_apply(group, self._adapts(group), part.params, part.us, norms, part.scale, part.decay)
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -217,7 +216,9 @@ def _layout(numels: tuple[int, ...], chunk: int, device: torch.device) -> _Layou
 class Bucket:
     """One bucket's step (``applies`` holds) in its two halves: ``first_pass`` advances the
     moments and returns each tensor's local ``(sum u^2, sum x^2)``; once the norms are
-    known (summed across ranks for FSDP2's slices), ``finish`` takes the step.
+    known (summed across ranks for FSDP2's slices) and the trust ratios with them
+    (``largebatch.optim.lamb.Lamb``), ``finish`` takes the step. Without ratios or
+    statistics to wait for, ``one_pass`` does both.
 
     Args:
         group: the parameter group (betas, eps, weight decay, bias correction, lr).
@@ -282,44 +283,3 @@ class Bucket:
         (``ratio`` per tensor on the device, or None for 1)."""
         sizes = None if ratio is None else (ratio.to(torch.float32) * -self.lr).contiguous()
         self._launch(sizes, None, -float(self.lr), MOMENTS=False, NORMS=False, APPLY=True)
-
-    def complete(
-        self,
-        group: dict[str, Any],
-        adapt: bool,
-        u_norm: Tensor,
-        x_norm: Tensor,
-        ratio_of: Callable[[dict[str, Any], Tensor, Tensor], Tensor],
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """``finish`` with the trust ratios of the whole tensors' norms (``||x||`` before
-        decoupled decay); returns ``(ratio, ||x||, ||u||)`` per tensor, ``||x||`` after decay."""
-        w_norm = x_norm * abs(self.decay)
-        ratio = ratio_of(group, w_norm, u_norm) if adapt else torch.ones_like(w_norm)
-        self.finish(ratio if adapt else None)
-        return ratio, w_norm, u_norm
-
-
-def step(
-    group: dict[str, Any],
-    step_count: int,
-    tensors: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]],
-    clip: Tensor | None,
-    adapt: bool,
-    record: bool,
-    ratio_of: Callable[[dict[str, Any], Tensor, Tensor], Tensor],
-) -> tuple[Tensor, Tensor, Tensor] | None:
-    """One LAMB step of a bucket (``applies`` holds); returns ``(ratio, ||x||, ||u||)`` per
-    tensor when ``adapt`` or ``record``, as the multi-tensor path does, else None.
-
-    Args:
-        group, step_count, tensors, clip: as ``Bucket``.
-        adapt: scale each tensor's step by its trust ratio.
-        record: return the statistics even without ``adapt``.
-        ratio_of: ``(group, ||x||, ||u||) -> ratio``, the optimizer's trust-ratio rule.
-    """
-    bucket = Bucket(group, step_count, tensors, clip)
-    if not (adapt or record):
-        bucket.one_pass()
-        return None
-    sums = bucket.first_pass()
-    return bucket.complete(group, adapt, sums[:, 0].sqrt(), sums[:, 1].sqrt(), ratio_of)
