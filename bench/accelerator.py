@@ -7,15 +7,19 @@ failed and the next one still starts on a clean device; the exit status is then 
 
 =====================  ==============================================================
 a. ``tests``           ``pytest -m gpu`` (``-m hpu``): passed, failed, skipped counts
-b. ``train``           ViT-B/16 training images/s, MFU and peak memory through the
-                       engine on synthetic batches for fp32 (TF32 off), TF32, bf16 and
-                       bf16 + ``compile=True``, beside timm's ``train.py`` loop at the
-                       same batch (ratio), with an A/A control (bf16 run twice)
-c. ``loader_train``    bf16 training from TFRecord shards through DALI's ``mixed``
-                       decoding (the media pipeline on a Gaudi) against synthetic batches
-d. ``loader_alone``    the same loader iterated without training: images/s
-e. ``lamb``            LAMB's step on ViT-B/16's parameter shapes: ours, timm's, and a
+                       and each test's outcome
+b. ``lamb``            LAMB's step on ViT-B/16's parameter shapes: ours, timm's, and a
                        fused AdamW as the floor (ms/step, ratio to the floor)
+c. ``train``           ViT-B/16 training images/s, MFU and peak memory through the
+                       engine on synthetic batches for fp32 (TF32 off), TF32, fp16 with
+                       the grad scaler, bf16 and bf16 + ``compile=True``, beside timm's
+                       ``train.py`` loop at the same batch (ratio), with an A/A control
+                       (bf16 run twice)
+d. ``loader_alone``    the native loader (and DALI's ``mixed`` decoding, or the media
+                       pipeline on a Gaudi, where installed) iterated onto the device
+                       without training: images/s
+e. ``loader_train``    bf16 training from TFRecord shards through the same loaders
+                       against synthetic batches
 f. ``distributed``     with more than one device: ``torchrun`` ddp against fsdp,
                        images/s and peak memory per rank
 g. ``accuracy``        the Fashion-MNIST demo on one device, its final eval/top1
@@ -27,7 +31,13 @@ The report (the machine, each section's command and its table) goes to
 tiny ViT, a few steps, DALI's CPU pipeline; compile and the distributed section are
 skipped with their reasons); its report goes to ``bench/.cache/``.
 
-    python -m bench --device cuda [--quick] [--only train lamb] [--out FILE]
+With ``--budget SECONDS`` the suite stops starting sections once that much time has
+passed and stops a section that would run past it; such sections are reported as not run
+or stopped, with what they printed so far. ``--log FILE`` appends each section's whole
+output (stdout and stderr, with tracebacks) to one file. ``scripts/gpu-check.sh`` runs the
+suite this way on a bare GPU machine (docs/hardware.md).
+
+    python -m bench --device cuda [--quick] [--only train lamb] [--budget S] [--log FILE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -45,13 +55,14 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-SECTIONS = ["tests", "train", "loader_train", "loader_alone", "lamb", "distributed", "accuracy"]
+# In order of importance, so a --budget that runs out drops the least important last.
+SECTIONS = ["tests", "lamb", "train", "loader_alone", "loader_train", "distributed", "accuracy"]
 TITLES = {
     "tests": "a. Tests marked for the device",
-    "train": "b. Training throughput: engine precisions and timm's train.py loop",
-    "loader_train": "c. Training from TFRecord shards through the device loader",
-    "loader_alone": "d. The device loader alone",
-    "lamb": "e. LAMB step time",
+    "lamb": "b. LAMB step time",
+    "train": "c. Training throughput: engine precisions and timm's train.py loop",
+    "loader_alone": "d. The loaders onto the device, alone",
+    "loader_train": "e. Training from TFRecord shards through the loaders",
     "distributed": "f. ddp against fsdp",
     "accuracy": "g. Accuracy smoke: the Fashion-MNIST demo",
 }
@@ -123,21 +134,41 @@ def section_env(device: str) -> dict[str, str]:
     return env
 
 
-def run_section(name: str, device: str, quick: bool) -> tuple[str, int, str, float]:
-    """(the command, its exit status, its output, seconds)."""
+NOT_RUN = -1  # a section the budget left no time for
+TIMED_OUT = 124
+
+
+def text(stream: str | bytes | None) -> str:
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else stream or ""
+
+
+def run_section(
+    name: str, device: str, quick: bool, timeout: float = SECTION_TIMEOUT_S, log: pathlib.Path | None = None
+) -> tuple[str, int, str, float]:
+    """(the command, its exit status, its output, seconds); a section stopped at ``timeout``
+    has status 124 and keeps what it printed."""
     cmd = [sys.executable, "bench/accelerator_sections.py", name, "--device", device, *(["--quick"] if quick else [])]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=section_env(device), capture_output=True, text=True, timeout=SECTION_TIMEOUT_S)
+        proc = subprocess.run(cmd, cwd=REPO, env=section_env(device), capture_output=True, text=True, timeout=timeout)
         status, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as err:
-        status, stdout, stderr = 124, str(err.stdout or ""), f"timed out after {SECTION_TIMEOUT_S} s"
+        status, stdout = TIMED_OUT, text(err.stdout)
+        stderr = text(err.stderr) + f"\nstopped after {timeout:.0f} s (the section's share of --budget)"
+    seconds = time.perf_counter() - start
+    if log is not None:
+        with log.open("a") as f:
+            f.write(f"===== {name}: `{shlex.join(cmd)}` status {status}, {seconds:.1f} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
     stdout = "\n".join(line for line in stdout.splitlines() if not line.startswith("done: "))  # the engine's end-of-run line
     output = stdout.strip() if status == 0 else stdout.strip() + "\n\n```\n" + stderr[-4000:].strip() + "\n```"
-    return shlex.join(["python", *cmd[1:]]), status, output, time.perf_counter() - start
+    return shlex.join(["python", *cmd[1:]]), status, output, seconds
 
 
 def section_status(status: int, output: str) -> str:
+    if status == NOT_RUN:
+        return "not run: the --budget was spent"
+    if status == TIMED_OUT:
+        return "stopped at the --budget"
     if status:
         return f"failed, status {status}"
     skipped = [line for line in output.splitlines() if line.startswith("skipped:")]
@@ -150,6 +181,8 @@ def write_report(out: pathlib.Path, args: argparse.Namespace, name: str, results
     command = shlex.join(["python", "-m", "bench", "--device", args.device, *(["--quick"] if args.quick else [])])
     if args.only:
         command += " --only " + " ".join(args.only)
+    if args.budget is not None:
+        command += f" --budget {args.budget:g}"
     lines = [
         f"# Accelerator suite: {args.device}" + (" (quick: smoke sizes, not for reading)" if args.quick else ""),
         "",
@@ -165,7 +198,15 @@ def write_report(out: pathlib.Path, args: argparse.Namespace, name: str, results
         "",
     ]
     for section, cmd, status, output, seconds in results:
-        lines += [f"## {TITLES[section]}", "", f"`{cmd}` ({seconds:.0f} s)" + (f"; **failed, status {status}**" if status else ""), ""]
+        if status == NOT_RUN:
+            lines += [f"## {TITLES[section]}", "", output, ""]
+            continue
+        lines += [
+            f"## {TITLES[section]}",
+            "",
+            f"`{cmd}` ({seconds:.0f} s)" + (f"; **{section_status(status, output)}**" if status else ""),
+            "",
+        ]
         lines += [output, ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
@@ -177,7 +218,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that every section runs")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--out", type=pathlib.Path, help="the Markdown report (default: bench/results/<gpu|hpu>-<device>.md)")
+    parser.add_argument("--budget", type=float, metavar="SECONDS", help="start no section after this many seconds, stop one at it")
+    parser.add_argument("--log", type=pathlib.Path, help="append every section's whole output to this file")
     args = parser.parse_args(argv)
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget {args.budget:g}: give a number of seconds above 0")
     error, name = device_check(args.device)
     if error:
         print(f"error: {error}", file=sys.stderr)
@@ -185,13 +230,27 @@ def main(argv: list[str]) -> int:
     if args.device == "cpu":
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the sections run, so the report's machine line says so
     out = args.out or report_path(args.device, name)
+    if args.log is not None:
+        args.log.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget if args.budget is not None else None
     results = []
     for section in args.only or SECTIONS:
+        left = SECTION_TIMEOUT_S if deadline is None else min(SECTION_TIMEOUT_S, deadline - time.monotonic())
+        if left < 1:
+            print(f"bench: {section} not run: the budget of {args.budget:g} s is spent", flush=True)
+            results.append((section, "", NOT_RUN, f"not run: the budget of {args.budget:g} s was spent before it", 0.0))
+            write_report(out, args, name, results)
+            continue
         print(f"bench: {section} ...", flush=True)
-        cmd, status, output, seconds = run_section(section, args.device, args.quick)
+        cmd, status, output, seconds = run_section(section, args.device, args.quick, timeout=left, log=args.log)
         print(output if status == 0 else f"bench: {section} failed (status {status})\n{output}", flush=True)
         results.append((section, cmd, status, output, seconds))
         write_report(out, args, name, results)  # after each section: a crash later keeps what ran
-    failed = [section for section, _, status, _, _ in results if status]
-    print(f"bench: report written to {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    failed = [section for section, _, status, _, _ in results if status not in (0, NOT_RUN)]
+    not_run = [section for section, _, status, _, _ in results if status == NOT_RUN]
+    print(
+        f"bench: report written to {out}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + (f"; not run (budget): {', '.join(not_run)}" if not_run else "")
+    )
     return 1 if failed else 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 from typing import Any
 
@@ -33,10 +34,41 @@ import yaml
 from largebatch.config.typed import Config, typed
 from largebatch.errors import UserError
 
+# The oldest timm whose ``save_config_for_hf`` takes ``data_config`` and records the
+# model's constructor arguments: ``config.json`` needs both (setup.cfg requires it too).
+TIMM_MINIMUM = "1.0.31"
 WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"  # the ``ema`` hook's average (``ema.decay``)
 HUB_CONFIG = "config.json"
 _NOT_OURS = ("tag", "license", "hf_hub_id", "hf_hub_filename", "url", "file", "source", "paper_ids", "notes", "origin_url")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"1.0.31"`` -> ``(1, 0, 31)``; a suffix (``.dev0``, ``+local``, ``rc1``) is ignored."""
+    out = []
+    for part in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        out.append(int(digits.group()))
+        if digits.group() != part:
+            break
+    return tuple(out)
+
+
+def check_timm() -> None:
+    """Refuse, before anything trains, a timm too old to write the run's ``config.json``.
+
+    Raises:
+        UserError: the installed timm is older than ``TIMM_MINIMUM``.
+    """
+    import timm
+
+    if version_tuple(timm.__version__) < version_tuple(TIMM_MINIMUM):
+        raise UserError(
+            f"timm {timm.__version__} is installed; largebatch needs timm>={TIMM_MINIMUM} to write a run's config.json "
+            f"(save_config_for_hf with data_config and the model's arguments): pip install 'timm>={TIMM_MINIMUM}'"
+        )
 
 
 def data_config(cfg: Config) -> dict[str, Any]:
@@ -120,6 +152,7 @@ def load_run(run_dir: pathlib.Path, weights: str = WEIGHTS) -> tuple[Config, tor
 def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path, *, ema: bool = False) -> pathlib.Path:
     """Copy a finished run's weights (``ema``: its EMA weights, ``model_ema.safetensors``)
     into ``out`` as ``model.safetensors`` with timm's ``config.json``; returns ``out``."""
+    check_timm()
     run_dir, out = pathlib.Path(run_dir), pathlib.Path(out)
     weights = EMA_WEIGHTS if ema else WEIGHTS
     cfg, model = load_run(run_dir, weights)

@@ -21,15 +21,16 @@ from torch.utils.flop_counter import FlopCounterMode
 TRAIN_FORWARD_MULTIPLE = 3
 
 # Dense peak TFLOP/s by device-name fragment (matched in order, case-insensitive) and
-# number format: '16' is bf16/fp16 on tensor cores / MMEs, 'tf32' fp32 matmuls in TF32.
+# number format: '16' is bf16/fp16 on tensor cores / MMEs, 'tf32' fp32 matmuls in TF32,
+# '32' plain fp32 on the CUDA cores (TF32 off).
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H200", {"16": 989.0, "tf32": 494.0}),
-    ("H100 PCIe", {"16": 756.0, "tf32": 378.0}),
-    ("H100 NVL", {"16": 835.0, "tf32": 418.0}),
-    ("H100", {"16": 989.0, "tf32": 494.0}),  # SXM
-    ("GH200", {"16": 989.0, "tf32": 494.0}),
+    ("H200", {"16": 989.0, "tf32": 494.0, "32": 67.0}),
+    ("H100 PCIe", {"16": 756.0, "tf32": 378.0, "32": 51.0}),
+    ("H100 NVL", {"16": 835.0, "tf32": 418.0, "32": 60.0}),
+    ("H100", {"16": 989.0, "tf32": 494.0, "32": 67.0}),  # SXM
+    ("GH200", {"16": 989.0, "tf32": 494.0, "32": 67.0}),
     ("B200", {"16": 2250.0, "tf32": 1100.0}),
-    ("A100", {"16": 312.0, "tf32": 156.0}),
+    ("A100", {"16": 312.0, "tf32": 156.0, "32": 19.5}),
     ("A10G", {"16": 70.0, "tf32": 35.0}),
     ("L40S", {"16": 362.0, "tf32": 183.0}),
     ("L4", {"16": 121.0, "tf32": 60.0}),
@@ -58,17 +59,15 @@ def forward_flops_per_sample(model: torch.nn.Module, sample_shape: tuple[int, ..
     return int(counter.get_total_flops())
 
 
-def number_format(precision: str, tf32: bool) -> str | None:
-    """The ``PEAK_TFLOPS`` column for a run's precision, or None (plain fp32)."""
+def number_format(precision: str, tf32: bool) -> str:
+    """The ``PEAK_TFLOPS`` column for a run's precision."""
     if precision in ("bf16", "fp16"):
         return "16"
-    return "tf32" if tf32 else None
+    return "tf32" if tf32 else "32"
 
 
-def lookup_peak(device_name: str, fmt: str | None) -> float | None:
+def lookup_peak(device_name: str, fmt: str) -> float | None:
     """The dense peak TFLOP/s of ``device_name`` in number format ``fmt``, or None."""
-    if fmt is None:
-        return None
     name = device_name.upper()
     for fragment, peaks in PEAK_TFLOPS:
         if fragment.upper() in name:

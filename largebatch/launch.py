@@ -26,7 +26,7 @@ from largebatch.dist import barrier, broadcast_object, destroy_process_group, di
 from largebatch.engine.engine import Engine
 from largebatch.engine.state import TrainState
 from largebatch.errors import UserError
-from largebatch.export import write_run_hub_config
+from largebatch.export import check_timm, write_run_hub_config
 from largebatch.hooks import build_hooks
 from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model, check_model_config
@@ -111,6 +111,7 @@ def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
 
 def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
+    check_timm()  # a run must not train for hours and then fail to write its config.json
     cfg = resolve_config(args.config, args.overrides)
     hooks = build_hooks(cfg, pathlib.Path(args.config))
     task = build_task(cfg, pathlib.Path(args.config))

@@ -17,6 +17,7 @@ import importlib.util
 import pathlib
 
 import pytest
+import torch
 
 from largebatch import preemption
 from largebatch.launch import TrainArgs, train
@@ -139,3 +140,24 @@ def test_dropout_changes_the_result(references):
 @pytest.mark.parametrize("dropout", list(DROPOUT))
 def test_native_loader_result_does_not_depend_on_the_worker_count(references, dropout):
     assert references("native-0", dropout) == references("native-2", dropout)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_on_a_gpu_a_resumed_run_ends_with_the_uninterrupted_runs_bytes(tmp_path, shards, precision):
+    # The CUDA cell: autocast (fp16 with its grad scaler, whose state must resume too),
+    # LAMB's Triton path with clipping, mixup, dropout, the native loader's pinned
+    # hand-over with 2 workers. Attention through plain matmuls (cuda.fused_attention off):
+    # the fused kernels' backward need not be bitwise repeatable.
+    cfg = matrix_config(shards, "native-2", "dropout")
+    cfg.update(device="cuda", precision=precision, cuda={"fused_attention": False})
+    reference = run(tmp_path, cfg, tmp_path / "reference")
+    assert reference.step == 8 and reference.backend.device.type == "cuda"
+    if precision == "fp16":
+        assert reference.scaler is not None and reference.scaler.get_scale() > 0
+    run_dir = tmp_path / "run"
+    assert run(tmp_path, {**cfg, "max_steps": 3}, run_dir).step == 3
+    (run_dir / "model.safetensors").unlink(missing_ok=True)
+    assert run(tmp_path, cfg, run_dir, resume="auto").step == 8
+    assert (run_dir / "model.safetensors").read_bytes() == (tmp_path / "reference" / "model.safetensors").read_bytes()

@@ -121,3 +121,29 @@ def test_a_ddp_checkpoint_is_refused_by_a_sharded_run_with_the_fix(tmp_path):
     # ... and accepting it still cannot turn one checkpoint format into the other
     result = run_cli(*command, "--set", "dist.strategy=fsdp", "--resume-ignore-config")
     assert_one_error_line(result, "step-00000002.pt", "this is a ddp checkpoint", "resume with the strategy it was made with")
+
+
+def test_a_timm_too_old_for_config_json_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    # timm 1.0.29's save_config_for_hf has no data_config: a run would train, then fail
+    # at the end writing config.json (seen on a GPU machine's preinstalled timm).
+    import timm
+
+    from largebatch.launch import TrainArgs, build_run
+
+    monkeypatch.setattr(timm, "__version__", "1.0.29")
+    path = write_config(tmp_path, tiny_config())
+    with pytest.raises(UserError, match=r"timm 1\.0\.29 is installed; largebatch needs timm>=1\.0\.31 .*pip install 'timm>=1\.0\.31'"):
+        build_run(TrainArgs(str(path), run_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_timm_floor_is_the_one_setup_cfg_declares_and_the_installed_timm_meets_it():
+    import timm
+
+    from largebatch.export import TIMM_MINIMUM, version_tuple
+    from tests.conftest import REPO
+
+    assert f"timm>={TIMM_MINIMUM}\n" in (REPO / "setup.cfg").read_text()
+    assert version_tuple(timm.__version__) >= version_tuple(TIMM_MINIMUM)
+    assert version_tuple("1.0.31") == (1, 0, 31) > version_tuple("1.0.29") == (1, 0, 29)
+    assert version_tuple("1.0.32.dev0") == (1, 0, 32) and version_tuple("2.1rc1+cu") == (2, 1)

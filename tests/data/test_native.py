@@ -272,6 +272,31 @@ def test_workers_decode_into_shared_slots_that_are_reused_only_after_their_batch
     ring.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_pinned_hand_over_delivers_the_cpu_loaders_batches(unique_shards, monkeypatch):
+    # Worker slots reused out of order, copies on a side stream: each batch is used on the
+    # default stream the moment it is yielded, so a hand-over that did not wait for its
+    # copy, or a slot rewritten before its copy, would show as a differing batch.
+    p = plan(micro=2, global_batch=8)
+    _slow_first_worker(monkeypatch)
+    cuda = torch.device("cuda")
+    reference = native.build_train_loader(data_cfg(unique_shards, 48), p, rank=1, seed=SEED, device=CPU)
+    on_gpu = native.build_train_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), p, rank=1, seed=SEED, device=cuda)
+    for epoch in (0, 1):
+        reference.set_epoch(epoch)
+        on_gpu.set_epoch(epoch)
+        got = [(images * 1.0, labels + 0) for images, labels in on_gpu]
+        torch.cuda.synchronize()
+        expected = list(reference)
+        assert len(got) == len(expected) == 12
+        for (a_img, a_lab), (b_img, b_lab) in zip(expected, got, strict=True):
+            assert b_img.device.type == "cuda" and b_img.dtype == torch.float32 and b_img.is_contiguous()
+            assert torch.equal(a_lab, b_lab.cpu())
+            torch.testing.assert_close(b_img.cpu(), a_img, rtol=0, atol=1e-6)
+    on_gpu.close()
+
+
 def test_eval_through_the_ring_keeps_the_short_last_batch(unique_shards):
     # 20 records in batches of 3: the last batch holds 2 images of a 3-image slot
     kwargs = dict(batch_size=3, rank=0, world_size=1, device=CPU)

@@ -73,7 +73,16 @@ COVERED = {
     "python -m bench": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # the same entry point at --quick sizes",
     "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report",
     "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # --quick --only",
-    "python -m bench --device cpu --quick": "tests/bench/test_accelerator.py::test_cpu_stand_in_runs_every_section_that_applies",
+    "python -m bench --device cpu --quick": (
+        "tests/bench/test_accelerator.py::test_gpu_pack_then_check_rehearse_every_section_on_the_cpu"
+        "  # scripts/gpu-check.sh with GPU_CHECK_DEVICE=cpu runs it, with --budget"
+    ),
+    "bash scripts/gpu-pack.sh": "tests/bench/test_accelerator.py::test_gpu_pack_then_check_rehearse_every_section_on_the_cpu",
+    "bash scripts/gpu-check.sh OUT_DIR 420": (
+        "tests/bench/test_accelerator.py::test_gpu_pack_then_check_rehearse_every_section_on_the_cpu"
+        "  # with GPU_CHECK_DEVICE=cpu; without it and without a GPU:"
+        " tests/bench/test_accelerator.py::test_gpu_check_installs_the_carried_wheels_then_stops_with_the_suites_refusal_without_a_gpu"
+    ),
     "OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2": (
         "tests/bench/test_critical_batch.py::test_quick_study_runs_every_optimizer  # the study at --quick sizes"
     ),

@@ -36,5 +36,7 @@ def test_peak_lookup():
     assert lookup_peak("NVIDIA A100-SXM4-80GB", number_format("fp32", tf32=True)) == 156.0
     assert lookup_peak("NVIDIA H200", "16") == 989.0
     assert lookup_peak("GAUDI2", "16") == 432.0
-    assert lookup_peak("NVIDIA A100-SXM4-80GB", number_format("fp32", tf32=False)) is None
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", number_format("fp32", tf32=False)) == 19.5
+    assert lookup_peak("NVIDIA H200", number_format("fp32", tf32=False)) == 67.0
+    assert lookup_peak("GAUDI2", number_format("fp32", tf32=False)) is None
     assert lookup_peak("Some Future Chip", "16") is None
