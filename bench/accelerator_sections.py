@@ -143,11 +143,11 @@ class StepTimer(Hook):
 
     def before_step(self, state) -> None:
         if state.step == self.warmup:
-            state.backend.synchronize()
+            state.run.backend.synchronize()
             self.start = time.perf_counter()
 
     def after_train(self, state) -> None:
-        state.backend.synchronize()
+        state.run.backend.synchronize()
         self.seconds = time.perf_counter() - self.start
 
 
@@ -222,8 +222,8 @@ def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool) -> M
         engine.close()
     rate = sizes.timed * cfg["global_batch_size"] / timer.seconds
     shape = (3, sizes.image_size, sizes.image_size)
-    per_sample = flops.TRAIN_FORWARD_MULTIPLE * flops.forward_flops_per_sample(state.model, shape, state.backend.device)
-    peak_tflops = flops.peak_tflops(state.backend)
+    per_sample = flops.TRAIN_FORWARD_MULTIPLE * flops.forward_flops_per_sample(state.run.model, shape, state.run.backend.device)
+    peak_tflops = flops.peak_tflops(state.run.backend)
     mfu = rate * per_sample / (peak_tflops * 1e12) if peak_tflops else None
     del engine, state
     reset_peak_memory(cfg["device"])
@@ -462,9 +462,10 @@ def fallback_note(device: str, data) -> str:
     """On a Gaudi, why the media pipeline would fall back to the native loader, if it would."""
     if device != "hpu" or data["loader"] != "mediapipe":
         return ""
+    from largebatch.config.typed import section
     from largebatch.data import mediapipe
 
-    reason = mediapipe.unavailable_reason(data, torch.device("hpu"))
+    reason = mediapipe.unavailable_reason(section("data", data), torch.device("hpu"))
     return f" (the media pipeline cannot run: {reason}; largebatch falls back to the native loader)" if reason else ""
 
 
@@ -503,15 +504,14 @@ def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, worke
     """images/s of each epoch after a warm-up epoch, iterating the loader without training."""
     from largebatch import data as data_mod
     from largebatch.backends import create_backend
-    from largebatch.config import make_plan
-    from largebatch.launch import resolve_config
+    from largebatch.config import derive, resolve_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(engine_config(device, sizes, "bf16", data=loader_data(sizes, loader_kind, workers))))
-        cfg = resolve_config(str(path), [])
-    backend = create_backend(cfg.device, cfg.precision, 0, cfg)
-    plan = make_plan(cfg, 1, data_mod.count_samples(cfg.data, "train"))
+        cfg = resolve_config(path)
+    backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
+    plan = derive(cfg, 1, data_mod.count_samples(cfg.data, "train")).plan
     loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
     rates = []
     try:

@@ -70,6 +70,7 @@ machines and be combined with ``--report-only --merge``), then to ``STEM.md`` an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -172,16 +173,16 @@ class StudyEval(Hook):
     def before_run(self, state) -> None:
         from largebatch import data as data_mod
 
-        cfg = state.config
-        first = self.first or max(1, state.total_steps // 300)
-        self._steps = set(eval_schedule(state.total_steps, self.ratio, first))
+        cfg = state.run.config
+        first = self.first or max(1, state.run.total_steps // 300)
+        self._steps = set(eval_schedule(state.run.total_steps, self.ratio, first))
         self._loader = data_mod.build_eval_loader(
-            {**cfg["data"], "eval_split": self.test_split},
-            batch_size=self.batch_size or cfg["eval"]["batch_size"] or cfg["micro_batch_size"],
-            rank=state.rank,
-            world_size=state.world_size,
-            device=state.backend.device,
-            cache=cfg["eval"]["cache"],
+            dataclasses.replace(cfg.data, eval_split=self.test_split),
+            batch_size=self.batch_size or cfg.eval.batch_size or cfg.micro_batch_size,
+            rank=state.run.rank,
+            world_size=state.run.world_size,
+            device=state.run.backend.device,
+            cache=cfg.eval.cache,
         )
 
     def after_step(self, state) -> None:
@@ -189,7 +190,7 @@ class StudyEval(Hook):
             state.request_eval()
 
     def after_eval(self, state) -> None:
-        metrics = state.task.evaluate(state.model, self._loader, state.backend, prefix="test")
+        metrics = state.run.task.evaluate(state.run.model, self._loader, state.run.backend, prefix="test")
         state.eval_metrics = {**state.eval_metrics, "test/loss": metrics["test/loss"], "test/top1": metrics["test/top1"]}
         for key in self.reached:
             self.reached[key] = self.reached[key] or state.eval_metrics[key] >= self.target

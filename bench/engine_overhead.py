@@ -3,7 +3,7 @@
 Both run the same model, micro-batch, accumulation, optimizer, schedule and clipping on
 the same pre-made micro-batches (so data generation is not measured); the engine runs
 with its default hooks (loss and accuracy, throughput with its one FLOP count, gradient
-norms, NaN guard, metrics logger writing metrics.jsonl; checkpoints off). Each round
+norms, metrics logger writing metrics.jsonl; checkpoints off) and its non-finite check. Each round
 builds a fresh engine and a fresh model for the bare loop, and the two take turns one
 optimizer step at a time (two threads, only one of them running at any moment), each
 timed only while it runs. Taking turns at every step puts both loops under the same
@@ -12,6 +12,11 @@ between runs by more than the difference being measured. Reported: the median im
 of each over the rounds, each round's ratio engine / bare, and their median (the
 headline ``engine / bare``: a round's two rates share its load, so its ratio is the
 paired measurement).
+
+Each round also runs an A/A control in the same rotation: the bare loop in the engine's
+place (the main thread, taking the engine's turns) against the bare loop on its own
+thread. Its ratio is what the method reads when the two sides do the same work, the bias
+and spread to read ``engine / bare`` against.
 
     python bench/engine_overhead.py [--rounds 5] [--steps 8] [--micro 32] [--accumulation 4]
 """
@@ -153,12 +158,16 @@ class TakingTurns(FixedBatches):
             yield batch
 
 
-def bare_steps(model, optimizer, schedule, batches, accumulation: int, turns: Turns | None = None) -> int:
-    """The hand-written loop (one turn per optimizer step when ``turns`` is given); returns the samples trained on."""
+def bare_steps(
+    model, optimizer, schedule, batches, accumulation: int, turns: Turns | None = None, side: tuple[str, str] = ("bare", "engine")
+) -> int:
+    """The hand-written loop (one turn per optimizer step when ``turns`` is given, as
+    ``side[0]`` handing over to ``side[1]``); returns the samples trained on."""
+    me, other = side
     samples = 0
     for step in range(len(batches) // accumulation):
         if turns is not None:
-            turns.take("bare")
+            turns.take(me)
         schedule.apply(optimizer, step)
         optimizer.zero_grad(set_to_none=True)
         for images, labels in batches[step * accumulation : (step + 1) * accumulation]:
@@ -168,7 +177,7 @@ def bare_steps(model, optimizer, schedule, batches, accumulation: int, turns: Tu
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         optimizer.step()
         if turns is not None:
-            turns.give("bare", to="engine")
+            turns.give(me, to=other)
     return samples
 
 
@@ -210,17 +219,32 @@ def paired_round(
     (engine images/s, bare images/s)."""
     engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir / "engine")))
     # The same model, optimizer and schedule the engine gets, built the same way.
-    bare = build_run(TrainArgs(str(config_path), run_dir=str(run_dir / "bare")))[0].state
+    bare = build_run(TrainArgs(str(config_path), run_dir=str(run_dir / "bare")))[0].state.run
     turns = Turns(first)
     engine.train_loader = TakingTurns(batches, 10, accumulation, turns)
     done = worker.submit(lambda: bare_steps(bare.model, bare.optimizer, bare.schedule, batches, accumulation, turns))
     turns.take("engine")
     engine.run()
     turns.give("engine", to="bare")
+    return engine.state.samples_seen / turns.seconds["engine"], finished(done) / turns.seconds["bare"]
+
+
+def aa_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str) -> float:
+    """The A/A control of one round: the bare loop in the engine's place (this thread, the
+    engine's turns) against the bare loop on the worker; returns their ratio of images/s."""
+    here, there = (build_run(TrainArgs(str(config_path), run_dir=str(run_dir / name)))[0].state.run for name in ("aa-here", "aa-there"))
+    turns = Turns(first)
+    done = worker.submit(lambda: bare_steps(there.model, there.optimizer, there.schedule, batches, accumulation, turns))
+    samples = bare_steps(here.model, here.optimizer, here.schedule, batches, accumulation, turns, side=("engine", "bare"))
+    return (samples / turns.seconds["engine"]) / (finished(done) / turns.seconds["bare"])
+
+
+def finished(done: dict) -> int:
+    """The worker's result once it has finished (its error raised here)."""
     done["event"].wait()
     if "error" in done:
         raise done["error"]
-    return engine.state.samples_seen / turns.seconds["engine"], done["result"] / turns.seconds["bare"]
+    return done["result"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     set_clock(args.clock)
     batches = make_batches(args)
-    engine_rates, bare_rates = [], []
+    engine_rates, bare_rates, aa_ratios = [], [], []
     worker = BareWorker()
     with tempfile.TemporaryDirectory() as tmp:
         config_path = pathlib.Path(tmp) / "bench.yaml"
@@ -247,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
             engine_rate, bare_rate = paired_round(config_path, pathlib.Path(tmp) / f"round{i}", batches, args.accumulation, worker, first)
             engine_rates.append(engine_rate)
             bare_rates.append(bare_rate)
+            aa_ratios.append(aa_round(config_path, pathlib.Path(tmp) / f"aa{i}", batches, args.accumulation, worker, first))
     engine_rate, bare_rate = statistics.median(engine_rates), statistics.median(bare_rates)
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     print(f"clock: {'CPU time of this process' if args.clock == 'cpu' else 'wall time'}")
@@ -260,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
     ratios = [e / b for e, b in zip(engine_rates, bare_rates)]
     print(f"per-round engine / bare: {', '.join(f'{r:.3f}' for r in ratios)}; ratio of the medians {engine_rate / bare_rate:.3f}")
     print(f"engine / bare = {statistics.median(ratios):.3f}")
+    print(f"A/A control, per round: {', '.join(f'{r:.3f}' for r in aa_ratios)}")
+    print(f"A/A control: bare in the engine's place / bare = {statistics.median(aa_ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ from engine_overhead import FixedBatches  # noqa: E402
 
 from largebatch.engine.engine import Engine  # noqa: E402
 from largebatch.engine.events import Event  # noqa: E402
-from largebatch.hooks.clip import ClipGradNormHook  # noqa: E402
 from largebatch.launch import TrainArgs, build_run  # noqa: E402
 
 
@@ -61,8 +60,8 @@ class PairedEngine(Engine):
         super().__init__(*args, **kwargs)
         self.aa = aa  # A/A control: neither step of a pair fires the hooks
         self.all_hooks = self._by_event
-        # Clipping (``--clip``) is training, not hook overhead: it runs on both sides.
-        self.no_hooks = {event: [h for h in self._by_event[event] if isinstance(h, ClipGradNormHook)] for event in Event}
+        # Clipping (``--clip``) and the non-finite check are the engine's own: both sides run them.
+        self.no_hooks: dict[Event, list] = {event: [] for event in Event}
         self.steps: list[tuple[bool, float]] = []  # (with hooks, seconds)
         self.state.hook_times = {}  # the engine then times every hook call
         self._order: list[bool] = []
@@ -73,10 +72,10 @@ class PairedEngine(Engine):
             self._order = self._random.sample([True, False], 2)
         with_hooks = self._order.pop(0)
         self._by_event = self.all_hooks if with_hooks and not self.aa else self.no_hooks
-        self.state.backend.synchronize()
+        self.state.run.backend.synchronize()
         start = time.perf_counter()
         super()._train_step(batches, window)
-        self.state.backend.synchronize()
+        self.state.run.backend.synchronize()
         self.steps.append((with_hooks, time.perf_counter() - start))
         if len(self.steps) == 2:
             self.state.hook_times = {}  # the first pair warms up (and the throughput hook counts FLOPs once): left out
@@ -85,11 +84,10 @@ class PairedEngine(Engine):
     @property
     def hook_seconds(self) -> collections.Counter[str]:
         """Seconds inside each hook (the engine's own timing, ``state.hook_times``); once-per-run
-        events and the hooks that run on both sides (clipping) left out."""
+        events left out."""
         seconds: collections.Counter[str] = collections.Counter()
-        both_sides = {h.name for hooks in self.no_hooks.values() for h in hooks}
         for (name, event), (_, total) in self.state.hook_times.items():
-            if event not in ONCE_PER_RUN and name not in both_sides:
+            if event not in ONCE_PER_RUN:
                 seconds[name] += total
         return seconds
 

@@ -250,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         import yaml
 
         from bench.machine import machine_description
-        from largebatch.config import load_and_validate
+        from largebatch.config import load_config, validate
 
         if not results["runs"]:
-            model = load_and_validate(str(args.config), [f"{k}={v}" for k, v in DEMO_VIT.items()])["model"]
+            model = validate(load_config(str(args.config), [f"{k}={v}" for k, v in DEMO_VIT.items()]))["model"]
             results.update(
                 machine=machine_description(),
                 uptime=subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),

@@ -63,7 +63,7 @@ def engine_images_per_second(config_path: pathlib.Path, run_dir: pathlib.Path, b
     engine.train_loader = FixedBatches(batches, 10)
     start = engine_overhead.CLOCK()
     engine.run()
-    return engine.state.samples_seen / (engine_overhead.CLOCK() - start), engine.state.model
+    return engine.state.samples_seen / (engine_overhead.CLOCK() - start), engine.state.run.model
 
 
 def main(argv: list[str] | None = None) -> None:

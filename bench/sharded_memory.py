@@ -17,6 +17,7 @@ shows the method's noise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -36,10 +37,11 @@ def rss_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def run_config(strategy: str, accumulation: int, every: bool, model: str = "vit_base_patch16_224") -> dict:
-    from largebatch.config import validate
+def run_config(strategy: str, accumulation: int, every: bool, model: str = "vit_base_patch16_224"):
+    """The bench's config, typed (as ``largebatch.config.resolve_config`` gives a run's)."""
+    from largebatch.config.typed import typed
 
-    return validate(
+    return typed(
         {
             "device": "cpu",
             "epochs": 1,
@@ -68,16 +70,17 @@ def worker(args: argparse.Namespace) -> None:
     init_process_group(info, "gloo", 10.0)
     cfg = run_config(args.strategy, args.accumulation, args.every, args.model)
     derived = derive(cfg, info.world_size, 64)
-    backend = create_backend("cpu", "fp32", info.local_rank, cfg)
-    build_model({**cfg, "model": {"name": "vit_tiny_patch16_224", "depth": 1}})  # timm's import and first model, not counted
+    backend = create_backend("cpu", "fp32", info.local_rank)
+    tiny = run_config(args.strategy, args.accumulation, args.every, "vit_tiny_patch16_224")
+    build_model(dataclasses.replace(tiny.model, extra={"depth": 1}), tiny.data)  # timm's import and first model, not counted
     before = rss_kib("VmRSS")
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(cfg.model, cfg.data)
     if args.strategy == "ddp":
-        train_model = backend.wrap_ddp(model, cfg["dist"])
+        train_model = backend.wrap_ddp(model, cfg.dist)
     else:
         train_model = model = backend.shard_model(model, derived)
-    optimizer = build_optimizer(cfg, model)
+    optimizer = build_optimizer(cfg.optimizer, model)
     pathlib.Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
     images, labels = torch.randn(2, 3, 32, 32), torch.randint(10, (2,))
     for _ in range(args.steps):

@@ -78,17 +78,17 @@ class AttentionEntropyHook(Hook):
         self._tokens = 0
 
     def before_run(self, state) -> None:
-        if not attention_blocks(state.model):
+        if not attention_blocks(state.run.model):
             raise UserError(
-                f"AttentionEntropyHook: {type(state.model).__name__} has no blocks with a timm-style attn.qkv; it reads timm ViTs"
+                f"AttentionEntropyHook: {type(state.run.model).__name__} has no blocks with a timm-style attn.qkv; it reads timm ViTs"
             )
 
     def before_step(self, state) -> None:
         step = state.step + 1
-        if step % self.interval != 0 and step != state.total_steps:
+        if step % self.interval != 0 and step != state.run.total_steps:
             return
         self._stats = {}
-        for name, block in attention_blocks(state.model):
+        for name, block in attention_blocks(state.run.model):
             self._handles.append(block.attn.qkv.register_forward_hook(self._qkv_hook(name, block.attn)))
             self._handles.append(block.register_forward_hook(self._output_hook(name)))
 
@@ -112,7 +112,7 @@ class AttentionEntropyHook(Hook):
         if not self._handles:
             return
         self._remove()
-        if not state.is_main:
+        if not state.run.is_main:
             return
         names = list(self._stats)
         host = torch.cat([torch.cat([s["entropy"], s["mean"].reshape(1), s["std"].reshape(1)]) for s in self._stats.values()]).cpu()
@@ -128,7 +128,7 @@ class AttentionEntropyHook(Hook):
                 "std": values[-1],
             }
         record = {"step": state.step + 1, "max_entropy": math.log(self._tokens), "blocks": blocks}
-        with open(state.run_dir / self.filename, "a") as file:
+        with open(state.run.run_dir / self.filename, "a") as file:
             file.write(json.dumps(record) + "\n")
         self._stats = {}
 

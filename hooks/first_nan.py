@@ -4,9 +4,9 @@ In a config::
 
     hooks = [dict(type='hooks/first_nan.py:FirstNaNHook')]
 
-The built-in ``nan_guard`` (a default hook) stops a step whose gradients are not finite
-and names the first such parameter; this hook goes further, for the run you are
-debugging: it finds the module where the first NaN or inf appeared and keeps the batch.
+Every step's non-finite check (the config's ``nan_guard`` section) stops a step whose
+gradients are not finite and names the first such parameter; this hook goes further, for
+the run you are debugging: it finds the module where the first NaN or inf appeared and keeps the batch.
 
 After every micro-batch's backward pass the hook checks that the micro-batch's loss and
 the accumulated gradients are finite (one batched ``torch._foreach_norm`` and one host
@@ -83,24 +83,24 @@ class FirstNaNHook(Hook):
     def after_backward(self, state) -> None:
         # Under fp16 a GradScaler's overflowing gradients are routine (it skips the step and
         # lowers the scale), so then only the loss is checked.
-        grads = [] if state.scaler is not None else [p.grad for p in state.model.parameters() if p.grad is not None]
-        check = state.loss.detach().float().reshape(1)
+        grads = [] if state.run.scaler is not None else [p.grad for p in state.run.model.parameters() if p.grad is not None]
+        check = state.current.loss.detach().float().reshape(1)
         if grads:
             check = torch.cat([check, torch.stack(torch._foreach_norm(grads)).float().sum().reshape(1)])
         if bool(torch.isfinite(check).all()):
             return
         self.report = self._diagnose(state)
-        self.report["loss"] = float(state.loss.detach().float())
-        if state.is_main:
+        self.report["loss"] = float(state.current.loss.detach().float())
+        if state.run.is_main:
             self._save(state)
         raise NonFiniteTraining(
             f"first non-finite value at step {self.report['step']}, micro-batch {self.report['micro_in_window']}: "
-            f"{self.report['where']} of {self.report['module']}; batch and report in {state.run_dir / self.directory}"
+            f"{self.report['where']} of {self.report['module']}; batch and report in {state.run.run_dir / self.directory}"
         )
 
     def _diagnose(self, state) -> dict:
-        model, batch = state.model, state.batch
-        report = {"step": state.step + 1, "micro_in_window": state.micro_in_window, "micro_step": state.micro_step}
+        model, batch = state.run.model, state.current.batch
+        report = {"step": state.step + 1, "micro_in_window": state.current.micro_in_window, "micro_step": state.micro_step}
         report["nonfinite_parameters"] = [n for n, p in model.named_parameters() if not torch.isfinite(p.detach()).all()]
         if not _finite(batch.images):
             return {**report, "where": "input", "module": "input batch"}
@@ -123,10 +123,10 @@ class FirstNaNHook(Hook):
         handles += [m.register_full_backward_hook(on_backward) for m in model.modules()]
         handles += [p.register_hook(on_param_grad(n)) for n, p in model.named_parameters() if p.requires_grad]
         try:
-            with torch.enable_grad(), state.backend.autocast(), warnings.catch_warnings():
+            with torch.enable_grad(), state.run.backend.autocast(), warnings.catch_warnings():
                 # the first module's inputs (the images) need no gradient; torch warns about it
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                loss = state.task.loss(state.task.forward(model, batch.images), batch)
+                loss = state.run.task.loss(state.run.task.forward(model, batch.images), batch)
                 params = [p for p in model.parameters() if p.requires_grad]
                 if not forward_bad and _finite(loss):
                     torch.autograd.grad(loss, params, allow_unused=True)
@@ -142,13 +142,13 @@ class FirstNaNHook(Hook):
         return {**report, "where": "not reproduced", "module": "none (the re-run stayed finite)"}
 
     def _save(self, state) -> None:
-        out = state.run_dir / self.directory
+        out = state.run.run_dir / self.directory
         out.mkdir(parents=True, exist_ok=True)
-        batch = state.batch
+        batch = state.current.batch
         torch.save(
             {"images": batch.images.detach().cpu(), "targets": batch.targets.detach().cpu(), "labels": batch.labels.cpu()}, out / "batch.pt"
         )
         if self.save_weights:
-            torch.save({k: v.detach().cpu() for k, v in state.model.state_dict().items()}, out / "model.pt")
+            torch.save({k: v.detach().cpu() for k, v in state.run.model.state_dict().items()}, out / "model.pt")
         (out / "report.json").write_text(json.dumps(self.report, indent=2) + "\n")
         print(f"first_nan: {self.report['where']} of {self.report['module']} at step {self.report['step']}; saved to {out}", flush=True)

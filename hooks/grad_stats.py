@@ -18,7 +18,7 @@ quantity layer-wise optimizers such as LAMB rescale). On rank 0 a console line l
 The norms are taken in ``before_optimizer_step``: the final gradients of the global
 batch (accumulated, all-reduced, unscaled), before clipping and before the update. The
 gradient norms are ``state.compute_grad_norms()``, the one batched
-``torch._foreach_norm`` a step that clipping and the NaN guard share; the weight norms
+``torch._foreach_norm`` a step that clipping and the non-finite check share; the weight norms
 are one more such call; both are copied to the host in one transfer, on logged steps
 only. Other steps cost one integer comparison.
 """
@@ -54,15 +54,15 @@ class GradStatsHook(Hook):
 
     def before_optimizer_step(self, state) -> None:
         step = state.step + 1  # the number metrics.jsonl gives this step
-        if step % self.interval != 0 and step != state.total_steps:
+        if step % self.interval != 0 and step != state.run.total_steps:
             return
-        grad_norms = state.compute_grad_norms()  # shared with clipping and the NaN guard: computed once a step
+        grad_norms = state.compute_grad_norms()  # shared with clipping and the non-finite check: computed once a step
         if not grad_norms.params:
             return
         with torch.no_grad():
             weights = torch._foreach_norm([p.detach() for p in grad_norms.params])
             norms = torch.stack([grad_norms.norms.float(), torch.stack(weights).float()]).cpu()
-        if not state.is_main:
+        if not state.run.is_main:
             return
         grad_list, weight_list = norms.tolist()
         params = {}
@@ -70,7 +70,7 @@ class GradStatsHook(Hook):
             params[name] = {"grad": g, "weight": w, "ratio": g / w if w > 0 else float("inf")}
         total = float(norms[0].double().square().sum().sqrt())
         record = {"step": step, "grad_norm": total, "params": params}
-        with open(state.run_dir / self.filename, "a") as file:
+        with open(state.run.run_dir / self.filename, "a") as file:
             file.write(json.dumps(record) + "\n")
         if self.top_k > 0:
             ranked = sorted(params, key=lambda n: params[n]["ratio"])

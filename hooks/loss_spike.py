@@ -23,7 +23,7 @@ class LossSpikeHook(Hook):
         self.factor, self.warmup, self.mean = factor, warmup, None
 
     def after_step(self, state):
-        loss = state.step_loss.item()  # one host sync per step
+        loss = state.current.step_loss.item()  # one host sync per step
         spike = self.mean is not None and state.step > self.warmup and loss > self.factor * self.mean
         if spike or not math.isfinite(loss):
             state.request_stop(f"loss {loss:.4g} at step {state.step}, running mean {self.mean}")

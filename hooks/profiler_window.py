@@ -74,7 +74,7 @@ class ProfilerWindowHook(Hook):
         step = state.step + 1
         if step == self.start:
             activities = [ProfilerActivity.CPU]
-            if torch.device(state.backend.device).type == "cuda":
+            if torch.device(state.run.backend.device).type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
             self._profiler = profile(activities=activities, **self.options)
             self._profiler.__enter__()
@@ -103,10 +103,10 @@ class ProfilerWindowHook(Hook):
             self._range = None
         prof, self._profiler = self._profiler, None
         prof.__exit__(None, None, None)
-        out = state.run_dir / self.directory
+        out = state.run.run_dir / self.directory
         out.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(out / f"trace_rank{state.rank}.json"))
+        prof.export_chrome_trace(str(out / f"trace_rank{state.run.rank}.json"))
         table = prof.key_averages().table(sort_by=self.sort_by, row_limit=self.row_limit)
-        (out / f"key_averages_rank{state.rank}.txt").write_text(table + "\n")
-        if state.is_main:
+        (out / f"key_averages_rank{state.run.rank}.txt").write_text(table + "\n")
+        if state.run.is_main:
             print(f"profiler_window: steps {self.start}-{min(self.last, state.step)} written to {out}", flush=True)

@@ -24,7 +24,9 @@ a hint for people and tools; when it names a missing or unreadable file, or an o
 than the newest on disk, a one-line warning says which file is used instead.
 
 Model weights at the end of a run go to ``model.safetensors`` (timm's ``load_state_dict``
-accepts them).
+accepts them). ``read_model_weights`` reads a model's weights from any of these (a run
+directory, an export folder, a ``.safetensors`` file, a checkpoint file or a sharded
+checkpoint's folder) for ``model.init_from``. The files' names are ``largebatch.rundir``'s.
 """
 
 from __future__ import annotations
@@ -41,11 +43,10 @@ from typing import Any
 import torch
 
 from largebatch.config.schema import default_of
-from largebatch.config.typed import Config
+from largebatch.config.sections import Config
 from largebatch.errors import UserError
+from largebatch.rundir import CHECKPOINTS, LATEST, RunDir
 
-CHECKPOINT_DIR = "checkpoints"
-LATEST = "latest"
 NAME_PATTERN = re.compile(r"^step-(\d+)(\.pt)?$")  # a file (ddp) or a folder (fsdp/hsdp)
 SHARDED_META = "meta.pt"  # in a sharded checkpoint's folder: everything but the tensors
 
@@ -124,9 +125,9 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     ]
 
 
-def list_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
+def list_checkpoints(run_dir: RunDir | pathlib.Path) -> list[pathlib.Path]:
     """Complete checkpoints in ``run_dir``, oldest first."""
-    folder = pathlib.Path(run_dir) / CHECKPOINT_DIR
+    folder = RunDir(run_dir).checkpoints
     if not folder.is_dir():
         return []
     found = [
@@ -182,24 +183,22 @@ def check_finite(state: Any) -> None:
     Raises:
         UserError: naming the first non-finite tensors and the checkpoint left intact.
     """
-    bad = non_finite_tensors(state.model)
-    optimizer = getattr(state, "optimizer", None)
-    if optimizer is not None:
-        bad += non_finite_optimizer_state(optimizer, state.model)
+    run = state.run
+    bad = non_finite_tensors(run.model) + non_finite_optimizer_state(run.optimizer, run.model)
     refuse = bool(bad)
-    if _writes_sharded(state):
+    if uses_sharded_format(run.config):
         from largebatch.dist import all_reduce_sum
 
-        refuse = float(all_reduce_sum(torch.tensor([float(len(bad))], device=state.backend.device))[0]) > 0
+        refuse = float(all_reduce_sum(torch.tensor([float(len(bad))], device=run.backend.device))[0]) > 0
     if refuse:
-        kept = list_checkpoints(state.run_dir)
+        kept = list_checkpoints(run.run_dir)
         previous = f"the newest checkpoint, {kept[-1]}, is intact" if kept else "there is no earlier checkpoint"
         where = f"{len(bad)} tensor(s): {', '.join(bad[:5])}" if bad else "tensors held by another rank"
         raise UserError(
             f"refusing to save the checkpoint of step {state.step}: the model weights or optimizer state hold NaN or inf in "
             f"{where}; {previous}. The run diverged: lower the learning rate, "
             "set clip_grad_norm, or resume from an earlier checkpoint",
-            path=str(state.run_dir),
+            path=str(run.run_dir),
         )
 
 
@@ -237,26 +236,27 @@ def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | N
             before the collective, so no rank is left waiting).
     """
     check_finite(state)
-    if _writes_sharded(state):
+    run = state.run
+    if uses_sharded_format(run.config):
         return save_sharded_checkpoint(state, hooks, keep)
-    if not state.is_main:
+    if not run.is_main:
         return None
-    folder = _checkpoint_folder(state.run_dir)
-    path = folder / f"step-{state.step:08d}.pt"
+    _checkpoint_folder(run.run_dir)
+    path = run.run_dir.checkpoint(state.step)
     payload = {
         "format": 1,
-        "model": state.model.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
         **_run_record(state, hooks),
     }
     atomic_torch_save(payload, path)
-    _publish(path, state.run_dir, keep)
+    _publish(path, run.run_dir, keep)
     return path
 
 
-def _checkpoint_folder(run_dir: pathlib.Path) -> pathlib.Path:
+def _checkpoint_folder(run_dir: RunDir) -> pathlib.Path:
     """``run_dir/checkpoints``, made durably if new, without a crash's temporaries (rank 0)."""
-    folder = run_dir / CHECKPOINT_DIR
+    folder = run_dir.checkpoints
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         fsync_dir(folder.parent)
@@ -266,17 +266,20 @@ def _checkpoint_folder(run_dir: pathlib.Path) -> pathlib.Path:
 
 def _run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
     """What every checkpoint holds besides the tensors of the model and optimizer."""
+    run = state.run
+    config = run.config.to_dict()
     return {
-        "scaler": state.scaler.state_dict() if state.scaler else None,
-        "counters": state._counters.state_dict(),
+        "scaler": run.scaler.state_dict() if run.scaler else None,
+        "counters": state.counters.state_dict(),
+        "nan_guard": run.guard.state_dict(),
         "hooks": hook_states(hooks),
-        "world_size": state.world_size,
-        "config": state.config,
-        "config_hash": config_hash(state.config),
+        "world_size": run.world_size,
+        "config": config,
+        "config_hash": config_hash(config),
     }
 
 
-def _publish(path: pathlib.Path, run_dir: pathlib.Path, keep: int) -> None:
+def _publish(path: pathlib.Path, run_dir: RunDir, keep: int) -> None:
     """Point ``latest`` at the checkpoint just written, then drop all but the last ``keep``."""
     atomic_write_bytes(path.parent / LATEST, path.name.encode())
     for old in list_checkpoints(run_dir)[:-keep]:
@@ -302,14 +305,14 @@ def read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
     return payload
 
 
-def _latest_pointer(run_dir: pathlib.Path) -> str | None:
+def _latest_pointer(run_dir: RunDir) -> str | None:
     try:
-        return (run_dir / CHECKPOINT_DIR / LATEST).read_text().strip() or None
+        return run_dir.latest.read_text().strip() or None
     except OSError:
         return None
 
 
-def read_resume_checkpoint(resume: str, run_dir: pathlib.Path, *, warn: bool = True) -> tuple[pathlib.Path, dict[str, Any]] | None:
+def read_resume_checkpoint(resume: str, run_dir: RunDir | pathlib.Path, *, warn: bool = True) -> tuple[pathlib.Path, dict[str, Any]] | None:
     """The checkpoint ``--resume`` names, read.
 
     ``auto``: the newest checkpoint in ``run_dir`` that loads (None when there is none:
@@ -328,6 +331,7 @@ def read_resume_checkpoint(resume: str, run_dir: pathlib.Path, *, warn: bool = T
         if not (path.is_file() or (path / SHARDED_META).is_file()):
             raise UserError("checkpoint not found; give a step-* file or folder, or --resume auto", path=str(path))
         return path, read_checkpoint(path)
+    run_dir = RunDir(run_dir)
     latest = _latest_pointer(run_dir)
     candidates = list_checkpoints(run_dir)
     for path in reversed(candidates):
@@ -339,17 +343,17 @@ def read_resume_checkpoint(resume: str, run_dir: pathlib.Path, *, warn: bool = T
             continue
         if warn and latest is not None and latest != path.name:
             print(
-                f"warning: {CHECKPOINT_DIR}/{LATEST} names {latest}, but the newest loadable checkpoint is {path.name}: using it",
+                f"warning: {CHECKPOINTS}/{LATEST} names {latest}, but the newest loadable checkpoint is {path.name}: using it",
                 flush=True,
             )
         return path, payload
     if candidates:
         raise UserError(
             f"none of the {len(candidates)} checkpoint(s) loads (see the warnings above); resume from a copy, or start a new run directory",
-            path=str(run_dir / CHECKPOINT_DIR),
+            path=str(run_dir.checkpoints),
         )
     if warn and latest is not None:
-        print(f"warning: {CHECKPOINT_DIR}/{LATEST} names {latest}, but {run_dir} holds no checkpoint: starting afresh", flush=True)
+        print(f"warning: {CHECKPOINTS}/{LATEST} names {latest}, but {run_dir} holds no checkpoint: starting afresh", flush=True)
     return None
 
 
@@ -413,29 +417,32 @@ def load_checkpoint(
     """
     if payload is None:
         payload = read_checkpoint(path)
+    run = state.run
     sharded_file = check_resumable(path, payload, state, ignore_config=ignore_config)
     try:
         if sharded_file:
-            load_sharded_tensors(path, state)
+            load_sharded_tensors(path, run)
         else:
-            state.model.load_state_dict(payload["model"])
-            state.optimizer.load_state_dict(payload["optimizer"])
+            run.model.load_state_dict(payload["model"])
+            run.optimizer.load_state_dict(payload["optimizer"])
     except (ValueError, KeyError, RuntimeError) as exc:
         raise UserError(
             f"the optimizer state does not fit this run's parameter groups ({type(exc).__name__}: {exc}); resume with the "
             "same optimizer settings (no_weight_decay, exclude_1d, layer_decay)",
             path=str(path),
         ) from exc
-    if state.scaler and payload["scaler"]:
-        state.scaler.load_state_dict(payload["scaler"])
-    state._counters.load_state_dict(payload["counters"])
+    if run.scaler and payload["scaler"]:
+        run.scaler.load_state_dict(payload["scaler"])
+    state.counters = type(state.counters).from_state_dict(payload["counters"])
+    # before the non-finite check was part of every step, it was a hook of this name
+    run.guard.load_state_dict(payload.get("nan_guard") or payload["hooks"].get("NanGuardHook", {}))
     for key, hook in zip(hook_state_keys(hooks), hooks):
         if key in payload["hooks"]:
             hook.load_state_dict(payload["hooks"][key])
     # The position within the epoch follows from the counters: checkpoints are taken at
     # optimizer-step boundaries, and the samples of each step do not depend on the world
     # size (``largebatch.data.sharding``), so this also holds after a change of world size.
-    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * state.plan.accumulation})
+    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * run.plan.accumulation})
 
 
 def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, ignore_config: bool = False) -> bool:
@@ -446,22 +453,23 @@ def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, 
     Raises:
         UserError: naming what does not fit and how to resume.
     """
+    config = state.run.config
     if not ignore_config:
-        check_same_config(payload["config"], state.config, path)
+        check_same_config(payload["config"], config.to_dict(), path)
     sharded_file = payload.get("sharded", False)
-    if sharded_file != uses_sharded_format(state.cfg):
+    if sharded_file != uses_sharded_format(config):
         made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"
         raise UserError(
-            f"this is {made} checkpoint and this run uses dist.strategy {state.cfg.dist.strategy!r}: the two "
+            f"this is {made} checkpoint and this run uses dist.strategy {config.dist.strategy!r}: the two "
             "formats do not convert; resume with the strategy it was made with",
             path=str(path),
         )
-    current = {k: v.shape for k, v in state.model.state_dict().items()}
+    current = {k: v.shape for k, v in state.run.model.state_dict().items()}
     check_weights_fit(payload["model"], current, path)
     saved_type = payload["config"].get("optimizer", {}).get("type")  # the saved dict: an old checkpoint's may lack keys
-    if saved_type != state.cfg.optimizer.type:
+    if saved_type != config.optimizer.type:
         raise UserError(
-            f"the checkpoint holds {saved_type}'s state, this run builds {state.cfg.optimizer.type}: an optimizer's "
+            f"the checkpoint holds {saved_type}'s state, this run builds {config.optimizer.type}: an optimizer's "
             "state cannot carry over to another; resume with the same optimizer.type, or start a new run from the weights",
             path=str(path),
         )
@@ -512,13 +520,6 @@ def uses_sharded_format(cfg: Config) -> bool:
     return cfg.dist.strategy != "ddp"
 
 
-def _writes_sharded(state: Any) -> bool:
-    """``uses_sharded_format`` of the state's config; a state without one (a bare model
-    and run directory) writes the single-file format."""
-    cfg = getattr(state, "cfg", None)
-    return cfg is not None and uses_sharded_format(cfg)
-
-
 def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | None:
     """A sharded checkpoint: ``step-<N>/`` holding each rank's slices of the model and
     optimizer state (``torch.distributed.checkpoint``, which can load them at another
@@ -539,24 +540,25 @@ def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.
 
     from largebatch.dist import barrier
 
-    folder = state.run_dir / CHECKPOINT_DIR
-    final = folder / f"step-{state.step:08d}"
+    run = state.run
+    final = run.run_dir.checkpoint(state.step, sharded=True)
+    folder = final.parent
     tmp = folder / f".{final.name}.tmp"
-    if state.is_main:
-        _checkpoint_folder(state.run_dir)
+    if run.is_main:
+        _checkpoint_folder(run.run_dir)
         tmp.mkdir()
     barrier()
-    model_state, optimizer_state = get_state_dict(state.model, state.optimizer)
+    model_state, optimizer_state = get_state_dict(run.model, run.optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp))
-    if state.is_main:
+    if run.is_main:
         atomic_torch_save({"format": 2, "sharded": True, **_run_record(state, hooks)}, tmp / SHARDED_META)
         if final.exists():
             remove_checkpoint(final)
         os.replace(tmp, final)
         fsync_dir(folder)
-        _publish(final, state.run_dir, keep)
+        _publish(final, run.run_dir, keep)
     barrier()
-    return final if state.is_main else None
+    return final if run.is_main else None
 
 
 def _read_sharded_meta(path: pathlib.Path) -> dict[str, Any]:
@@ -579,13 +581,48 @@ def _read_sharded_meta(path: pathlib.Path) -> dict[str, Any]:
     return {**meta, "model": shapes}
 
 
-def load_sharded_tensors(path: pathlib.Path, state: Any) -> None:
+def load_sharded_tensors(path: pathlib.Path, run: Any) -> None:
     """Load a sharded checkpoint's model and optimizer state into this run's model,
     sharded or not, at any world size (DCP reads the slices each rank needs)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_state, optimizer_state = get_state_dict(state.model, state.optimizer)
+    model_state, optimizer_state = get_state_dict(run.model, run.optimizer)
     loaded = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(loaded, checkpoint_id=str(path))
-    set_state_dict(state.model, state.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+    set_state_dict(run.model, run.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+
+
+# --------------------------------------------------------------------------- model weights for init_from
+
+
+def read_model_weights(path: pathlib.Path) -> pathlib.Path | dict[str, torch.Tensor] | None:
+    """A model's weights from what ``model.init_from`` may name: the ``.safetensors`` file
+    of a run directory or export folder (or the file itself), returned as its path; the
+    model's tensors of a checkpoint file or of a sharded checkpoint's folder (gathered
+    without a process group); None when ``path`` holds none of these.
+
+    Raises:
+        UserError: a checkpoint that cannot be read.
+    """
+    if path.is_dir() and RunDir(path).finished:
+        return RunDir(path).weights()
+    if path.is_file() and path.suffix == ".safetensors":
+        return path
+    if path.is_dir() and (path / ".metadata").is_file():
+        return _sharded_model_state(path)
+    if path.is_file():
+        return read_checkpoint(path)["model"]
+    return None
+
+
+def _sharded_model_state(folder: pathlib.Path) -> dict[str, torch.Tensor]:
+    """The full model weights of a sharded (DCP) checkpoint, read without a process group."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="largebatch-dcp-") as scratch:
+        whole = pathlib.Path(scratch) / "checkpoint.pt"
+        dcp_to_torch_save(str(folder), str(whole))
+        return torch.load(whole, map_location="cpu", weights_only=True)["model"]

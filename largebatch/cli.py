@@ -105,22 +105,20 @@ def train_sample_count(cfg: typing.Any) -> tuple[int, str]:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    from largebatch.config import derive, dump_yaml
+    from largebatch.config import derive, dump_yaml, resolve_config
     from largebatch.dist import discover
     from largebatch.footprint import estimate_memory
     from largebatch.hooks import build_hooks
-    from largebatch.launch import resolve_config
     from largebatch.tasks import build_task
 
     cfg = resolve_config(args.config, args.overrides)
     build_hooks(cfg, pathlib.Path(args.config))  # a bad hook or task spec is a config mistake too
-    build_task(cfg, pathlib.Path(args.config))
+    build_task(cfg.task, pathlib.Path(args.config))
     world_size = args.world_size or discover().world_size
     samples, source = train_sample_count(cfg)
     derived = derive(cfg, world_size, samples)
-    derived["train_samples_from"] = source
-    derived["memory_estimate"] = estimate_memory(cfg, derived)
-    sys.stdout.write(dump_yaml({**cfg.to_dict(), "derived": derived}))
+    shown = {**derived.to_dict(), "train_samples_from": source, "memory_estimate": estimate_memory(cfg, derived)}
+    sys.stdout.write(dump_yaml({**cfg.to_dict(), "derived": shown}))
     return 0
 
 

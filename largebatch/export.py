@@ -29,17 +29,14 @@ import shutil
 from typing import Any
 
 import torch
-import yaml
 
-from largebatch.config.typed import Config, typed
+from largebatch.config import Config, resolve_config
 from largebatch.errors import UserError
+from largebatch.rundir import WEIGHTS, RunDir
 
 # The oldest timm whose ``save_config_for_hf`` takes ``data_config`` and records the
 # model's constructor arguments: ``config.json`` needs both (setup.cfg requires it too).
 TIMM_MINIMUM = "1.0.31"
-WEIGHTS = "model.safetensors"
-EMA_WEIGHTS = "model_ema.safetensors"  # the ``ema`` hook's average (``ema.decay``)
-HUB_CONFIG = "config.json"
 _NOT_OURS = ("tag", "license", "hf_hub_id", "hf_hub_filename", "url", "file", "source", "paper_ids", "notes", "origin_url")
 
 
@@ -95,11 +92,10 @@ def class_names(cfg: Config) -> list[str] | None:
     return list(names) if isinstance(names, list) and len(names) == cfg.data.num_classes else None
 
 
-def write_hub_config(model: torch.nn.Module, cfg: Config | dict[str, Any], path: pathlib.Path) -> None:
+def write_hub_config(model: torch.nn.Module, cfg: Config, path: pathlib.Path) -> None:
     """Write timm's ``config.json`` for ``model`` trained under ``cfg`` (atomically)."""
     from timm.models._hub import save_config_for_hf
 
-    cfg = typed(cfg)
     names = class_names(cfg)
     tmp = path.with_name(path.name + ".tmp")
     save_config_for_hf(model, str(tmp), model_config={"label_names": names} if names else None, data_config=data_config(cfg))
@@ -110,42 +106,41 @@ def write_hub_config(model: torch.nn.Module, cfg: Config | dict[str, Any], path:
     tmp.replace(path)
 
 
-def write_run_hub_config(cfg: Config | dict[str, Any], run_dir: pathlib.Path) -> None:
+def write_run_hub_config(cfg: Config, run_dir: RunDir) -> None:
     """``config.json`` beside a finished run's ``model.safetensors``, from a model built on
     the meta device (the config needs the model's attributes, not its weights)."""
     from largebatch.models import build_model
 
     with torch.device("meta"):
-        model = build_model(cfg)
-    write_hub_config(model, cfg, run_dir / HUB_CONFIG)
+        model = build_model(cfg.model, cfg.data)
+    write_hub_config(model, cfg, run_dir.hub_config)
 
 
-def load_run(run_dir: pathlib.Path, weights: str = WEIGHTS) -> tuple[Config, torch.nn.Module]:
-    """The run's resolved config (typed; ``config.yaml`` without its ``derived`` numbers)
-    and its model with the final weights (``weights``: ``EMA_WEIGHTS`` for the EMA's).
+def load_run(run_dir: RunDir, model_name: str | None = None) -> tuple[Config, torch.nn.Module]:
+    """The run's resolved config (its ``config.yaml``) and its model with the final weights
+    (``model_name``: an extra model's, ``"ema"`` for ``model_ema.safetensors``).
 
     Raises:
         UserError: not a finished run directory (no ``config.yaml`` or no final weights),
-            or a finished run without EMA weights.
+            or a finished run without that extra model.
     """
     from safetensors.torch import load_file
 
     from largebatch.models import build_model
 
-    config_path, weights_path = run_dir / "config.yaml", run_dir / weights
-    if not config_path.is_file():
+    weights = run_dir.weights(model_name)
+    if not run_dir.config.is_file():
         raise UserError(f"{run_dir} is not a run directory (no config.yaml)")
-    if not (run_dir / WEIGHTS).is_file():
+    if not run_dir.finished:
         raise UserError(
             f"{run_dir} has no {WEIGHTS}: the run has not finished; resume it to the end "
-            f"(largebatch train --config {config_path} --run-dir {run_dir} --resume auto)"
+            f"(largebatch train --config {run_dir.config} --run-dir {run_dir} --resume auto)"
         )
-    if not weights_path.is_file():
-        raise UserError(f"{run_dir} has no {weights}: the run kept no model EMA (set ema.decay to keep one)")
-    saved = yaml.safe_load(config_path.read_text())
-    cfg = typed({k: v for k, v in saved.items() if k != "derived"})
-    model = build_model(cfg)
-    model.load_state_dict(load_file(str(weights_path)))
+    if not weights.is_file():
+        raise UserError(f"{run_dir} has no {weights.name}: the run kept no model EMA (set ema.decay to keep one)")
+    cfg = resolve_config(run_dir.config)
+    model = build_model(cfg.model, cfg.data)
+    model.load_state_dict(load_file(str(weights)))
     return cfg, model
 
 
@@ -153,12 +148,11 @@ def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path, *, ema: boo
     """Copy a finished run's weights (``ema``: its EMA weights, ``model_ema.safetensors``)
     into ``out`` as ``model.safetensors`` with timm's ``config.json``; returns ``out``."""
     check_timm()
-    run_dir, out = pathlib.Path(run_dir), pathlib.Path(out)
-    weights = EMA_WEIGHTS if ema else WEIGHTS
-    cfg, model = load_run(run_dir, weights)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (WEIGHTS + ".tmp")
-    shutil.copyfile(run_dir / weights, tmp)
-    tmp.replace(out / WEIGHTS)
-    write_hub_config(model, cfg, out / HUB_CONFIG)
-    return out
+    run, folder = RunDir(run_dir), RunDir(out)
+    cfg, model = load_run(run, "ema" if ema else None)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (WEIGHTS + ".tmp")
+    shutil.copyfile(run.weights("ema" if ema else None), tmp)
+    tmp.replace(folder.weights())
+    write_hub_config(model, cfg, folder.hub_config)
+    return folder.path

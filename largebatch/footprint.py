@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from largebatch.config.typed import Config, OptimizerConfig, typed
+from largebatch.config.derive import Derived
+from largebatch.config.sections import Config, OptimizerConfig
 
 GIB = 1024**3
 
@@ -54,13 +55,13 @@ def optimizer_state_tensors(section: OptimizerConfig) -> int:
     return STATE_TENSORS.get(kind, 2)
 
 
-def model_sizes(cfg: Config | dict[str, Any]) -> tuple[int, int, int]:
+def model_sizes(cfg: Config) -> tuple[int, int, int]:
     """``(parameters, largest block's parameters, root-only parameters)`` of the config's
     model, built on the meta device (no memory, no initialisation)."""
     from largebatch.models import build_model
 
     with torch.device("meta"):
-        model = build_model(cfg)
+        model = build_model(cfg.model, cfg.data)
     total = sum(p.numel() for p in model.parameters())
     blocks = list(getattr(model, "blocks", []))
     in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
@@ -68,18 +69,17 @@ def model_sizes(cfg: Config | dict[str, Any]) -> tuple[int, int, int]:
     return total, largest, total - in_blocks
 
 
-def estimate_memory(cfg: Config | dict[str, Any], derived: dict[str, Any], sizes: tuple[int, int, int] | None = None) -> dict[str, Any]:
+def estimate_memory(cfg: Config, derived: Derived, sizes: tuple[int, int, int] | None = None) -> dict[str, Any]:
     """Bytes per device (GiB, rounded) of the model's state under the run's strategy.
 
     Args:
-        cfg: a validated config (typed, or the dict ``validate`` returns).
+        cfg: the resolved config.
         derived: its derived numbers (``strategy``, ``shard_size``, ``accumulation``).
         sizes: ``model_sizes(cfg)`` when already known.
     """
-    cfg = typed(cfg)
     total, block, root = sizes or model_sizes(cfg)
-    sharded = derived["strategy"] != "ddp" and derived["world_size"] > 1
-    shard = derived["shard_size"] if sharded else 1
+    sharded = derived.sharded
+    shard = derived.shard_size if sharded else 1
     fp32 = 4
     compute = 2 if cfg.precision in ("bf16", "fp16") else fp32
     windowed = not sharded and cfg.device == "cpu" and cfg.optimizer.type in ("lamb", "lars")
@@ -90,7 +90,7 @@ def estimate_memory(cfg: Config | dict[str, Any], derived: dict[str, Any], sizes
         "step_temporaries": 0.0 if windowed else total * fp32 / shard,
     }
     backward = parts["parameters"] + parts["optimizer_state"] + parts["gradients"]
-    if not sharded and derived["world_size"] > 1 and derived["accumulation"] > 1:
+    if not sharded and derived.world_size > 1 and derived.accumulation > 1:
         # DDP keeps its gradient buckets while the window's first micro-batches
         # accumulate into fresh gradients (zero_grad sets them to None): two copies
         parts["ddp_buckets"] = parts["gradients"]
@@ -98,7 +98,7 @@ def estimate_memory(cfg: Config | dict[str, Any], derived: dict[str, Any], sizes
     if sharded:
         parts["gathered_blocks"] = 2 * block * (compute + compute) + root * compute
         backward += parts["gathered_blocks"]
-        if derived["accumulation"] > 1 and not cfg.dist.reduce_every_micro_batch:
+        if derived.accumulation > 1 and not cfg.dist.reduce_every_micro_batch:
             parts["unsharded_gradients"] = total * fp32  # FSDP2 accumulates them in the fp32 reduce dtype
             backward += parts["unsharded_gradients"] - parts["gradients"]
     step = parts["parameters"] + parts["gradients"] + parts["optimizer_state"] + parts["step_temporaries"]

@@ -20,17 +20,19 @@ from largebatch import checkpoint as ckpt
 from largebatch import data as data_mod
 from largebatch import preemption
 from largebatch.backends import create_backend
-from largebatch.config import Config, derive, dump_yaml, load_and_validate, make_plan, typed
+from largebatch.config import Config, Derived, derive, dump_yaml, resolve_config
 from largebatch.data.mixup import MixupCutmix
 from largebatch.dist import barrier, broadcast_object, destroy_process_group, discover
 from largebatch.engine.engine import Engine
-from largebatch.engine.state import TrainState
+from largebatch.engine.state import Run, TrainState
 from largebatch.errors import UserError
 from largebatch.export import check_timm, write_run_hub_config
 from largebatch.hooks import build_hooks
 from largebatch.hooks.eval import EvalHook
-from largebatch.models import build_model, check_model_config
+from largebatch.models import build_model
 from largebatch.optim.schedules import build_schedule
+from largebatch.randomness import RandomStreams
+from largebatch.rundir import RunDir
 from largebatch.tasks import build_task
 
 
@@ -75,14 +77,6 @@ def default_run_dir(config_path: str, resume: str | None, env: dict[str, str] | 
     return pathlib.Path("runs") / f"{stem}-{stamp}"
 
 
-def resolve_config(path: str, overrides: list[str]) -> Config:
-    """Load and validate, including checks that need timm or the optimizer's signature;
-    the config typed and frozen (``largebatch.config.typed``)."""
-    cfg = typed(load_and_validate(path, overrides))
-    check_model_config(cfg)
-    return cfg
-
-
 def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
     """A ``--run-dir`` that cannot hold a run is the user's mistake, caught before any work.
 
@@ -114,53 +108,52 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     check_timm()  # a run must not train for hours and then fail to write its config.json
     cfg = resolve_config(args.config, args.overrides)
     hooks = build_hooks(cfg, pathlib.Path(args.config))
-    task = build_task(cfg, pathlib.Path(args.config))
+    task = build_task(cfg.task, pathlib.Path(args.config))
     if args.run_dir:
         check_run_dir(pathlib.Path(args.run_dir), resuming=bool(args.resume))
     info = discover()
-    backend = create_backend(cfg.device, cfg.precision, info.local_rank, cfg)
+    backend = create_backend(cfg.device, cfg.precision, info.local_rank, cuda=cfg.cuda, hpu=cfg.hpu)
     dist_backend = backend.dist_backend if cfg.dist.backend == "auto" else cfg.dist.backend
     backend.init_process_group(info, dist_backend, cfg.dist.timeout_minutes)
 
-    num_samples = data_mod.count_samples(cfg.data, "train")
-    derived = derive(cfg, info.world_size, num_samples)
-    plan = make_plan(cfg, info.world_size, num_samples)
-    run_dir = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir(args.config, args.resume)
-    run_dir = pathlib.Path(broadcast_object(str(run_dir)))
+    derived = derive(cfg, info.world_size, data_mod.count_samples(cfg.data, "train"))
+    path = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir(args.config, args.resume)
+    run_dir = RunDir(broadcast_object(str(path)))
     if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.path.mkdir(parents=True, exist_ok=True)
 
     model, train_model, optimizer = build_training_model(cfg, derived, info, backend)
-    train_loader, eval_loader = build_loaders(cfg, plan, hooks, info, backend.device)
-    state = TrainState(
+    train_loader, eval_loader = build_loaders(cfg, derived, hooks, info, backend.device)
+    run = Run(
         config=cfg,
         derived=derived,
-        plan=plan,
         dist=info,
         backend=backend,
         model=model,
         train_model=train_model,
         optimizer=optimizer,
-        schedule=build_schedule(cfg, derived),
+        schedule=build_schedule(cfg.lr_schedule, derived),
         scaler=backend.make_grad_scaler(),
         mixup=build_mixup(cfg, info.rank),
-        run_dir=run_dir,
         task=task,
+        run_dir=run_dir,
+        random=RandomStreams(cfg.seed, info.rank, backend),
     )
+    state = TrainState(run)
     if args.resume:
         resume(args, state, hooks, train_loader)
     if info.is_main:  # only once a resume has been accepted: a refused one leaves the run's config as it was
-        (run_dir / "config.yaml").write_text(dump_yaml({**cfg.to_dict(), "derived": derived}))
+        run_dir.config.write_text(dump_yaml({**cfg.to_dict(), "derived": derived.to_dict()}))
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
 
-def build_training_model(cfg: Config, derived: dict[str, Any], info: Any, backend: Any) -> tuple[Any, Any, Any]:
+def build_training_model(cfg: Config, derived: Derived, info: Any, backend: Any) -> tuple[Any, Any, Any]:
     """``(model, train_model, optimizer)``: the model with the same initial weights on
     every rank, sharded or wrapped for the run, compiled if asked, and its optimizer;
     each rank's own randomness is seeded on the way out."""
     seed_everything(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg, initial_weights=True)
-    if info.distributed and derived["strategy"] != "ddp":
+    model = build_model(cfg.model, cfg.data, initial_weights=True)
+    if derived.sharded:
         # Sharded on the host: FSDP2 moves each block's slices to the device as it
         # shards it, so the whole model never sits in one device's memory.
         train_model = model = backend.shard_model(model, derived)  # in place: parameters become DTensors
@@ -170,7 +163,7 @@ def build_training_model(cfg: Config, derived: dict[str, Any], info: Any, backen
     seed_everything(cfg.seed + info.rank)  # then each rank its own randomness
     backend.seed(cfg.seed + info.rank)
     train_model = backend.compile(train_model, cfg.compile)
-    optimizer = backend.build_optimizer(cfg, model)  # after sharding: it holds the sharded parameters
+    optimizer = backend.build_optimizer(cfg.optimizer, model)  # after sharding: it holds the sharded parameters
     return model, train_model, optimizer
 
 
@@ -188,10 +181,10 @@ def build_mixup(cfg: Config, rank: int) -> MixupCutmix:
     )
 
 
-def build_loaders(cfg: Config, plan: Any, hooks: list, info: Any, device: torch.device) -> tuple[Any, Any]:
+def build_loaders(cfg: Config, derived: Derived, hooks: list, info: Any, device: torch.device) -> tuple[Any, Any]:
     """The training loader, and the evaluation loader when anything evaluates and the
     evaluation split has samples (else None)."""
-    train_loader = data_mod.build_train_loader(cfg.data, plan, rank=info.rank, seed=cfg.seed, device=device)
+    train_loader = data_mod.build_train_loader(cfg.data, derived.plan, rank=info.rank, seed=cfg.seed, device=device)
     wants_eval = cfg.eval.interval_epochs or cfg.eval.at_end or any(isinstance(h, EvalHook) for h in hooks)
     if not wants_eval or data_mod.count_samples(cfg.data, "eval") == 0:
         return train_loader, None
@@ -213,26 +206,28 @@ def resume(args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -
         UserError: ``--resume`` names a checkpoint that is not there (``auto`` without
             one starts afresh).
     """
-    found = ckpt.read_resume_checkpoint(args.resume, state.run_dir, warn=state.is_main)
+    run = state.run
+    found = ckpt.read_resume_checkpoint(args.resume, run.run_dir, warn=run.is_main)
     if found is not None:
         path, payload = found
         ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload)
-        if state.is_main:
-            print(f"resumed from {path} at step {state.step}/{state.total_steps}, epoch {state.epoch + 1}/{state.epochs}", flush=True)
+        if run.is_main:
+            print(f"resumed from {path} at step {state.step}/{run.total_steps}, epoch {state.epoch + 1}/{run.config.epochs}", flush=True)
     elif args.resume != "auto":
         raise UserError("no checkpoint to resume from", path=args.resume)
 
 
 def write_final_outputs(state: TrainState) -> None:
     """The finished run's ``model.safetensors``, ``model_<name>.safetensors`` for each of
-    ``state.extra_models`` (the EMA), and ``config.json`` (rank 0 writes; every
+    ``state.run.extra_models`` (the EMA), and ``config.json`` (rank 0 writes; every
     rank calls: sharded weights are gathered). The engine calls this between
     ``after_train`` and ``after_run`` of a run that was not interrupted."""
-    ckpt.save_final_weights(state.model, state.run_dir / "model.safetensors", is_main=state.is_main)
-    for name, model in state.extra_models.items():  # model_ema.safetensors, ...
-        ckpt.save_final_weights(model, state.run_dir / f"model_{name}.safetensors", is_main=state.is_main)
-    if state.is_main:
-        write_run_hub_config(state.config, state.run_dir)
+    run = state.run
+    ckpt.save_final_weights(run.model, run.run_dir.weights(), is_main=run.is_main)
+    for name, model in run.extra_models.items():  # model_ema.safetensors, ...
+        ckpt.save_final_weights(model, run.run_dir.weights(name), is_main=run.is_main)
+    if run.is_main:
+        write_run_hub_config(run.config, run.run_dir)
 
 
 def train(args: TrainArgs) -> TrainState:
@@ -245,26 +240,26 @@ def train(args: TrainArgs) -> TrainState:
     engine = None
     try:
         engine, _ = build_run(args)
-        state = engine.state
-        if state.is_main:
-            d = state.derived
+        state, run = engine.state, engine.state.run
+        if run.is_main:
+            d = run.derived
             print(
-                f"largebatch: {state.backend.describe()}, world size {d['world_size']}, global batch "
-                f"{d['global_batch_size']} = {d['micro_batch_size']} x {d['accumulation']} accumulation x "
-                f"{d['world_size']}, {state.total_steps} steps; run directory {state.run_dir}",
+                f"largebatch: {run.backend.describe()}, world size {d.world_size}, global batch "
+                f"{d.plan.global_batch_size} = {d.plan.micro_batch_size} x {d.accumulation} accumulation x "
+                f"{d.world_size}, {run.total_steps} steps; run directory {run.run_dir}",
                 flush=True,
             )
         engine.run()
-        if state.is_main and state.should_stop and not state.interrupted:
+        if run.is_main and state.should_stop and not state.interrupted:
             print(f"largebatch: stopped at step {state.step}: {state.stop_reason}", flush=True)
         barrier()
-        if state.interrupted and state.is_main:
+        if state.interrupted and run.is_main:
             print(
                 f"largebatch: {state.stop_reason} at step {state.step}; checkpoint written, exiting with status "
                 f"{preemption.EXIT_REQUEUE} (requeue)",
                 flush=True,
             )
-            if state.cfg.slurm.requeue:
+            if run.config.slurm.requeue:
                 preemption.requeue_slurm_job()
         return state
     finally:

@@ -28,19 +28,19 @@ from typing import Any
 
 import torch
 
+from largebatch.config.frozen import thaw
+from largebatch.config.sections import Config, DataConfig, ModelConfig
 from largebatch.config.signature import check_call
-from largebatch.config.typed import Config, thaw, typed
 from largebatch.errors import ConfigError
+from largebatch.rundir import RunDir
 
 _OURS = ("name", "pretrained", "init_from")  # model keys that are not timm.create_model arguments
 
 
-def model_kwargs(cfg: Config | dict[str, Any]) -> dict[str, Any]:
+def model_kwargs(model: ModelConfig, data: DataConfig) -> dict[str, Any]:
     """The keyword arguments for ``timm.create_model`` (the model section's other keys, as
     plain values), data-derived ones filled in."""
-    cfg = typed(cfg)
-    kwargs = thaw(cfg.model.extra)
-    data = cfg.data
+    kwargs = thaw(model.extra)
     kwargs.setdefault("num_classes", data.num_classes)
     kwargs.setdefault("img_size", data.image_size)
     kwargs.setdefault("in_chans", data.channels)
@@ -58,8 +58,9 @@ def check_model_name(name: str) -> None:
     raise ConfigError(f"timm has no model {name!r}; {hint}", key="model.name")
 
 
-def check_model_config(cfg: Config | dict[str, Any]) -> None:
-    """Check the model name and its keyword arguments without building the model.
+def check_model_config(cfg: Config) -> None:
+    """Check the model name and its keyword arguments without building the model (one of
+    ``largebatch.config.resolve_config``'s checks).
 
     Raises:
         ConfigError: an unknown name, or a key that neither ``timm.create_model`` nor the
@@ -67,25 +68,27 @@ def check_model_config(cfg: Config | dict[str, Any]) -> None:
     """
     import timm
 
-    cfg = typed(cfg)
     name = cfg.model.name
     check_model_name(name)
     accepted = set(_accepted_kwargs(timm, name)) | set(inspect.signature(timm.create_model).parameters)
-    for key in model_kwargs(cfg):
+    kwargs = model_kwargs(cfg.model, cfg.data)
+    for key in kwargs:
         if key not in accepted:
             close = difflib.get_close_matches(key, sorted(accepted), n=1)
             hint = f"did you mean 'model.{close[0]}'?" if close else "remove it"
             raise ConfigError(f"{name} does not take the argument {key!r}; {hint}", key=f"model.{key}")
     model_class = _main_class(timm, name)
     if model_class is not None:
-        check_call(model_class, model_kwargs(cfg), "model")
+        check_call(model_class, kwargs, "model")
 
 
-def build_model(cfg: Config | dict[str, Any], *, initial_weights: bool = False) -> torch.nn.Module:
-    """Create the config's timm model on the CPU.
+def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool = False) -> torch.nn.Module:
+    """Create the ``model`` section's timm model on the CPU.
 
     Args:
-        cfg: the resolved config (typed, or the dict ``validate`` returns).
+        model: the ``model`` section.
+        data: the ``data`` section (``num_classes``, ``image_size`` and ``channels`` are
+            the model's unless the model section sets them).
         initial_weights: load the weights ``model.init_from`` or ``model.pretrained``
             names (the run's model); random initialisation otherwise (and always on the
             meta device, where only the model's shape is wanted).
@@ -97,12 +100,11 @@ def build_model(cfg: Config | dict[str, Any], *, initial_weights: bool = False) 
     """
     import timm
 
-    cfg = typed(cfg)
-    name = cfg.model.name
+    name = model.name
     check_model_name(name)
-    kwargs = model_kwargs(cfg)
+    kwargs = model_kwargs(model, data)
     with tempfile.TemporaryDirectory(prefix="largebatch-init-") as scratch:
-        overlay = _weights_overlay(cfg, name, pathlib.Path(scratch)) if initial_weights else None
+        overlay = _weights_overlay(model, name, pathlib.Path(scratch)) if initial_weights else None
         try:
             if overlay is None:
                 return timm.create_model(name, pretrained=False, **kwargs)
@@ -112,7 +114,7 @@ def build_model(cfg: Config | dict[str, Any], *, initial_weights: bool = False) 
         except (RuntimeError, OSError, ValueError) as exc:
             if overlay is None:
                 raise
-            raise _weights_error(cfg, name, exc) from exc
+            raise _weights_error(model, name, exc) from exc
 
 
 def _argument_error(timm: Any, name: str, kwargs: dict[str, Any], exc: TypeError) -> ConfigError:
@@ -125,11 +127,11 @@ def _argument_error(timm: Any, name: str, kwargs: dict[str, Any], exc: TypeError
     return ConfigError(f"{name} does not take the argument {bad!r}; {hint}", key=f"model.{bad}")
 
 
-def _weights_error(cfg: Config, name: str, exc: Exception) -> ConfigError:
+def _weights_error(model: ModelConfig, name: str, exc: Exception) -> ConfigError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if cfg.model.init_from:
+    if model.init_from:
         return ConfigError(
-            f"the weights of {cfg.model.init_from!r} do not fit {name} with this config's model arguments "
+            f"the weights of {model.init_from!r} do not fit {name} with this config's model arguments "
             f"({first}); use the same model.name and arguments as the run that wrote them",
             key="model.init_from",
         )
@@ -140,10 +142,9 @@ def _weights_error(cfg: Config, name: str, exc: Exception) -> ConfigError:
     )
 
 
-def _weights_overlay(cfg: Config, name: str, scratch: pathlib.Path) -> dict[str, Any] | None:
+def _weights_overlay(section: ModelConfig, name: str, scratch: pathlib.Path) -> dict[str, Any] | None:
     """timm's ``pretrained_cfg_overlay`` for the starting weights ({} for timm's own), or
     None for random initialisation."""
-    section = cfg.model
     if section.init_from:
         weights = weights_file(section.init_from, scratch)
         return {"file": str(weights), "num_classes": _classes_in(weights, name)}
@@ -161,36 +162,21 @@ def weights_file(spec: str, scratch: pathlib.Path) -> pathlib.Path:
 
     path = pathlib.Path(spec).expanduser()
     if glob.has_magic(spec):
-        finished = [pathlib.Path(p) for p in glob.glob(str(path)) if (pathlib.Path(p) / "model.safetensors").is_file()]
+        finished = [RunDir(p) for p in glob.glob(str(path)) if RunDir(p).finished]
         if not finished:
             raise ConfigError(f"no finished run (a folder holding model.safetensors) matches {spec!r}", key="model.init_from")
-        path = max(finished, key=lambda p: (p / "model.safetensors").stat().st_mtime)
-    if path.is_dir() and (path / "model.safetensors").is_file():
-        return path / "model.safetensors"
-    if path.is_file() and path.suffix == ".safetensors":
-        return path
-    if path.is_dir() and (path / ".metadata").is_file():
-        state = _sharded_model_state(path)
-    elif path.is_file():
-        state = ckpt.read_checkpoint(path)["model"]
-    else:
+        path = max(finished, key=lambda run: run.weights().stat().st_mtime).path
+    found = ckpt.read_model_weights(path)
+    if found is None:
         raise ConfigError(
             f"{spec!r} is neither a run directory or export folder (with model.safetensors), a .safetensors file nor a checkpoint",
             key="model.init_from",
         )
-    target = scratch / "model.safetensors"
-    ckpt.save_tensors(state, target)
+    if isinstance(found, pathlib.Path):
+        return found
+    target = RunDir(scratch).weights()
+    ckpt.save_tensors(found, target)
     return target
-
-
-def _sharded_model_state(folder: pathlib.Path) -> dict[str, torch.Tensor]:
-    """The full model weights of a sharded (DCP) checkpoint, read without a process group."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory(prefix="largebatch-dcp-") as scratch:
-        whole = pathlib.Path(scratch) / "checkpoint.pt"
-        dcp_to_torch_save(str(folder), str(whole))
-        return torch.load(whole, map_location="cpu", weights_only=True)["model"]
 
 
 def _classes_in(weights: pathlib.Path, name: str) -> int | None:

@@ -15,6 +15,7 @@ import math
 import pathlib
 
 from largebatch.errors import UserError
+from largebatch.rundir import RunDir
 
 
 def _keys(*names: str):
@@ -87,8 +88,8 @@ def plot_run(run_dir: str | pathlib.Path) -> list[pathlib.Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = pathlib.Path(run_dir)
-    series = read_metrics(run_dir / "metrics.jsonl")
+    run_dir = RunDir(run_dir)
+    series = read_metrics(run_dir.metrics)
     written = []
     for stem, title, panels in FIGURES:
         used = [(label, log, sorted(k for k in series if select(k))) for label, log, select in panels]
@@ -108,7 +109,7 @@ def plot_run(run_dir: str | pathlib.Path) -> list[pathlib.Path]:
         axes[0, 0].set_title(f"{title}: {run_dir.name}")
         axes[-1, 0].set_xlabel("optimizer step")
         fig.tight_layout()
-        path = run_dir / f"{stem}.png"
+        path = run_dir.plot(stem)
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)

@@ -170,3 +170,28 @@ def signal_handlers():
     preemption.clear()
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+def load_and_validate(path, overrides=None) -> dict:
+    """A config file (with ``--set`` overrides) validated, as the plain dict: what a test
+    compares key by key (runs get the typed config from ``largebatch.config.resolve_config``)."""
+    from largebatch.config import load_config, validate
+
+    return validate(load_config(path, overrides))
+
+
+def model_of(cfg, **kwargs):
+    """``largebatch.models.build_model`` for a config dict (validated and typed here)."""
+    from largebatch.config.typed import typed
+    from largebatch.models import build_model
+
+    typed_cfg = typed(cfg)
+    return build_model(typed_cfg.model, typed_cfg.data, **kwargs)
+
+
+def derived_of(cfg, world_size: int, num_samples: int) -> dict:
+    """``largebatch.config.derive`` for a config dict, as the dict ``config show`` prints."""
+    from largebatch.config import derive
+    from largebatch.config.typed import typed
+
+    return derive(typed(cfg), world_size, num_samples).to_dict()

@@ -7,11 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from largebatch import checkpoint as ckpt
-from largebatch.config import load_and_validate
 from largebatch.errors import ConfigError
 from largebatch.export import export_run
-from largebatch.models import build_model
-from tests.conftest import run_cli, tiny_config, write_config
+from tests.conftest import load_and_validate, model_of, run_cli, tiny_config, write_config
 
 pytestmark = pytest.mark.slow  # training runs through the CLI
 
@@ -50,11 +48,11 @@ def test_each_kind_of_source_gives_the_saved_weights(pretrained_run, tmp_path):
         str(pretrained_run.parent / "run-*"),  # a glob: the newest finished run
     ]
     for source in sources:
-        assert_starts_from(build_model(fine_tune_config(tmp_path, source), initial_weights=True), saved)
+        assert_starts_from(model_of(fine_tune_config(tmp_path, source), initial_weights=True), saved)
     checkpoint = ckpt.list_checkpoints(pretrained_run)[-1]  # a checkpoint's model weights
-    assert_starts_from(build_model(fine_tune_config(tmp_path, checkpoint), initial_weights=True), ckpt.read_checkpoint(checkpoint)["model"])
+    assert_starts_from(model_of(fine_tune_config(tmp_path, checkpoint), initial_weights=True), ckpt.read_checkpoint(checkpoint)["model"])
     # without initial_weights (the meta-device and export builds) nothing is loaded
-    fresh = build_model(fine_tune_config(tmp_path, pretrained_run))
+    fresh = model_of(fine_tune_config(tmp_path, pretrained_run))
     assert not torch.equal(fresh.state_dict()["blocks.0.attn.qkv.weight"], saved["blocks.0.attn.qkv.weight"])
 
 
@@ -66,16 +64,16 @@ def test_a_sharded_checkpoint_folder_gives_its_full_weights(pretrained_run, tmp_
     with pytest.warns(UserWarning, match="single process"):  # one process, no group: what DCP says
         dcp.save({"model": dict(saved), "optimizer": {}}, checkpoint_id=str(folder))
     assert (folder / ".metadata").is_file()
-    assert_starts_from(build_model(fine_tune_config(tmp_path, folder), initial_weights=True), saved)
+    assert_starts_from(model_of(fine_tune_config(tmp_path, folder), initial_weights=True), saved)
 
 
 def test_other_classes_reinitialise_the_head_and_another_size_resamples_positions(pretrained_run, tmp_path):
     saved = load_file(str(pretrained_run / "model.safetensors"))
-    model = build_model(fine_tune_config(tmp_path, pretrained_run, **{"data.num_classes": 3}), initial_weights=True)
+    model = model_of(fine_tune_config(tmp_path, pretrained_run, **{"data.num_classes": 3}), initial_weights=True)
     assert model.head.weight.shape == (3, 32)
     assert_starts_from(model, {k: v for k, v in saved.items() if not k.startswith("head.")} | {
         "head.weight": model.head.weight, "head.bias": model.head.bias})  # fmt: skip
-    bigger = build_model(fine_tune_config(tmp_path, pretrained_run, **{"data.image_size": 24}), initial_weights=True)
+    bigger = model_of(fine_tune_config(tmp_path, pretrained_run, **{"data.image_size": 24}), initial_weights=True)
     assert bigger.pos_embed.shape == (1, 1 + 36, 32) and saved["pos_embed"].shape == (1, 1 + 16, 32)
     assert torch.equal(bigger.pos_embed[0, 0], saved["pos_embed"][0, 0])  # the class token's position is kept
     assert_starts_from(bigger, saved, except_prefixes=("pos_embed",))
@@ -90,17 +88,17 @@ def test_fine_tuning_runs_end_to_end_from_the_cli(pretrained_run, tmp_path):
 
 def test_bad_sources_name_the_key(pretrained_run, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="neither a run directory") as missing:
-        build_model(fine_tune_config(tmp_path, tmp_path / "nowhere"), initial_weights=True)
+        model_of(fine_tune_config(tmp_path, tmp_path / "nowhere"), initial_weights=True)
     assert missing.value.key == "model.init_from"
     with pytest.raises(ConfigError, match="no finished run"):
-        build_model(fine_tune_config(tmp_path, tmp_path / "runs-*"), initial_weights=True)
+        model_of(fine_tune_config(tmp_path, tmp_path / "runs-*"), initial_weights=True)
     wider = fine_tune_config(tmp_path, pretrained_run, **{"model.embed_dim": 48})
     with pytest.raises(ConfigError, match="do not fit") as misfit:
-        build_model(wider, initial_weights=True)
+        model_of(wider, initial_weights=True)
     assert misfit.value.key == "model.init_from"
     # timm's published weights, with the Hub unreachable and an empty cache: one clear error
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ConfigError, match="published weights") as offline:
-        build_model(load_and_validate(str(write_config(tmp_path, tiny_config(**{"model.pretrained": True}))), []), initial_weights=True)
+        model_of(load_and_validate(str(write_config(tmp_path, tiny_config(**{"model.pretrained": True}))), []), initial_weights=True)
     assert offline.value.key == "model.pretrained"

@@ -7,13 +7,10 @@ import json
 import os
 import signal
 import subprocess
-import types
 
 import pytest
-import torch
 
 from largebatch import checkpoint as ckpt
-from largebatch.errors import UserError
 from largebatch.preemption import EXIT_REQUEUE
 from tests.conftest import (
     PYTHON,
@@ -127,73 +124,3 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one_and_resume_uses_
     assert "at step 2" in resumed.stdout
     assert not partial.exists()  # the next save removed it
     assert_same_weights(one_rank_reference / "model.safetensors", run_dir / "model.safetensors")
-
-
-def _fake_checkpoint(path, step):
-    torch.save({"format": 1, "model": {"w": torch.full((2,), float(step))}, "step": step}, path)
-
-
-def test_resume_auto_skips_unreadable_checkpoints_and_a_bad_latest_pointer(tmp_path, capsys):
-    folder = tmp_path / "checkpoints"
-    folder.mkdir()
-    _fake_checkpoint(folder / "step-00000002.pt", 2)
-    _fake_checkpoint(folder / "step-00000004.pt", 4)
-    full = (folder / "step-00000004.pt").read_bytes()
-    (folder / "step-00000004.pt").write_bytes(full[: len(full) // 2])  # corrupt (truncated)
-    (folder / ".step-00000006.pt.tmp").write_bytes(full[:100])  # a crash's leftover
-    (folder / "latest").write_text("step-00000006.pt")  # names a file that is not there
-    path, payload = ckpt.read_resume_checkpoint("auto", tmp_path)
-    assert path.name == "step-00000002.pt" and payload["step"] == 2
-    warnings = capsys.readouterr().out.strip().splitlines()
-    assert len(warnings) == 2
-    assert warnings[0].startswith("warning: skipping unreadable checkpoint:") and "step-00000004.pt" in warnings[0]
-    assert (
-        warnings[1]
-        == "warning: checkpoints/latest names step-00000006.pt, but the newest loadable checkpoint is step-00000002.pt: using it"
-    )
-
-    (folder / "step-00000002.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(UserError, match="none of the 2 checkpoint"):
-        ckpt.read_resume_checkpoint("auto", tmp_path)
-    assert ckpt.read_resume_checkpoint("auto", tmp_path / "empty") is None
-
-
-def test_non_finite_weights_are_never_checkpointed(tmp_path):
-    model = torch.nn.Linear(3, 2)
-    with torch.no_grad():
-        model.weight[0, 1] = float("nan")
-        model.bias[1] = float("inf")
-    state = types.SimpleNamespace(model=model, run_dir=tmp_path, step=7, is_main=True)
-    with pytest.raises(UserError) as error:
-        ckpt.save_checkpoint(state, [], keep=3)
-    message = str(error.value)
-    assert "refusing to save the checkpoint of step 7" in message
-    assert "weight (1 of 6)" in message and "bias (1 of 2)" in message and "no earlier checkpoint" in message
-    assert not (tmp_path / "checkpoints").exists()
-
-
-def test_two_hooks_of_one_name_keep_their_own_state_in_a_checkpoint():
-    from largebatch.engine.hook import Hook
-
-    class Counter(Hook):
-        def __init__(self, start: int, priority=None) -> None:
-            super().__init__(priority)
-            self.value = start
-
-        def state_dict(self):
-            return {"value": self.value}
-
-        def load_state_dict(self, state):
-            self.value = state["value"]
-
-    # firing order decides the suffix: the LOW-priority one fires second whatever the list order
-    late, early, other = Counter(1, priority="LOW"), Counter(2, priority="HIGH"), Counter(3)
-    assert ckpt.hook_state_keys([late, early]) == ["Counter#2", "Counter"]
-    assert ckpt.hook_state_keys([early, late]) == ["Counter", "Counter#2"]
-    saved = ckpt.hook_states([late, early, other])
-    assert saved == {"Counter": {"value": 2}, "Counter#2": {"value": 3}, "Counter#3": {"value": 1}}
-    # restored into fresh instances listed in another order, each gets its own value back
-    fresh = [Counter(0), Counter(0, priority="HIGH"), Counter(0, priority="LOW")]
-    for key, hook in zip(ckpt.hook_state_keys(fresh), fresh):
-        hook.load_state_dict(saved[key])
-    assert [h.value for h in fresh] == [3, 2, 1]

@@ -123,7 +123,7 @@ def test_custom_hook_by_path_runs_at_its_events(tmp_path):
         "    def after_step(self, state):\n"
         "        self.lines.append(f'step {state.step}')\n"
         "    def after_run(self, state):\n"
-        "        (state.run_dir / f'{self.tag}.txt').write_text(chr(10).join(self.lines))\n"
+        "        (state.run.run_dir / f'{self.tag}.txt').write_text(chr(10).join(self.lines))\n"
     )
     cfg = tiny_config(hooks=[{"type": f"{hook_file}:Recorder", "tag": "seen"}])
     _train(tmp_path, cfg, tmp_path / "run")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from largebatch.backends.base import Backend
-from largebatch.config.typed import ConfigSection, section
+from largebatch.config.sections import CudaConfig, HpuConfig
 from largebatch.errors import UserError
 
 __all__ = ["Backend", "create_backend", "resolve_device_name"]
@@ -35,27 +33,22 @@ def resolve_device_name(name: str, hpu_mode: str = "lazy") -> str:
     return "cpu"
 
 
-def _backend_section(options: Any, name: str) -> Any:
-    """Section ``name`` (``cuda``, ``hpu``) of ``options``, typed; the schema's defaults
-    where ``options`` has none."""
-    if isinstance(options, ConfigSection):
-        return getattr(options, name)
-    return section(name, (options or {}).get(name) or {})
-
-
-def create_backend(name: str, precision: str = "auto", local_rank: int = 0, options: Any = None) -> Backend:
+def create_backend(
+    name: str, precision: str = "auto", local_rank: int = 0, *, cuda: CudaConfig | None = None, hpu: HpuConfig | None = None
+) -> Backend:
     """Build the backend for ``device`` = ``name``.
 
     Args:
         name: ``auto``, ``cpu``, ``cuda`` or ``hpu``.
         precision: ``auto``, ``fp32``, ``bf16`` or ``fp16``.
         local_rank: this process's index on its node.
-        options: the config, or any dict holding the backends' sections (``cuda``, ``hpu``).
+        cuda, hpu: the config's ``cuda`` and ``hpu`` sections (None: their defaults).
 
     Raises:
         UserError: the device is not present, or the precision does not suit it.
     """
-    name = resolve_device_name(name, _backend_section(options, "hpu").mode)
+    hpu = hpu if hpu is not None else HpuConfig()
+    name = resolve_device_name(name, hpu.mode)
     if name == "cpu":
         from largebatch.backends.cpu import CpuBackend
 
@@ -63,9 +56,9 @@ def create_backend(name: str, precision: str = "auto", local_rank: int = 0, opti
     if name == "cuda":
         from largebatch.backends.cuda import CudaBackend
 
-        return CudaBackend(precision, local_rank, _backend_section(options, "cuda"))
+        return CudaBackend(precision, local_rank, cuda)
     if name == "hpu":
-        from largebatch.backends import hpu
+        from largebatch.backends import hpu as hpu_backend
 
-        return hpu.HpuBackend(precision, local_rank, _backend_section(options, "hpu"))
+        return hpu_backend.HpuBackend(precision, local_rank, hpu)
     raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or hpu", key="device")

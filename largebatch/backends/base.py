@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from largebatch import dist
-from largebatch.config.typed import Config, DistConfig, has_section, section
+from largebatch.config.derive import Derived
+from largebatch.config.sections import DistConfig, OptimizerConfig
 from largebatch.errors import UserError
 from largebatch.optim import build_optimizer, sharded
 
@@ -35,9 +36,9 @@ class Backend:
     Args:
         precision: ``'auto'``, ``'fp32'``, ``'bf16'`` or ``'fp16'``.
         local_rank: this process's index on its node (picks the device).
-        options: the config section named like the backend (``cuda``, ``hpu``), typed or
-            a dict whose missing keys take the schema's defaults; ``self.options`` is the
-            typed section (None for a backend without one).
+        options: the config section named like the backend (``cuda``, ``hpu``); None
+            takes the schema's defaults. ``self.options`` is that section (None for a
+            backend without one, ``options_type`` None).
     """
 
     name = "base"
@@ -45,10 +46,11 @@ class Backend:
     sharded_precision = False  # set by shard_model when FSDP2's policy does the casting
     supported_precisions: tuple[str, ...] = ("fp32",)
     auto_precision = "fp32"
+    options_type: type | None = None  # the backend's config section class (CudaConfig, HpuConfig)
 
     def __init__(self, precision: str = "auto", local_rank: int = 0, options: Any = None) -> None:
         self.local_rank = local_rank
-        self.options = section(self.name, options or {}) if has_section(self.name) else None
+        self.options = options if options is not None or self.options_type is None else self.options_type()
         self.precision = self.auto_precision if precision == "auto" else precision
         if self.precision not in self.supported_precisions:
             raise UserError(
@@ -85,9 +87,8 @@ class Backend:
         """Move the model to the device (and apply backend-specific settings)."""
         return model.to(self.device)
 
-    def ddp_options(self, dist_cfg: DistConfig | dict[str, Any]) -> dict[str, Any]:
+    def ddp_options(self, dist_cfg: DistConfig) -> dict[str, Any]:
         """Keyword arguments for ``DistributedDataParallel`` from the ``dist`` config section."""
-        dist_cfg = section("dist", dist_cfg)
         return {
             "device_ids": None,
             "bucket_cap_mb": dist_cfg.bucket_cap_mb,
@@ -96,7 +97,7 @@ class Backend:
             "static_graph": dist_cfg.static_graph,
         }
 
-    def wrap_ddp(self, model: torch.nn.Module, dist_cfg: DistConfig | dict[str, Any]) -> torch.nn.Module:
+    def wrap_ddp(self, model: torch.nn.Module, dist_cfg: DistConfig) -> torch.nn.Module:
         """``model`` in DistributedDataParallel with this backend's options."""
         return torch.nn.parallel.DistributedDataParallel(model, **self.ddp_options(dist_cfg))
 
@@ -119,7 +120,7 @@ class Backend:
 
         return MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32)
 
-    def shard_model(self, model: torch.nn.Module, layout: dict[str, Any]) -> torch.nn.Module:
+    def shard_model(self, model: torch.nn.Module, layout: Derived) -> torch.nn.Module:
         """Shard ``model`` in place with FSDP2: each transformer block, then the root.
 
         Call it on the model as built, on the host: FSDP2 moves each block's slices to
@@ -128,16 +129,16 @@ class Backend:
 
         Args:
             model: the model, on the CPU.
-            layout: ``strategy`` (``fsdp`` or ``hsdp``), ``shard_size`` and ``replicas``
-                (``largebatch.config.derive.sharding_layout``).
+            layout: the run's derived numbers: ``strategy`` (``fsdp`` or ``hsdp``),
+                ``shard_size`` and ``replicas`` (``largebatch.config.derive.sharding_layout``).
         """
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        if layout["strategy"] == "hsdp":
-            mesh = init_device_mesh(self.device.type, (layout["replicas"], layout["shard_size"]), mesh_dim_names=("replicate", "shard"))
+        if layout.strategy == "hsdp":
+            mesh = init_device_mesh(self.device.type, (layout.replicas, layout.shard_size), mesh_dim_names=("replicate", "shard"))
         else:
-            mesh = init_device_mesh(self.device.type, (layout["shard_size"],), mesh_dim_names=("shard",))
+            mesh = init_device_mesh(self.device.type, (layout.shard_size,), mesh_dim_names=("shard",))
         options: dict[str, Any] = {"mesh": mesh}
         policy = self.fsdp_mixed_precision()
         if policy is not None:
@@ -152,9 +153,9 @@ class Backend:
         """``torch.compile(model)`` when ``enabled`` (the config's ``compile``), else ``model``."""
         return torch.compile(model) if enabled else model
 
-    def build_optimizer(self, cfg: Config | dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
-        """The config's optimizer; a backend may substitute a fused implementation."""
-        return build_optimizer(cfg, model)
+    def build_optimizer(self, section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """The ``optimizer`` section's optimizer; a backend may substitute a fused implementation."""
+        return build_optimizer(section, model)
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
         """Clip the global L2 norm of the gradients to ``max_norm``; returns the norm before clipping.

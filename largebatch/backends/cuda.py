@@ -28,11 +28,13 @@ from typing import Any
 import torch
 
 from largebatch.backends.base import Backend
+from largebatch.config.sections import CudaConfig, DistConfig
 from largebatch.errors import UserError
 
 
 class CudaBackend(Backend):
     name = "cuda"
+    options_type = CudaConfig
     dist_backend = "nccl"
     supported_precisions = ("fp32", "bf16", "fp16")
     auto_precision = "bf16"
@@ -61,7 +63,7 @@ class CudaBackend(Backend):
     def make_grad_scaler(self) -> torch.amp.GradScaler | None:
         return torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
 
-    def ddp_options(self, dist_cfg: dict[str, Any]) -> dict[str, Any]:
+    def ddp_options(self, dist_cfg: DistConfig) -> dict[str, Any]:
         return {**super().ddp_options(dist_cfg), "device_ids": [self.device.index]}
 
     def compile(self, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:

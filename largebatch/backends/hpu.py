@@ -50,7 +50,8 @@ from typing import Any
 import torch
 
 from largebatch.backends.base import Backend
-from largebatch.config.typed import Config, section_of, thaw
+from largebatch.config.frozen import thaw
+from largebatch.config.sections import DistConfig, HpuConfig, OptimizerConfig
 from largebatch.errors import UserError
 
 MODES = ("lazy", "eager", "compile")
@@ -117,6 +118,7 @@ class HpuBackend(Backend):
     """One Gaudi per process; see the module docstring for modes and options."""
 
     name = "hpu"
+    options_type = HpuConfig
     dist_backend = "hccl"
     supported_precisions = ("fp32", "bf16")
     auto_precision = "bf16"
@@ -166,7 +168,7 @@ class HpuBackend(Backend):
                 initialize(info.world_size, info.rank, info.local_rank)
         super().init_process_group(info, dist_backend, timeout_minutes)
 
-    def ddp_options(self, dist_cfg: dict[str, Any]) -> dict[str, Any]:
+    def ddp_options(self, dist_cfg: DistConfig) -> dict[str, Any]:
         return {**super().ddp_options(dist_cfg), "broadcast_buffers": False}
 
     def compile(self, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
@@ -179,15 +181,15 @@ class HpuBackend(Backend):
             )
         return model
 
-    def build_optimizer(self, cfg: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+    def build_optimizer(self, section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
         # Habana's fused kernels see whole tensors; sharded (DTensor) parameters take
         # largebatch's sharded LAMB and clipping instead.
-        if self.options.fused_optimizer and section_of(cfg, "optimizer").type == "lamb" and not _any_sharded(model.parameters()):
+        if self.options.fused_optimizer and section.type == "lamb" and not _any_sharded(model.parameters()):
             optimizers = _optional("habana_frameworks.torch.hpex.optimizers")
             fused = getattr(optimizers, "FusedLamb", None)
             if fused is not None:
-                return fused_lamb(fused, cfg, model)
-        return super().build_optimizer(cfg, model)
+                return fused_lamb(fused, section, model)
+        return super().build_optimizer(section, model)
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
         if self.options.fused_clip_norm and not _any_sharded(parameters):
@@ -237,7 +239,7 @@ _FUSED_LAMB_SAME = ("betas", "eps", "bias_correction")  # besides lr and weight_
 _FUSED_LAMB_FIXED = {"decoupled_weight_decay": False, "adapt": True, "max_trust_ratio": None, "min_trust_ratio": None, "adam": False}
 
 
-def fused_lamb(fused_cls: type, cfg: Config | dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+def fused_lamb(fused_cls: type, section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """Habana's ``FusedLamb`` over the config's parameter groups, set up as the paper's LAMB.
 
     ``adam_w_mode=True`` is the paper's update ``u = r + wd * x``; ``use_lamb=True`` applies
@@ -250,7 +252,6 @@ def fused_lamb(fused_cls: type, cfg: Config | dict[str, Any], model: torch.nn.Mo
     """
     from largebatch.optim.param_groups import build_param_groups
 
-    section = section_of(cfg, "optimizer")
     extra = thaw(section.extra)  # Lamb's own arguments
     for key, default in _FUSED_LAMB_FIXED.items():
         if key in extra and extra[key] != default:

@@ -1,39 +1,56 @@
-"""Config files: load (``loader``), validate (``schema``), type (``typed``), derive (``derive``), save."""
+"""Config files to the typed config, once: ``resolve_config``.
+
+A run's config is a file (``.py`` or ``.yaml``, with ``_base_`` pieces) plus ``--set``
+overrides. ``resolve_config`` loads them (``loader``), validates every key against the
+schema (``schema``), checks what needs the model library (the model's name and
+arguments), and returns the frozen, typed ``Config`` (``sections``, generated from the
+schema). It is the only place that turns files and dicts into a config: components
+receive their typed section (``cfg.data``, ``cfg.optimizer``, ...), and the numbers that
+follow from the world size and the data are one frozen ``Derived`` (``derive``) holding
+the run's ``BatchPlan``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
-from largebatch.config.derive import derive, make_plan, scaled_lr
-from largebatch.config.loader import apply_override, load_config, merge_into
+from largebatch.config.derive import Derived, LrScaling, derive
+from largebatch.config.loader import load_config
 from largebatch.config.schema import SCHEMA, validate
-from largebatch.config.typed import Config, typed, validate_typed
+from largebatch.config.sections import *  # noqa: F403 - the section classes
+from largebatch.config.sections import Config
+from largebatch.config.typed import typed
 
-__all__ = [
-    "SCHEMA",
-    "Config",
-    "apply_override",
-    "derive",
-    "dump_yaml",
-    "load_and_validate",
-    "load_config",
-    "make_plan",
-    "merge_into",
-    "scaled_lr",
-    "typed",
-    "validate",
-    "validate_typed",
-]
+__all__ = ["SCHEMA", "Config", "Derived", "LrScaling", "derive", "dump_yaml", "load_config", "resolve_config", "validate"]
+
+# Checks of a whole validated config that need more than the schema (a model library),
+# named so this package imports nothing above it.
+CONFIG_CHECKS = ("largebatch.models:check_model_config",)
 
 
-def load_and_validate(path: str | pathlib.Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    """``load_config`` then ``validate``: the resolved config with defaults filled in."""
-    return validate(load_config(path, overrides))
+def resolve_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Config:
+    """The run's config: the file with its bases, ``--set`` overrides applied, validated
+    (defaults filled in), checked against the model library, typed and frozen.
+
+    A run's own ``config.yaml`` is a config file too (its ``derived:`` numbers, computed
+    at launch, are left out).
+
+    Raises:
+        ConfigError: the file, an override or a value is wrong (naming the key and the fix).
+    """
+    cfg = typed(load_config(path, list(overrides)))
+    for check in CONFIG_CHECKS:
+        module, _, function = check.partition(":")
+        getattr(importlib.import_module(module), function)(cfg)
+    return cfg
 
 
 def dump_yaml(config: dict[str, Any]) -> str:
-    """The config as YAML, keys in the order they were given (round-trips through loading)."""
+    """A config (``Config.to_dict()``, with any ``derived`` numbers) as YAML, keys in the
+    order given (round-trips through loading)."""
     return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=100)

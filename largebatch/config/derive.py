@@ -1,53 +1,121 @@
 """Numbers derived from a validated config at a given world size: the batch arithmetic,
-the schedule's length and the effective learning rate. ``largebatch config show`` prints
-them under ``derived:``; the engine uses the same function, so what is shown is what runs.
+the schedule's length and the effective learning rate, as one frozen ``Derived``.
+
+``largebatch config show`` prints them under ``derived:`` and a run writes them into its
+``config.yaml``; the engine uses the same object, so what is shown is what runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from largebatch.batching import BatchPlan
-from largebatch.config.typed import Config, typed
+from largebatch.config.sections import Config
 from largebatch.errors import ConfigError
 
 
-def scaled_lr(cfg: Config | dict[str, Any]) -> float:
-    """``optimizer.lr`` scaled by ``lr_schedule.scaling`` from ``base_batch_size``."""
-    return lr_scaling(cfg)["scaled_lr"]
-
-
-def lr_scaling(cfg: Config | dict[str, Any]) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class LrScaling:
     """How the peak learning rate follows from the batch size.
 
     ``linear`` multiplies ``optimizer.lr`` by ``global_batch_size / base_batch_size``
     (Goyal et al. 2017), ``sqrt`` by its square root (You et al. 2019's rule for LAMB),
-    ``none`` by 1.
-
-    Returns:
-        ``rule``, ``base_batch_size``, ``global_batch_size``, ``base_lr``, ``factor`` and
-        ``scaled_lr`` (the schedule's peak).
+    ``none`` by 1; ``scaled_lr`` is the schedule's peak.
     """
-    cfg = typed(cfg)
-    rule, base_batch = cfg.lr_schedule.scaling, cfg.lr_schedule.base_batch_size
-    factor = 1.0
-    if rule != "none":
-        ratio = cfg.global_batch_size / base_batch
-        factor = ratio if rule == "linear" else math.sqrt(ratio)
-    lr = cfg.optimizer.lr
-    return {
-        "rule": rule,
-        "base_batch_size": base_batch if rule != "none" else None,
-        "global_batch_size": cfg.global_batch_size,
-        "base_lr": lr,
-        "factor": factor,
-        "scaled_lr": lr * factor,
-    }
+
+    rule: str
+    base_batch_size: int | None
+    global_batch_size: int
+    base_lr: float
+    factor: float
+    scaled_lr: float
+
+    @classmethod
+    def of(cls, cfg: Config) -> LrScaling:
+        rule, base_batch = cfg.lr_schedule.scaling, cfg.lr_schedule.base_batch_size
+        factor = 1.0
+        if rule != "none":
+            assert base_batch is not None  # validation requires it with a scaling rule
+            ratio = cfg.global_batch_size / base_batch
+            factor = ratio if rule == "linear" else math.sqrt(ratio)
+        lr = cfg.optimizer.lr
+        return cls(rule, base_batch if rule != "none" else None, cfg.global_batch_size, lr, factor, lr * factor)
 
 
-def sharding_layout(cfg: Config | dict[str, Any], world_size: int) -> dict[str, Any]:
-    """``strategy``, ``shard_size`` (ranks sharing one copy of the model) and ``replicas``.
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """The derived numbers of a run: the batch plan and what follows from it.
+
+    Attributes:
+        plan: the batch arithmetic (``largebatch.batching.BatchPlan``): ``world_size``,
+            ``accumulation``, ``global_batch_size``, ``micro_batch_size``,
+            ``steps_per_epoch`` ...; ``derived.world_size`` and ``derived.accumulation``
+            read from it.
+        strategy, shard_size, replicas: the sharding layout (``sharding_layout``).
+        total_steps: ``steps_per_epoch * epochs``, the schedule's length.
+        max_steps: the config's cap, or None.
+        warmup_steps: the warmup in steps.
+        lr_scaling: the peak learning rate's derivation; ``peak_lr`` is its result.
+    """
+
+    plan: BatchPlan
+    strategy: str
+    shard_size: int
+    replicas: int
+    total_steps: int
+    max_steps: int | None
+    warmup_steps: int
+    lr_scaling: LrScaling
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def accumulation(self) -> int:
+        return self.plan.accumulation
+
+    @property
+    def peak_lr(self) -> float:
+        """The schedule's peak learning rate (``lr_scaling.scaled_lr``)."""
+        return self.lr_scaling.scaled_lr
+
+    @property
+    def run_steps(self) -> int:
+        """Optimizer steps the run takes: ``total_steps``, capped by ``max_steps``."""
+        return min(self.total_steps, self.max_steps) if self.max_steps else self.total_steps
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded across ranks (fsdp or hsdp on more than one rank)."""
+        return self.strategy != "ddp" and self.world_size > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The numbers as ``config show`` prints them (the plan's, flattened), in that order."""
+        plan = self.plan
+        return {
+            "world_size": plan.world_size,
+            "strategy": self.strategy,
+            "shard_size": self.shard_size,
+            "replicas": self.replicas,
+            "accumulation": plan.accumulation,
+            "global_batch_size": plan.global_batch_size,
+            "micro_batch_size": plan.micro_batch_size,
+            "train_samples": plan.num_samples,
+            "samples_per_epoch": plan.samples_per_epoch,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "max_steps": self.max_steps,
+            "warmup_steps": self.warmup_steps,
+            "peak_lr": self.peak_lr,
+            "lr_scaling": dataclasses.asdict(self.lr_scaling),
+        }
+
+
+def sharding_layout(cfg: Config, world_size: int) -> tuple[str, int, int]:
+    """``(strategy, shard_size, replicas)``: ranks sharing one copy of the model, and copies.
 
     ``ddp`` replicates the whole model on every rank (shard size 1); ``fsdp`` shards it
     over all ranks; ``hsdp`` over groups of ``dist.shard_size`` ranks, one replica each.
@@ -55,12 +123,12 @@ def sharding_layout(cfg: Config | dict[str, Any], world_size: int) -> dict[str, 
     Raises:
         ConfigError: ``hsdp`` without a ``dist.shard_size`` that divides the world size.
     """
-    strategy = typed(cfg).dist.strategy
+    strategy = cfg.dist.strategy
     if strategy == "ddp":
-        return {"strategy": strategy, "shard_size": 1, "replicas": world_size}
+        return strategy, 1, world_size
     if strategy == "fsdp":
-        return {"strategy": strategy, "shard_size": world_size, "replicas": 1}
-    shard = typed(cfg).dist.shard_size
+        return strategy, world_size, 1
+    shard = cfg.dist.shard_size
     if shard is None:
         raise ConfigError(
             "dist.strategy 'hsdp' needs dist.shard_size, the ranks that share one copy of the model (e.g. the devices of "
@@ -72,13 +140,21 @@ def sharding_layout(cfg: Config | dict[str, Any], world_size: int) -> dict[str, 
             f"dist.shard_size {shard} does not divide the world size {world_size}; use a divisor of {world_size}",
             key="dist.shard_size",
         )
-    return {"strategy": strategy, "shard_size": shard, "replicas": world_size // shard}
+    return strategy, shard, world_size // shard
 
 
-def make_plan(cfg: Config | dict[str, Any], world_size: int, num_train_samples: int) -> BatchPlan:
-    """The run's ``BatchPlan``; raises ``UserError`` when the batch arithmetic fails."""
-    cfg = typed(cfg)
-    return BatchPlan.create(
+def derive(cfg: Config, world_size: int, num_train_samples: int) -> Derived:
+    """The derived numbers of a run.
+
+    Args:
+        cfg: the resolved config.
+        world_size: number of processes.
+        num_train_samples: samples in the training split.
+
+    Raises:
+        UserError: the batch arithmetic does not divide, or warmup is longer than training.
+    """
+    plan = BatchPlan.create(
         global_batch_size=cfg.global_batch_size,
         micro_batch_size=cfg.micro_batch_size,
         world_size=world_size,
@@ -86,28 +162,6 @@ def make_plan(cfg: Config | dict[str, Any], world_size: int, num_train_samples: 
         partial_window=cfg.partial_window,
         max_steps_per_epoch=cfg.steps_per_epoch,
     )
-
-
-def derive(cfg: Config | dict[str, Any], world_size: int, num_train_samples: int) -> dict[str, Any]:
-    """The derived numbers of a run.
-
-    Args:
-        cfg: a validated config (typed, or the dict ``validate`` returns).
-        world_size: number of processes.
-        num_train_samples: samples in the training split.
-
-    Returns:
-        A dict with ``world_size``, ``strategy``, ``shard_size`` and ``replicas`` (see
-        ``sharding_layout``), ``accumulation``, ``global_batch_size``,
-        ``micro_batch_size``, ``train_samples``, ``steps_per_epoch``, ``total_steps``,
-        ``warmup_steps``, ``peak_lr``, ``lr_scaling`` (see ``lr_scaling``) and
-        ``samples_per_epoch``.
-
-    Raises:
-        UserError: the batch arithmetic does not divide, or warmup is longer than training.
-    """
-    cfg = typed(cfg)
-    plan = make_plan(cfg, world_size, num_train_samples)
     total_steps = plan.steps_per_epoch * cfg.epochs
     schedule = cfg.lr_schedule
     if schedule.warmup_epochs is not None:
@@ -122,18 +176,5 @@ def derive(cfg: Config | dict[str, Any], world_size: int, num_train_samples: int
             f"({cfg.epochs} epochs x {plan.steps_per_epoch} steps); shorten the warmup or train longer",
             key=warmup_key,
         )
-    return {
-        "world_size": world_size,
-        **sharding_layout(cfg, world_size),
-        "accumulation": plan.accumulation,
-        "global_batch_size": plan.global_batch_size,
-        "micro_batch_size": plan.micro_batch_size,
-        "train_samples": num_train_samples,
-        "samples_per_epoch": plan.samples_per_epoch,
-        "steps_per_epoch": plan.steps_per_epoch,
-        "total_steps": total_steps,
-        "max_steps": cfg.max_steps,
-        "warmup_steps": warmup,
-        "peak_lr": scaled_lr(cfg),
-        "lr_scaling": lr_scaling(cfg),
-    }
+    strategy, shard_size, replicas = sharding_layout(cfg, world_size)
+    return Derived(plan, strategy, shard_size, replicas, total_steps, cfg.max_steps, warmup, LrScaling.of(cfg))

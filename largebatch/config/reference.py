@@ -80,9 +80,9 @@ def _tables(section: Section, prefix: str, out: list[str], *, subsections: bool 
         default = "required" if spec.default is REQUIRED else f"`{_cell(repr(spec.default))}`"
         out.append(f"| `{prefix}{name}` | {kind} | {default} | {_cell(_allowed(spec))} | {_cell(spec.doc)} |\n")
     out.append("\n")
-    for name, spec in section.fields.items():
-        if subsections and isinstance(spec, Section):
-            _tables(spec, f"{prefix}{name}.", out)
+    for name, child in section.fields.items():
+        if subsections and isinstance(child, Section):
+            _tables(child, f"{prefix}{name}.", out)
 
 
 def render_markdown(selector: str = "", schema: Section = SCHEMA) -> str:

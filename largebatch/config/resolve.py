@@ -58,6 +58,8 @@ def _load_file(file: str, key: str, kind: str, config_path: pathlib.Path | None)
     module = sys.modules.get(module_name)
     if module is None:
         module_spec = importlib.util.spec_from_file_location(module_name, found)
+        if module_spec is None or module_spec.loader is None:
+            raise ConfigError(f"{kind} file {found} cannot be imported as Python; name a .py file", key=key)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_name] = module  # before running it, as an import does: dataclasses and pickle look it up
         try:

@@ -89,7 +89,9 @@ SCHEMA = Section(
         "global_batch_size": Field(int, REQUIRED, "samples per optimizer step, all devices together", low=1),
         "micro_batch_size": Field(int, REQUIRED, "samples per device per forward/backward", low=1),
         "partial_window": Field(str, "drop", "trailing partial accumulation window: drop it, or step on it", choices=("drop", "step")),
-        "clip_grad_norm": Field(float, None, "clip the global gradient norm once per step (0 or None: off)", low=0, nullable=True),
+        "clip_grad_norm": Field(
+            float, None, "clip the global gradient norm once per step, after unscaling (0 or None: off)", low=0, nullable=True
+        ),
         "compile": Field(bool, False, "torch.compile the model"),
         "model": Section(
             {
@@ -249,6 +251,19 @@ SCHEMA = Section(
             },
             "model EMA (timm's ModelEmaV3): updated after every optimizer step, saved in checkpoints, written as "
             "model_ema.safetensors at the end",
+        ),
+        "nan_guard": Section(
+            {
+                "action": Field(
+                    str,
+                    "stop",
+                    "a step whose loss or gradients hold NaN or inf: stop (an error line naming the step and the first "
+                    "parameter), skip (no update that step), or off (no check, no host sync)",
+                    choices=("stop", "skip", "off"),
+                ),
+                "max_skips": Field(int, 10, "skip: stop after this many skipped steps in a row", low=1),
+            },
+            "the non-finite check before every optimizer update (largebatch.engine.update)",
         ),
         "log": Section(
             {

@@ -72,7 +72,7 @@ def _expected_from_default(default: Any) -> Any:
         element = kinds.pop() if len(kinds) == 1 else Any
         if element is int:
             element = float  # (0.9, 0.999)-style defaults written as ints elsewhere still mean numbers
-        return tuple[(element, ...)] if isinstance(default, tuple) else list[element]
+        return types.GenericAlias(tuple, (element, ...)) if isinstance(default, tuple) else types.GenericAlias(list, (element,))
     if type(default) is int:
         return float  # an un-annotated 0 is as often a float's default as an int's: accept either
     if type(default) in (bool, float, str):
@@ -110,7 +110,7 @@ def check_call(func: Any, kwargs: dict[str, Any], key_prefix: str, *, skip: tupl
         ConfigError: a value whose type does not fit, naming ``key_prefix.name``, what
             was expected and what was given.
     """
-    target = func.__init__ if isinstance(func, type) else func
+    target = typing.cast(Any, func).__init__ if isinstance(func, type) else func
     try:
         params = inspect.signature(target).parameters
     except (TypeError, ValueError):

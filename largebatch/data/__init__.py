@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from largebatch.batching import BatchPlan
-from largebatch.config.typed import DataConfig, section
-from largebatch.data.policies import refuse_policies
+from largebatch.config.sections import DataConfig
+
+if TYPE_CHECKING:  # torch is imported by the loaders, not here: `largebatch --help` stays light
+    import torch
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 
 LOADER_MODULES = {
     "synthetic": "largebatch.data.synthetic",
@@ -52,28 +54,27 @@ def loader_module(data_cfg: DataConfig) -> ModuleType:
     return importlib.import_module(LOADER_MODULES[data_cfg.loader])
 
 
-def count_samples(data_cfg: DataConfig | dict[str, Any], split: str) -> int:
+def count_samples(data_cfg: DataConfig, split: str) -> int:
     """Samples in the training (``split='train'``) or evaluation (``'eval'``) split, whose
-    shard names are ``data.train_split`` and ``data.eval_split``."""
-    data_cfg = section("data", data_cfg)
-    return loader_module(data_cfg).count_samples(data_cfg, data_cfg.train_split if split == "train" else data_cfg.eval_split)
+    shard names are ``data.train_split`` and ``data.eval_split`` (the TFRecord loaders count
+    the shards' index files, without loading a loader)."""
+    module = loader_module(data_cfg) if data_cfg.loader == "synthetic" else importlib.import_module("largebatch.data.tfrecord")
+    return module.count_samples(data_cfg, data_cfg.train_split if split == "train" else data_cfg.eval_split)
 
 
-def build_train_loader(data_cfg: DataConfig | dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
+def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
     """The training loader of ``data.loader``; augmentation policies it lacks are refused
     (``largebatch.data.policies``: all but native; synthetic takes ``repeated_aug``)."""
-    data_cfg = section("data", data_cfg)
+    from largebatch.data.policies import refuse_policies
+
     if data_cfg.loader != "native":
         refuse_policies(data_cfg, data_cfg.loader)
     return loader_module(data_cfg).build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
 
 
-def build_eval_loader(
-    data_cfg: DataConfig | dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device, cache: bool = False
-):
+def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device, cache: bool = False):
     """The evaluation loader of ``data.loader``; ``cache=True`` (``eval.cache``) wraps it
     in a ``CachedEvalLoader``."""
-    data_cfg = section("data", data_cfg)
     loader = loader_module(data_cfg).build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
     return CachedEvalLoader(loader) if cache else loader
 

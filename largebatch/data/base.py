@@ -13,17 +13,19 @@ normalisation).
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
-from largebatch.config.typed import DataConfig
+from largebatch.config.sections import DataConfig
+from largebatch.data.example import ExampleDecodeError, decode_example
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet
-from largebatch.errors import UserError
+from largebatch.errors import DataError, UserError
 from largebatch.randomness import augmentation_seeds, augmentation_uniforms
 
 __all__ = [
@@ -144,6 +146,12 @@ class IndexedLoader:
     def __len__(self) -> int:
         return len(self.batches)
 
+    @property
+    def start(self) -> int:
+        """The micro-batch the next pass over the current epoch begins at (a resumed epoch's
+        position, else 0)."""
+        return self._start
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to read next; a different epoch than a loaded state restarts at 0."""
         if epoch != self.epoch:
@@ -175,6 +183,51 @@ class IndexedLoader:
     def _iterate(self, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(images, labels)`` on the device for each of ``batches``, in order."""
         raise NotImplementedError
+
+
+class ShardLoader(IndexedLoader):
+    """An ``IndexedLoader`` over TFRecord shards (the native, DALI and media-pipeline
+    loaders): the shards, the ``data`` section, and the run's seed and rank.
+
+    Args:
+        shards: the split's records.
+        batches: the rank's micro-batches.
+        data_cfg: the config's ``data`` section.
+        seed: the run's seed.
+        rank: this process's rank.
+        device: where batches are delivered.
+    """
+
+    def __init__(
+        self, shards: ShardSet, batches: MicroBatches, *, data_cfg: DataConfig, seed: int, rank: int, device: torch.device
+    ) -> None:
+        super().__init__(len(shards), data_cfg.num_classes, batches, device)
+        self.shards, self.data_cfg, self.seed, self.rank = shards, data_cfg, seed, rank
+
+    def pipeline_seed(self) -> int:
+        """A 31-bit seed of ``(seed, epoch, rank)`` for a pipeline's own random operators."""
+        return zlib.crc32(f"{self.seed}/{self.epoch}/{self.rank}".encode()) & 0x7FFFFFFF
+
+
+def labelled_jpeg(shards: ShardSet, index: int, label_offset: int, num_classes: int) -> tuple[bytes, int]:
+    """Record ``index``'s JPEG bytes and 0-based label (the stored one less ``label_offset``).
+
+    Raises:
+        DataError: the record is not an ImageNet-schema Example, or its label is outside
+            the classes (naming the shard, record and byte offset, and the settings).
+    """
+    try:
+        features = decode_example(shards.read(index), ("image/encoded", "image/class/label"))
+        jpeg, raw_label = features["image/encoded"][0], features["image/class/label"][0]
+    except (ExampleDecodeError, KeyError, IndexError) as err:
+        raise DataError(f"{shards.where(index)}: not an ImageNet-schema Example ({err})") from err
+    label = raw_label - label_offset
+    if not 0 <= label < num_classes:
+        raise DataError(
+            f"{shards.where(index)}: label {raw_label} is outside {label_offset}..{label_offset + num_classes - 1} "
+            f"(data.num_classes {num_classes}, data.label_offset {label_offset})"
+        )
+    return jpeg, label
 
 
 def shard_root(data_cfg: DataConfig) -> str:

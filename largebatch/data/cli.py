@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from largebatch.data import convert
+from largebatch.data import FASHION_MNIST_DIR
 from largebatch.errors import UserError
 
 
@@ -24,6 +24,8 @@ def _positive(text: str) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    from largebatch.data import convert
+
     common = {
         "limit": args.limit,
         "quality": args.quality,
@@ -31,9 +33,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     }
     if args.source == "folder":
         if args.src is None:
-            raise UserError(
-                "'convert folder' needs the image folder: largebatch data convert folder SRC --out DIR"
-            )
+            raise UserError("'convert folder' needs the image folder: largebatch data convert folder SRC --out DIR")
         out = args.out or f"data/{Path(args.src).resolve().name}"
         meta = convert.convert_image_folder(
             args.src,
@@ -47,7 +47,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         out = args.out or "data/fashion-mnist"
         meta = convert.convert_fashion_mnist(
             out,
-            src=args.src or convert.FASHION_MNIST_DIR,
+            src=args.src or FASHION_MNIST_DIR,
             train_shards=args.train_shards or 8,
             validation_shards=args.validation_shards or 2,
             label_offset=0 if args.label_offset is None else args.label_offset,
@@ -59,21 +59,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
+    from largebatch.data import convert
+
     for path in convert.index_files(args.files):
         print(path)
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from largebatch.data import convert
+
     meta = convert.read_meta(args.dir) or {}
-    num_classes = (
-        args.num_classes if args.num_classes is not None else meta.get("num_classes")
-    )
-    label_offset = (
-        args.label_offset
-        if args.label_offset is not None
-        else meta.get("label_offset", 0)
-    )
+    num_classes = args.num_classes if args.num_classes is not None else meta.get("num_classes")
+    label_offset = args.label_offset if args.label_offset is not None else meta.get("label_offset", 0)
     splits = args.split or convert.find_splits(args.dir)
     for split in splits:
         count = convert.verify_split(
@@ -105,7 +103,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "src",
         nargs="?",
-        help=f"the folder with train/<class>/ (and val/<class>/); for fashion-mnist default {convert.FASHION_MNIST_DIR}",
+        help=f"the folder with train/<class>/ (and val/<class>/); for fashion-mnist default {FASHION_MNIST_DIR}",
     )
     p.add_argument(
         "--out",
@@ -140,24 +138,18 @@ def register(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
 
-    p = subparsers.add_parser(
-        "index", help="write <file>.idx (DALI tfrecord2idx format) for TFRecord files"
-    )
+    p = subparsers.add_parser("index", help="write <file>.idx (DALI tfrecord2idx format) for TFRecord files")
     p.add_argument("files", nargs="+", help="TFRecord files")
     p.set_defaults(func=cmd_index)
 
-    p = subparsers.add_parser(
-        "verify", help="check every record's CRCs, index, JPEG and label"
-    )
+    p = subparsers.add_parser("verify", help="check every record's CRCs, index, JPEG and label")
     p.add_argument("dir", help="the shard folder")
     p.add_argument(
         "--split",
         action="append",
         help="only this split (repeatable; default all found)",
     )
-    p.add_argument(
-        "--num-classes", type=int, help="label range check (default from dataset.json)"
-    )
+    p.add_argument("--num-classes", type=int, help="label range check (default from dataset.json)")
     p.add_argument("--label-offset", type=int, help="default from dataset.json, else 0")
     p.add_argument("--no-decode", action="store_true", help="skip decoding the JPEGs")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -165,9 +157,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m largebatch.data.cli", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m largebatch.data.cli", description=__doc__.splitlines()[0])
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:

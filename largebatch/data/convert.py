@@ -41,6 +41,7 @@ import numpy as np
 import simplejpeg
 from tqdm import tqdm
 
+from largebatch.data import FASHION_MNIST_DIR
 from largebatch.data.example import ExampleDecodeError, decode_example, encode_example
 from largebatch.data.tfrecord import (
     SHARD_NAME_PATTERN,
@@ -57,7 +58,6 @@ from largebatch.errors import DataError
 
 META_FILE = "dataset.json"
 TRAIN_SHUFFLE_SEED = 12345
-FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = (
     "T-shirt/top",
     "Trouser",
@@ -99,9 +99,7 @@ def _jpeg_of_file(path: Path, quality: int) -> tuple[bytes, int, int, str]:
             pixels = np.asarray(image.convert("RGB"))
     except Exception as err:
         raise DataError(f"cannot read image: {err}", path=str(path)) from err
-    encoded = simplejpeg.encode_jpeg(
-        np.ascontiguousarray(pixels), quality=quality, colorspace="RGB"
-    )
+    encoded = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorspace="RGB")
     return encoded, pixels.shape[0], pixels.shape[1], "RGB"
 
 
@@ -265,9 +263,7 @@ def convert_image_folder(
     """
     src, out = Path(src), Path(out)
     classes, splits = scan_image_folder(src)
-    splits = {
-        s: _limit(_shuffled(v) if s == "train" else v, limit) for s, v in splits.items()
-    }
+    splits = {s: _limit(_shuffled(v) if s == "train" else v, limit) for s, v in splits.items()}
 
     def encode(sample: Sample) -> bytes:
         jpeg, height, width, colorspace = _jpeg_of_file(sample.source, quality)
@@ -299,8 +295,7 @@ def convert_image_folder(
 def _read_idx(path: Path, magic: int, header: int) -> np.ndarray:
     if not path.is_file():
         raise DataError(
-            "Fashion-MNIST file missing; install it with 'apt-get install dataset-fashion-mnist' "
-            "or run 'python data/prepare_fmnist.py'",
+            "Fashion-MNIST file missing; install it with 'apt-get install dataset-fashion-mnist' or run 'python data/prepare_fmnist.py'",
             path=str(path),
         )
     with gzip.open(path, "rb") as fh:
@@ -320,14 +315,10 @@ def load_fashion_mnist(
     src = Path(src)
     out = {}
     for prefix, split in (("train", "train"), ("t10k", "validation")):
-        images = _read_idx(
-            src / f"{prefix}-images-idx3-ubyte.gz", 0x00000803, 16
-        ).reshape(-1, 28, 28)
+        images = _read_idx(src / f"{prefix}-images-idx3-ubyte.gz", 0x00000803, 16).reshape(-1, 28, 28)
         labels = _read_idx(src / f"{prefix}-labels-idx1-ubyte.gz", 0x00000801, 8)
         if len(images) != len(labels):
-            raise DataError(
-                f"{len(images)} images but {len(labels)} labels", path=str(src)
-            )
+            raise DataError(f"{len(images)} images but {len(labels)} labels", path=str(src))
         out[split] = (images, labels)
     return out
 
@@ -352,10 +343,7 @@ def convert_fashion_mnist(
     prefixes = {"train": "train", "validation": "t10k"}
     splits = {
         split: _limit(
-            [
-                Sample(i, int(labels[i]), f"{prefixes[split]}-{i:05d}.jpg")
-                for i in range(len(labels))
-            ],
+            [Sample(i, int(labels[i]), f"{prefixes[split]}-{i:05d}.jpg") for i in range(len(labels))],
             limit,
         )
         for split, (_, labels) in arrays.items()
@@ -394,9 +382,7 @@ def convert_fashion_mnist(
     )
 
 
-def _convert(
-    out, source, src, classes, splits, shards, encode, label_offset, channels, progress
-) -> dict:
+def _convert(out, source, src, classes, splits, shards, encode, label_offset, channels, progress) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     total = sum(len(v) for v in splits.values())
     meta = {
@@ -408,9 +394,7 @@ def _convert(
         "classes": classes,
         "splits": {},
     }
-    with tqdm(
-        total=total, unit="img", desc=f"convert {source}", disable=_no_bar(progress)
-    ) as bar:
+    with tqdm(total=total, unit="img", desc=f"convert {source}", disable=_no_bar(progress)) as bar:
         for split, samples in splits.items():
             num_shards = max(1, min(shards[split], len(samples)))
             split_encode = encode(split) if source == "fashion-mnist" else encode
@@ -438,9 +422,7 @@ def index_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
         path = Path(path)
         if not path.is_file():
             raise DataError("no such TFRecord file", path=str(path))
-        entries = [
-            (offset, size) for offset, size, _ in iter_records(path, verify_crc=True)
-        ]
+        entries = [(offset, size) for offset, size, _ in iter_records(path, verify_crc=True)]
         write_index(index_path_for(path), entries)
         written.append(index_path_for(path))
     return written
@@ -451,17 +433,9 @@ def find_splits(root: str | os.PathLike) -> list[str]:
     root = Path(root)
     if not root.is_dir():
         raise DataError("no such folder", path=str(root))
-    splits = sorted(
-        {
-            m.group("split")
-            for p in root.iterdir()
-            if (m := SHARD_NAME_PATTERN.match(p.name))
-        }
-    )
+    splits = sorted({m.group("split") for p in root.iterdir() if (m := SHARD_NAME_PATTERN.match(p.name))})
     if not splits:
-        raise DataError(
-            "no TFRecord shards (files named <split>-00000-of-00008)", path=str(root)
-        )
+        raise DataError("no TFRecord shards (files named <split>-00000-of-00008)", path=str(root))
     return splits
 
 
@@ -495,14 +469,10 @@ def verify_split(
         indexes.append(index)
     total = sum(len(i) for i in indexes)
     checked = 0
-    with tqdm(
-        total=total, unit="rec", desc=f"verify {split}", disable=_no_bar(progress)
-    ) as bar:
+    with tqdm(total=total, unit="rec", desc=f"verify {split}", disable=_no_bar(progress)) as bar:
         for path, index in zip(shards, indexes):
             in_file = 0
-            for record, (offset, size, data) in enumerate(
-                iter_records(path, verify_crc=True)
-            ):
+            for record, (offset, size, data) in enumerate(iter_records(path, verify_crc=True)):
                 where = f"record {record} at byte offset {offset}"
                 if record >= len(index) or tuple(index[record]) != (offset, size):
                     raise DataError(
@@ -510,17 +480,10 @@ def verify_split(
                         path=str(path),
                     )
                 try:
-                    features = decode_example(
-                        data, ("image/encoded", "image/class/label")
-                    )
+                    features = decode_example(data, ("image/encoded", "image/class/label"))
                 except ExampleDecodeError as err:
-                    raise DataError(
-                        f"{where}: not a tf.train.Example ({err})", path=str(path)
-                    ) from err
-                if (
-                    len(features.get("image/encoded", ())) != 1
-                    or len(features.get("image/class/label", ())) != 1
-                ):
+                    raise DataError(f"{where}: not a tf.train.Example ({err})", path=str(path)) from err
+                if len(features.get("image/encoded", ())) != 1 or len(features.get("image/class/label", ())) != 1:
                     raise DataError(
                         f"{where}: missing image/encoded or image/class/label",
                         path=str(path),
@@ -535,20 +498,15 @@ def verify_split(
                     )
                 if decode:
                     try:
-                        simplejpeg.decode_jpeg(
-                            features["image/encoded"][0], colorspace="GRAY"
-                        )
+                        simplejpeg.decode_jpeg(features["image/encoded"][0], colorspace="GRAY")
                     except ValueError as err:
-                        raise DataError(
-                            f"{where}: JPEG does not decode ({err})", path=str(path)
-                        ) from err
+                        raise DataError(f"{where}: JPEG does not decode ({err})", path=str(path)) from err
                 checked += 1
                 bar.update(1)
                 in_file = record + 1
             if in_file != len(index):
                 raise DataError(
-                    f"index lists {len(index)} records, the file holds {in_file}; "
-                    f"rebuild with 'largebatch data index {path}'",
+                    f"index lists {len(index)} records, the file holds {in_file}; rebuild with 'largebatch data index {path}'",
                     path=str(index_path_for(path)),
                 )
     return checked

@@ -45,14 +45,14 @@ import math
 import os
 import shutil
 import tempfile
-import zlib
+from typing import Any
 
 import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
-from largebatch.config.typed import DataConfig, section
-from largebatch.data.base import IndexedLoader, MicroBatches, check_normalisation, eval_shards, train_shards
+from largebatch.config.sections import DataConfig
+from largebatch.data.base import MicroBatches, ShardLoader, check_normalisation, eval_shards, train_shards
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
 from largebatch.randomness import CROP_ATTEMPTS
@@ -177,25 +177,14 @@ def crop_window(jpegs, draws, scale: tuple[float, float], ratio: tuple[float, fl
     return left, top, crop_w, crop_h
 
 
-class DaliLoader(IndexedLoader):
-    """A DALI pipeline per epoch, following the loader contract (``IndexedLoader``)."""
+class DaliLoader(ShardLoader):
+    """A DALI pipeline per epoch, following the loader contract (``IndexedLoader``); the
+    arguments are ``ShardLoader``'s."""
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        batches: MicroBatches,
-        *,
-        data_cfg: DataConfig,
-        seed: int,
-        rank: int,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, shards: ShardSet, batches: MicroBatches, **options: Any) -> None:
         self._dali = _import_dali()
-        super().__init__(len(shards), data_cfg.num_classes, batches, device)
-        self.shards = shards
-        self._seed = seed
-        self._rank = rank
-        self._cfg = data_cfg
+        super().__init__(shards, batches, **options)
+        data_cfg = self.data_cfg
         self._label_offset = data_cfg.label_offset
         self._mean, self._std = check_normalisation(data_cfg)
         self._channels = len(self._mean)
@@ -207,7 +196,7 @@ class DaliLoader(IndexedLoader):
 
     def _pipeline(self, paths: list[str], index_paths: list[str], batches: list[np.ndarray]):
         fn, tfrec, types, pipeline_def, _, _ = self._dali
-        cfg = self._cfg
+        cfg = self.data_cfg
         size = cfg.image_size
         gray = self._channels == 1
         mean = [m * 255 for m in self._mean]
@@ -228,7 +217,7 @@ class DaliLoader(IndexedLoader):
             batch_size=max(len(b) for b in batches),
             num_threads=max(1, cfg.num_workers),  # DALI needs a thread even at data.num_workers 0
             device_id=device_id,
-            seed=zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF,
+            seed=self.pipeline_seed(),
             prefetch_queue_depth=cfg.prefetch,
         )
         def pipeline():
@@ -315,7 +304,7 @@ class DaliLoader(IndexedLoader):
         self.close()
 
 
-def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> DaliLoader:
+def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> DaliLoader:
     """The DALI training loader of ``rank``; same contract and samples as the native one.
 
     Raises:
@@ -323,15 +312,13 @@ def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: in
         DataError: missing or inconsistent shards or index files.
     """
     _import_dali()
-    data_cfg = section("data", data_cfg)
     shards = train_shards(data_cfg, plan, verify_crc=False)
     return DaliLoader(shards, MicroBatches.for_training(plan, rank, seed), data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(data_cfg: DataConfig | dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> DaliLoader:
+def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> DaliLoader:
     """The DALI evaluation loader: every record once across ranks, in record order."""
     _import_dali()
-    data_cfg = section("data", data_cfg)
     shards = eval_shards(data_cfg, verify_crc=False)
     batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
     return DaliLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

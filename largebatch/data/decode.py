@@ -92,9 +92,7 @@ def dct_scale(box: Box, image_size: int) -> int:
     return 1
 
 
-def decode_at_scale(
-    jpeg: bytes, k: int, channels: int, header: tuple[int, int]
-) -> np.ndarray:
+def decode_at_scale(jpeg: bytes, k: int, channels: int, header: tuple[int, int]) -> np.ndarray:
     """Decode at 1/``k`` scale: ``uint8 (ceil(height / k), ceil(width / k), channels)``."""
     height, width = header
     # libjpeg-turbo picks the smallest of its M/8 scales that reaches these sizes: 1/k.
@@ -139,9 +137,7 @@ def decode_crop_resize(
         height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
     else:
         height, width = header
-    pixels = decode_at_scale(
-        jpeg, dct_scale(box, image_size), channels, (height, width)
-    )
+    pixels = decode_at_scale(jpeg, dct_scale(box, image_size), channels, (height, width))
     # The decoded size is ceil(full / k); map the box through the actual ratio.
     sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
     left, top, crop_w, crop_h = box

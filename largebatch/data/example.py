@@ -56,10 +56,7 @@ def _feature(value: FeatureValue) -> bytes:
     if not values:
         return _field(1, _LEN, b"")  # an empty bytes_list
     if all(isinstance(v, (bytes, bytearray, memoryview, str)) for v in values):
-        items = b"".join(
-            _field(1, _LEN, v.encode() if isinstance(v, str) else bytes(v))
-            for v in values
-        )
+        items = b"".join(_field(1, _LEN, v.encode() if isinstance(v, str) else bytes(v)) for v in values)
         return _field(1, _LEN, items)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         packed = b"".join(_varint(int(v)) for v in values)
@@ -67,9 +64,7 @@ def _feature(value: FeatureValue) -> bytes:
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         packed = struct.pack(f"<{len(values)}f", *values)
         return _field(2, _LEN, _field(1, _LEN, packed))
-    raise TypeError(
-        f"feature values must be all bytes/str, all int or all float, got {values!r:.80}"
-    )
+    raise TypeError(f"feature values must be all bytes/str, all int or all float, got {values!r:.80}")
 
 
 def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
@@ -132,18 +127,14 @@ def _field_at(buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
             length, pos = _read_varint(buf, pos, end)
         stop = pos + length
         if stop > end:
-            raise ExampleDecodeError(
-                f"field {key >> 3} claims {length} bytes, only {end - pos} left"
-            )
+            raise ExampleDecodeError(f"field {key >> 3} claims {length} bytes, only {end - pos} left")
         return key >> 3, wire_type, pos, stop
     if wire_type == _VARINT:
         value, pos = _read_varint(buf, pos, end)
         return key >> 3, wire_type, value, pos
     width = 8 if wire_type == _FIXED64 else 4 if wire_type == _FIXED32 else 0
     if not width:
-        raise ExampleDecodeError(
-            f"unsupported wire type {wire_type} for field {key >> 3}"
-        )
+        raise ExampleDecodeError(f"unsupported wire type {wire_type} for field {key >> 3}")
     if pos + width > end:
         raise ExampleDecodeError(f"truncated fixed{8 * width}")
     return key >> 3, wire_type, pos, pos + width
@@ -179,16 +170,12 @@ def _decode_feature(buf: bytes, pos: int, end: int) -> list:
                     raise ExampleDecodeError(f"int64_list value has wire type {item_type}")
             elif kind == 2:  # float_list, packed or not
                 if item_type not in (_LEN, _FIXED32) or (at - item) % 4:
-                    raise ExampleDecodeError(
-                        "float_list payload is not a whole number of floats"
-                    )
+                    raise ExampleDecodeError("float_list payload is not a whole number of floats")
                 values.extend(struct.unpack(f"<{(at - item) // 4}f", buf[item:at]))
     return values
 
 
-def decode_example(
-    data: bytes | memoryview, keys: Iterable[str] | None = None
-) -> dict[str, list]:
+def decode_example(data: bytes | memoryview, keys: Iterable[str] | None = None) -> dict[str, list]:
     """Parse a serialised ``tf.train.Example``.
 
     Args:

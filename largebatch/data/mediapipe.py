@@ -40,7 +40,6 @@ from __future__ import annotations
 import itertools
 import math
 import sys
-import zlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -48,16 +47,13 @@ import numpy as np
 import torch
 
 from largebatch.batching import BatchPlan
-from largebatch.config.typed import DataConfig, section
+from largebatch.config.sections import DataConfig
 from largebatch.data import native
-from largebatch.data.base import IndexedLoader, MicroBatches, eval_shards, train_shards
-from largebatch.data.example import ExampleDecodeError, decode_example
+from largebatch.data.base import MicroBatches, ShardLoader, eval_shards, labelled_jpeg, train_shards
 from largebatch.data.tfrecord import ShardSet, count_samples
-from largebatch.errors import DataError
 
 __all__ = ["MediaPipeLoader", "build_eval_loader", "build_train_loader", "count_samples", "unavailable_reason"]
 
-_KEYS = ("image/encoded", "image/class/label")
 _warned = False
 _pipe_numbers = itertools.count()
 
@@ -87,12 +83,12 @@ def _import_mediapipe() -> SimpleNamespace:
     )
 
 
-def unavailable_reason(data_cfg: DataConfig | dict, device: torch.device) -> str | None:
+def unavailable_reason(data_cfg: DataConfig, device: torch.device) -> str | None:
     """Why the media pipeline cannot run here, or None when it can."""
     device = torch.device(device)
     if device.type != "hpu":
         return f"the device is {device.type}, and the media pipeline decodes on a Gaudi (HPU)"
-    if section("data", data_cfg).channels != 3:
+    if data_cfg.channels != 3:
         return "data.channels is 1, and the HPU JPEG decoder writes RGB"
     try:
         _import_mediapipe()
@@ -121,18 +117,7 @@ class _RecordSource:
         jpegs = np.empty(self.batch_size, dtype=object)
         labels = np.empty(self.batch_size, dtype=np.int32)
         for j, index in enumerate(indices):
-            try:
-                features = decode_example(self.shards.read(index), _KEYS)
-                jpeg, raw_label = features["image/encoded"][0], features["image/class/label"][0]
-            except (ExampleDecodeError, KeyError, IndexError) as err:
-                raise DataError(f"{self.shards.where(index)}: not an ImageNet-schema Example ({err})") from err
-            label = raw_label - self.label_offset
-            if not 0 <= label < self.num_classes:
-                raise DataError(
-                    f"{self.shards.where(index)}: label {raw_label} is outside {self.label_offset}.."
-                    f"{self.label_offset + self.num_classes - 1} (data.num_classes {self.num_classes}, "
-                    f"data.label_offset {self.label_offset})"
-                )
+            jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
             buffer = np.frombuffer(jpeg, dtype=np.uint8)
             # The decoder reads whole 64-byte blocks; trailing zeros after the JPEG's end are ignored.
             jpegs[j] = np.pad(buffer, (0, -len(buffer) % 64))
@@ -233,31 +218,18 @@ def _make_pipe(mp: SimpleNamespace, source: _RecordSource, cfg: DataConfig, *, t
     return ImagePipe()
 
 
-class MediaPipeLoader(IndexedLoader):
-    """A media pipeline per epoch, following the loader contract (``IndexedLoader``)."""
+class MediaPipeLoader(ShardLoader):
+    """A media pipeline per epoch, following the loader contract (``IndexedLoader``); the
+    arguments are ``ShardLoader``'s."""
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        batches: MicroBatches,
-        *,
-        data_cfg: DataConfig,
-        seed: int,
-        rank: int,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, shards: ShardSet, batches: MicroBatches, **options: Any) -> None:
         self._mp = _import_mediapipe()
-        super().__init__(len(shards), data_cfg.num_classes, batches, device)
-        self.shards = shards
-        self._cfg = data_cfg
-        self._seed = seed
-        self._rank = rank
+        super().__init__(shards, batches, **options)
 
     def _iterate(self, batches):
-        label_offset = self._cfg.label_offset
+        label_offset = self.data_cfg.label_offset
         source = _RecordSource(self.shards, batches, self.batches.batch_size, self.num_classes, label_offset)
-        seed = zlib.crc32(f"{self._seed}/{self.epoch}/{self._rank}".encode()) & 0x7FFFFFFF
-        pipe = _make_pipe(self._mp, source, self._cfg, train=self.batches.train, seed=seed)
+        pipe = _make_pipe(self._mp, source, self.data_cfg, train=self.batches.train, seed=self.pipeline_seed())
         iterator = iter(self._mp.Iterator(mediapipe=pipe))
         try:
             for batch in batches:
@@ -267,14 +239,13 @@ class MediaPipeLoader(IndexedLoader):
             del iterator, pipe
 
 
-def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
+def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
     """The media-pipeline training loader of ``rank`` (the native one where it cannot run).
 
     Raises:
         UserError: a plan made for a different sample count.
         DataError: missing or inconsistent shards or index files.
     """
-    data_cfg = section("data", data_cfg)
     reason = unavailable_reason(data_cfg, device)
     if reason is not None:
         _warn_fallback(reason)
@@ -284,9 +255,8 @@ def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: in
     return MediaPipeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(data_cfg: DataConfig | dict, *, batch_size: int, rank: int, world_size: int, device: torch.device):
+def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device):
     """The media-pipeline evaluation loader: every record once across ranks, in record order."""
-    data_cfg = section("data", data_cfg)
     reason = unavailable_reason(data_cfg, device)
     if reason is not None:
         _warn_fallback(reason)

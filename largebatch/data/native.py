@@ -34,6 +34,7 @@ reading or decoding the ones before it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import simplejpeg
@@ -41,12 +42,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from largebatch.batching import BatchPlan
-from largebatch.config.typed import DataConfig, section
+from largebatch.config.sections import DataConfig
 from largebatch.data.base import (
-    IndexedLoader,
     MicroBatches,
+    ShardLoader,
     check_normalisation,
     eval_shards,
+    labelled_jpeg,
     train_shards,
 )
 from largebatch.data.decode import (
@@ -54,15 +56,12 @@ from largebatch.data.decode import (
     decode_crop_resize,
     random_resized_crop_box,
 )
-from largebatch.data.example import ExampleDecodeError, decode_example
 from largebatch.data.policies import apply_policy, erase, image_policy, random_eraser
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError
 from largebatch.randomness import AUGMENTATION_DRAWS, worker_generator
 
 __all__ = ["NativeLoader", "build_eval_loader", "build_train_loader", "count_samples"]
-
-_KEYS = ("image/encoded", "image/class/label")
 
 
 class _MicroBatchDataset(Dataset):
@@ -94,20 +93,8 @@ class _MicroBatchDataset(Dataset):
     def _load(self, index: int, draws: np.ndarray | None, out: np.ndarray) -> int:
         """Decode sample ``index`` (a virtual index under repeated augmentation) into
         ``out`` (uint8 CHW) and return its label."""
-        data = self.shards.read(index % len(self.shards))
-        try:
-            features = decode_example(data, _KEYS)
-            jpeg = features["image/encoded"][0]
-            raw_label = features["image/class/label"][0]
-        except (ExampleDecodeError, KeyError, IndexError) as err:
-            raise DataError(f"{self.shards.where(index)}: not an ImageNet-schema Example ({err})") from err
-        label = raw_label - self.label_offset
-        if not 0 <= label < self.num_classes:
-            raise DataError(
-                f"{self.shards.where(index)}: label {raw_label} is outside {self.label_offset}.."
-                f"{self.label_offset + self.num_classes - 1} (data.num_classes {self.num_classes}, "
-                f"data.label_offset {self.label_offset})"
-            )
+        index %= len(self.shards)  # a repeated sample reads its record
+        jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
         try:
             height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
             flip = False
@@ -180,28 +167,20 @@ class _EpochSampler(Sampler):
         self.slots = max(slots, 1)
 
     def __iter__(self):
-        epoch, start = self.loader.epoch, self.loader._start
+        epoch, start = self.loader.epoch, self.loader.start
         return iter([(epoch, b, k % self.slots) for k, b in enumerate(range(start, len(self.loader)))])
 
     def __len__(self) -> int:
-        return len(self.loader) - self.loader._start
+        return len(self.loader) - self.loader.start
 
 
-class NativeLoader(IndexedLoader):
-    """A loader over TFRecord shards that follows the loader contract (``IndexedLoader``)."""
+class NativeLoader(ShardLoader):
+    """A loader over TFRecord shards that follows the loader contract (``IndexedLoader``);
+    the arguments are ``ShardLoader``'s."""
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        batches: MicroBatches,
-        *,
-        data_cfg: DataConfig,
-        seed: int,
-        rank: int,
-        device: torch.device,
-    ) -> None:
-        super().__init__(len(shards), data_cfg.num_classes, batches, device)
-        self.shards = shards
+    def __init__(self, shards: ShardSet, batches: MicroBatches, **options: Any) -> None:
+        super().__init__(shards, batches, **options)
+        data_cfg = self.data_cfg
         mean, std = check_normalisation(data_cfg)
         self._mean = torch.tensor([m * 255 for m in mean], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._std = torch.tensor([s * 255 for s in std], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
@@ -218,7 +197,7 @@ class NativeLoader(IndexedLoader):
             sampler=_EpochSampler(self, 0 if self._ring is None else self._ring.shape[0]),
             collate_fn=_as_is,  # not default_convert: NumPy labels cross as bytes, not as shared tensors
             num_workers=workers,
-            generator=worker_generator(seed, rank),
+            generator=worker_generator(self.seed, self.rank),
             **kwargs,
         )
 
@@ -271,12 +250,11 @@ class NativeLoader(IndexedLoader):
         return batch
 
 
-def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> NativeLoader:
+def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> NativeLoader:
     """The training loader of ``rank``: ``plan.micro_batches_per_epoch`` micro-batches per epoch.
 
     Args:
-        data_cfg: the ``data`` section of the config (``root``, ``train_split``, ...); a
-            dict is checked against the schema and its missing keys take the defaults.
+        data_cfg: the ``data`` section of the config (``root``, ``train_split``, ...).
         plan: the run's batch arithmetic; ``plan.num_samples`` must equal the split's size.
         rank: this process's rank in ``0 .. plan.world_size - 1``.
         seed: the run's seed (shuffling and augmentation).
@@ -286,18 +264,16 @@ def build_train_loader(data_cfg: DataConfig | dict, plan: BatchPlan, *, rank: in
         DataError: missing or inconsistent shards or index files.
         UserError: a plan made for a different sample count, a bad setting.
     """
-    data_cfg = section("data", data_cfg)
     shards = train_shards(data_cfg, plan, verify_crc=data_cfg.verify_crc)
     batches = MicroBatches.for_training(plan, rank, seed, repeats=data_cfg.repeated_aug)
     return NativeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
 
 
-def build_eval_loader(data_cfg: DataConfig | dict, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> NativeLoader:
+def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> NativeLoader:
     """The evaluation loader of ``rank``: every record exactly once across ranks, in order.
 
     The rank's block comes from ``rank_eval_indices``; its last batch may be short.
     """
-    data_cfg = section("data", data_cfg)
     shards = eval_shards(data_cfg, verify_crc=data_cfg.verify_crc)
     batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
     return NativeLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

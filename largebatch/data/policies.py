@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from largebatch.config.typed import DataConfig
+from largebatch.config.sections import DataConfig
 from largebatch.errors import ConfigError
 from largebatch.randomness import seeded_globals
 

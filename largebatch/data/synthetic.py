@@ -12,14 +12,12 @@ demo run shows the loss fall; nothing here is a real dataset.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from largebatch.batching import BatchPlan
-from largebatch.config.typed import DataConfig, section
+from largebatch.config.sections import DataConfig
 from largebatch.data.base import IndexedLoader, MicroBatches
 
 SPLIT_IDS = {"train": 1, "eval": 2}
@@ -69,8 +67,7 @@ class SyntheticLoader(IndexedLoader):
             yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
 
-def _images(data_cfg: DataConfig | dict[str, Any], split: str) -> SyntheticImages:
-    data_cfg = section("data", data_cfg)
+def _images(data_cfg: DataConfig, split: str) -> SyntheticImages:
     return SyntheticImages(
         num_samples=data_cfg.train_samples if split == "train" else data_cfg.eval_samples,
         num_classes=data_cfg.num_classes,
@@ -82,18 +79,16 @@ def _images(data_cfg: DataConfig | dict[str, Any], split: str) -> SyntheticImage
     )
 
 
-def count_samples(data_cfg: DataConfig | dict[str, Any], split: str) -> int:
+def count_samples(data_cfg: DataConfig, split: str) -> int:
     """``data.train_samples`` for the training split's name, else ``data.eval_samples``."""
-    data_cfg = section("data", data_cfg)
     return data_cfg.train_samples if split == data_cfg.train_split else data_cfg.eval_samples
 
 
-def build_train_loader(data_cfg: DataConfig | dict[str, Any], plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:
-    data_cfg = section("data", data_cfg)
+def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:
     batches = MicroBatches.for_training(plan, rank, seed, repeats=data_cfg.repeated_aug)
     return SyntheticLoader(_images(data_cfg, "train"), batches, device)
 
 
-def build_eval_loader(data_cfg: DataConfig | dict[str, Any], *, batch_size: int, rank: int, world_size: int, device: torch.device) -> SyntheticLoader:
+def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> SyntheticLoader:
     images = _images(data_cfg, "eval")
     return SyntheticLoader(images, MicroBatches.for_evaluation(images.num_samples, batch_size, rank, world_size), device)

@@ -31,7 +31,7 @@ from typing import Self
 import crc32c
 import numpy as np
 
-from largebatch.config.typed import section
+from largebatch.config.sections import DataConfig
 from largebatch.errors import DataError
 
 _MASK_DELTA = 0xA282EAD8
@@ -50,12 +50,7 @@ def masked_crc(data: bytes | memoryview) -> int:
 def encode_record(data: bytes) -> bytes:
     """One framed TFRecord record holding ``data``."""
     length = struct.pack("<Q", len(data))
-    return (
-        length
-        + struct.pack("<I", masked_crc(length))
-        + data
-        + struct.pack("<I", masked_crc(data))
-    )
+    return length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data))
 
 
 def shard_name(split: str, number: int, total: int) -> str:
@@ -110,9 +105,7 @@ class TFRecordWriter:
         self.close()
 
 
-def _check_header(
-    path, header: bytes, offset: int, record: int, verify_crc: bool
-) -> int:
+def _check_header(path, header: bytes, offset: int, record: int, verify_crc: bool) -> int:
     length, length_crc = struct.unpack("<QI", header)
     if verify_crc and masked_crc(header[:8]) != length_crc:
         raise DataError(
@@ -122,9 +115,7 @@ def _check_header(
     return length
 
 
-def iter_records(
-    path: str | os.PathLike, verify_crc: bool = True
-) -> Iterator[tuple[int, int, bytes]]:
+def iter_records(path: str | os.PathLike, verify_crc: bool = True) -> Iterator[tuple[int, int, bytes]]:
     """Read a TFRecord file front to back.
 
     Args:
@@ -256,9 +247,7 @@ def read_index(path: str | os.PathLike) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 
 
-def check_index_layout(
-    index: np.ndarray, file_size: int, *, path: str, index_path: str
-) -> None:
+def check_index_layout(index: np.ndarray, file_size: int, *, path: str, index_path: str) -> None:
     """Cheap consistency check: records are back to back and end where the file ends.
 
     Raises:
@@ -294,17 +283,10 @@ def list_shards(root: str | os.PathLike, split: str) -> list[Path]:
             "data folder not found; convert a dataset with 'largebatch data convert' or set data.root",
             path=str(root),
         )
-    shards = sorted(
-        p
-        for p in root.iterdir()
-        if (m := SHARD_NAME_PATTERN.match(p.name))
-        and m.group("split") == split
-        and p.is_file()
-    )
+    shards = sorted(p for p in root.iterdir() if (m := SHARD_NAME_PATTERN.match(p.name)) and m.group("split") == split and p.is_file())
     if not shards:
         raise DataError(
-            f"no shards of split {split!r} (expected files named {shard_name(split, 0, 8)} ...); "
-            f"check data.root and the split name",
+            f"no shards of split {split!r} (expected files named {shard_name(split, 0, 8)} ...); check data.root and the split name",
             path=str(root),
         )
     totals = {int(SHARD_NAME_PATTERN.match(p.name).group("total")) for p in shards}
@@ -322,9 +304,9 @@ def count_records(root: str | os.PathLike, split: str) -> int:
     return sum(len(read_index(index_path_for(p))) for p in list_shards(root, split))
 
 
-def count_samples(data_cfg: dict, split: str) -> int:
+def count_samples(data_cfg: DataConfig, split: str) -> int:
     """Samples in ``data.root``'s ``split`` (the loader contract's counting function)."""
-    return count_records(section("data", data_cfg).root, split)
+    return count_records(data_cfg.root, split)
 
 
 class ShardSet:
@@ -343,9 +325,7 @@ class ShardSet:
             its file's layout (checked up front from file sizes).
     """
 
-    def __init__(
-        self, root: str | os.PathLike, split: str, verify_crc: bool = True
-    ) -> None:
+    def __init__(self, root: str | os.PathLike, split: str, verify_crc: bool = True) -> None:
         self.root = Path(root)
         self.split = split
         self.verify_crc = verify_crc
@@ -354,9 +334,7 @@ class ShardSet:
         for path in self.paths:
             index_path = index_path_for(path)
             index = read_index(index_path)
-            check_index_layout(
-                index, path.stat().st_size, path=str(path), index_path=str(index_path)
-            )
+            check_index_layout(index, path.stat().st_size, path=str(path), index_path=str(index_path))
             self.indices.append(index)
         counts = np.array([len(i) for i in self.indices], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)])
@@ -374,18 +352,14 @@ class ShardSet:
         return shard, index - int(self.starts[shard])
 
     def _fd(self, shard: int) -> int:
-        if (
-            os.getpid() != self._pid
-        ):  # descriptors do not survive into forked workers cleanly
+        if os.getpid() != self._pid:  # descriptors do not survive into forked workers cleanly
             self._fds, self._pid = {}, os.getpid()
         fd = self._fds.get(shard)
         if fd is None:
             try:
                 fd = os.open(self.paths[shard], os.O_RDONLY)
             except OSError as err:
-                raise DataError(
-                    f"cannot open shard: {err.strerror}", path=str(self.paths[shard])
-                ) from err
+                raise DataError(f"cannot open shard: {err.strerror}", path=str(self.paths[shard])) from err
             self._fds[shard] = fd
         return fd
 

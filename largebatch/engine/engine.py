@@ -1,12 +1,14 @@
 """The training loop. Short on purpose: everything optional is a hook.
 
 The loop's shape and its events are documented in ``largebatch.engine.events``; the
-gradient-accumulation rules in ``largebatch.engine.accumulation``. What is computed on
-a batch (forward, loss, metrics) is the task's (``state.task``, ``largebatch.tasks``).
+gradient-accumulation rules in ``largebatch.engine.accumulation``; what every update does
+(unscale, non-finite check, clip, step) in ``largebatch.engine.update``. What is computed
+on a batch (forward, loss, metrics) is the task's (``state.run.task``, ``largebatch.tasks``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +19,8 @@ from largebatch.data.base import Loader
 from largebatch.engine.accumulation import micro_loss_weight, sync_context
 from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
-from largebatch.engine.state import TrainState
+from largebatch.engine.state import Step, TrainState
+from largebatch.engine.update import take_update
 from largebatch.errors import UserError
 
 
@@ -45,7 +48,7 @@ class Engine:
         self.state = state
         self.finish = finish
         self.hooks = sorted(hooks, key=lambda h: h.priority)
-        state.hooks = self.hooks  # what a checkpoint saves besides the state itself
+        state.run.hooks = self.hooks  # what a checkpoint saves besides the state itself
         self.train_loader = train_loader
         self.eval_loader = eval_loader
         self._by_event = {event: [h for h in self.hooks if h.overrides(event)] for event in Event}
@@ -69,26 +72,24 @@ class Engine:
 
     def run(self) -> None:
         """Train for the configured epochs (or until a hook requests a stop), then evaluate."""
-        state, counters = self.state, self.state._counters
+        state, run = self.state, self.state.run
         try:
             self.fire(Event.BEFORE_RUN)
             self.fire(Event.BEFORE_TRAIN)
-            state.schedule.apply(state.optimizer, state.step)
-            state.lr = state.schedule.lr_at(state.step)
-            while counters.epoch < state.epochs and not self._done():
-                self.train_loader.set_epoch(counters.epoch)
+            run.schedule.apply(run.optimizer, state.step)
+            while state.epoch < run.config.epochs and not self._done():
+                self.train_loader.set_epoch(state.epoch)
                 self.fire(Event.BEFORE_EPOCH)
                 self._train_epoch()
-                if counters.step_in_epoch < state.plan.steps_per_epoch:
+                if state.step_in_epoch < run.plan.steps_per_epoch:
                     break  # stopped mid-epoch
-                counters.epoch += 1
-                counters.step_in_epoch = 0
+                state.counters = dataclasses.replace(state.counters, epoch=state.epoch + 1, step_in_epoch=0)
                 self.fire(Event.AFTER_EPOCH)
-                interval = state.cfg.eval.interval_epochs
-                if interval > 0 and counters.epoch % interval == 0:
+                interval = run.config.eval.interval_epochs
+                if interval > 0 and state.epoch % interval == 0:
                     state.request_eval()
                 self._eval_if_requested()
-            if state.cfg.eval.at_end and self._last_eval_step != state.step and not state.interrupted:
+            if run.config.eval.at_end and self._last_eval_step != state.step and not state.interrupted:
                 self.evaluate()
             self.fire(Event.AFTER_TRAIN)
             if self.finish is not None and not state.interrupted:
@@ -116,12 +117,12 @@ class Engine:
         state.eval_requested = False
 
     def _done(self) -> bool:
-        return self.state.should_stop or self.state.step >= self.state.total_steps
+        return self.state.should_stop or self.state.step >= self.state.run.total_steps
 
     def _train_epoch(self) -> None:
         state = self.state
         batches = iter(self.train_loader)
-        for window in state.plan.window_sizes()[state.step_in_epoch :]:
+        for window in state.run.plan.window_sizes()[state.step_in_epoch :]:
             if self._done():
                 return
             self._train_step(batches, window)
@@ -138,60 +139,47 @@ class Engine:
         return images, labels
 
     def _train_step(self, batches: Iterator, window: int) -> None:
-        state, counters = self.state, self.state._counters
-        state.optimizer.zero_grad(set_to_none=True)
-        state.metrics = {}
-        state.skip_step = False
-        state.grad_norm = None
-        state.grad_norms = None
-        state.log_record = None
-        state.window_size = window
-        state.step_loss = None
+        state, run = self.state, self.state.run
+        run.optimizer.zero_grad(set_to_none=True)
+        state.current = step = Step(lr=run.schedule.lr_at(state.step), window_size=window)
         self.fire(Event.BEFORE_STEP)
         for micro in range(window):
-            state.micro_in_window = micro
+            step.micro_in_window = micro
             images, labels = self._next_batch(batches)
-            state.batch = state.mixup(images, labels, rng=state.random.mixup_generator(state.step, micro))
+            step.batch = run.mixup(images, labels, rng=run.random.mixup_generator(state.step, micro))
             self.fire(Event.BEFORE_MICRO_STEP)
-            with sync_context(state.train_model, micro, window, sync_first=state.sync_first_micro, sync_all=state.sync_every_micro):
-                state.random.seed_forward(state.step, micro)  # dropout: a function of (seed, rank, step, micro)
-                with state.backend.autocast():
-                    state.outputs = state.task.forward(state.train_model, state.batch.images)
-                    state.loss = state.task.loss(state.outputs, state.batch)
+            with sync_context(run.train_model, micro, window, sync_first=run.sync_first_micro, sync_all=run.sync_every_micro):
+                run.random.seed_forward(state.step, micro)  # dropout: a function of (seed, rank, step, micro)
+                with run.backend.autocast():
+                    step.outputs = run.task.forward(run.train_model, step.batch.images)
+                    step.loss = run.task.loss(step.outputs, step.batch)
                 self.fire(Event.AFTER_FORWARD)
-                scaled = state.loss * micro_loss_weight(window)
-                (state.scaler.scale(scaled) if state.scaler else scaled).backward()
-            state.backend.after_backward()
-            detached = state.loss.detach() * micro_loss_weight(window)
-            state.step_loss = detached if state.step_loss is None else state.step_loss + detached
-            counters.micro_step += 1
-            counters.samples_seen += images.shape[0] * state.world_size
+                scaled = step.loss * micro_loss_weight(window)
+                (run.scaler.scale(scaled) if run.scaler else scaled).backward()
+            run.backend.after_backward()
+            detached = step.loss.detach() * micro_loss_weight(window)
+            step.step_loss = detached if step.step_loss is None else step.step_loss + detached
+            state.counters = dataclasses.replace(
+                state.counters,
+                micro_step=state.micro_step + 1,
+                samples_seen=state.samples_seen + images.shape[0] * run.world_size,
+            )
             self.fire(Event.AFTER_BACKWARD)
-        if state.scaler:
-            state.scaler.unscale_(state.optimizer)
-        self.fire(Event.BEFORE_OPTIMIZER_STEP)
-        if not state.skip_step:
-            if state.scaler:
-                state.scaler.step(state.optimizer)
-            else:
-                state.optimizer.step()
-        if state.scaler:
-            state.scaler.update()
-        state.backend.after_optimizer_step()
-        state.schedule.apply(state.optimizer, state.step + 1)
+        take_update(state, lambda: self.fire(Event.BEFORE_OPTIMIZER_STEP))
+        run.backend.after_optimizer_step()
+        run.schedule.apply(run.optimizer, state.step + 1)
         self.fire(Event.AFTER_OPTIMIZER_STEP)
-        counters.step += 1
-        counters.step_in_epoch += 1
+        state.counters = dataclasses.replace(state.counters, step=state.step + 1, step_in_epoch=state.step_in_epoch + 1)
+        run.guard.publish(state)
         self.fire(Event.AFTER_STEP)
-        state.lr = state.schedule.lr_at(state.step)
         self._eval_if_requested()
 
     def evaluate(self) -> dict[str, float]:
         """The task's metrics over the evaluation split (every sample once across ranks;
         classification: ``eval/loss``, ``eval/top1``, ``eval/top5``), then those of each
-        of ``state.extra_models`` as ``eval_<name>/...`` (``after_eval_batch`` fires for
+        of ``state.run.extra_models`` as ``eval_<name>/...`` (``after_eval_batch`` fires for
         the model's batches only)."""
-        state = self.state
+        state, run = self.state, self.state.run
         if self.eval_loader is None:
             return {}
         self.fire(Event.BEFORE_EVAL)
@@ -201,12 +189,12 @@ class Engine:
             self.fire(Event.AFTER_EVAL_BATCH)
 
         try:
-            metrics = state.task.evaluate(state.model, self.eval_loader, state.backend, prefix="eval", on_batch=after_batch)
+            metrics = run.task.evaluate(run.model, self.eval_loader, run.backend, prefix="eval", on_batch=after_batch)
         finally:
             state.eval_batch = None
-        for name, model in state.extra_models.items():
-            if name not in state.skip_eval_models:
-                metrics.update(state.task.evaluate(model, self.eval_loader, state.backend, prefix=f"eval_{name}"))
+        for name, model in run.extra_models.items():
+            if name not in run.skip_eval_models:
+                metrics.update(run.task.evaluate(model, self.eval_loader, run.backend, prefix=f"eval_{name}"))
         state.eval_metrics = metrics
         self._last_eval_step = state.step
         self.fire(Event.AFTER_EVAL)

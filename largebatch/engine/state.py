@@ -1,7 +1,17 @@
-"""``TrainState``: what hooks see. Hooks get the state, never the engine.
+"""``TrainState``: what hooks see, grouped by how long it lives. Hooks get the state, never the engine.
 
-Counters are named by their unit and only the engine advances them (the public
-attributes are read-only properties):
+* ``state.run`` (``Run``): built once for the run and fixed: the config, the derived
+  numbers, the backend, the model, the optimizer, the schedule, the task, the run
+  directory, the random streams.
+* ``state.current`` (``Step``): the optimizer step being taken: its window, the current
+  micro-batch, its outputs and loss, the gradient norms, a requested skip and the metrics
+  hooks publish. The engine starts a fresh one at every step (nothing to reset by hand).
+* The counters (``state.step``, ``state.epoch``, ...; ``state.counters`` as one frozen
+  ``Counters``): only the engine advances them.
+* What lives for the run but changes (``eval_metrics``, a requested stop or evaluation,
+  the time spent waiting for data) is the state's own.
+
+Counters are named by their unit:
 
 * ``step``: optimizer steps completed. During a step's events (``before_step`` to
   ``after_optimizer_step``) it is the 0-based index of the step being taken; at
@@ -18,21 +28,25 @@ attributes are read-only properties):
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any
 
 import torch
 
-from largebatch.batching import BatchPlan
-from largebatch.config.typed import Config, typed
+from largebatch.config.derive import Derived
+from largebatch.config.sections import Config
 from largebatch.dist import DistInfo
+from largebatch.engine.update import NonFiniteGuard
 from largebatch.optim import sharded
 from largebatch.randomness import RandomStreams
-from largebatch.tasks import ClassificationTask, Task
+from largebatch.rundir import RunDir
+from largebatch.tasks import Task
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Counters:
+    """The run's counters (see the module docstring); the engine replaces the object as
+    they advance, and checkpoints save and restore it."""
+
     step: int = 0
     micro_step: int = 0
     samples_seen: int = 0
@@ -42,9 +56,9 @@ class Counters:
     def state_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        for key, value in state.items():
-            setattr(self, key, int(value))
+    @classmethod
+    def from_state_dict(cls, state: dict[str, int]) -> Counters:
+        return cls(**{key: int(value) for key, value in state.items()})
 
 
 @dataclasses.dataclass
@@ -70,158 +84,156 @@ class GradNorms:
         return torch.linalg.vector_norm(self.norms)
 
 
-class TrainState:
-    """Everything a hook may read (and ``metrics`` / ``request_stop`` to write).
+@dataclasses.dataclass(eq=False)
+class Run:
+    """What lives for the whole run, built once by ``largebatch.launch``.
 
     Attributes:
-        cfg: the validated config, typed and frozen (``largebatch.config.typed``):
-            ``state.cfg.eval.at_end``; what the engine and new hooks read.
-        config: the same config as the plain nested dict ``validate`` returns
-            (``cfg.to_dict()``): ``state.config["eval"]["at_end"]``, for hooks written
-            against dicts; checkpoints save and compare this form.
-        derived: the derived numbers (``largebatch.config.derive``).
-        plan: the batch arithmetic.
+        config: the resolved config, typed and frozen (``state.run.config.eval.at_end``;
+            ``config.to_dict()`` is the plain nested dict, for hooks written against dicts).
+        derived: the derived numbers, holding the batch plan (``derived.plan``).
         dist: rank, world size, local rank.
         backend: the device backend.
         model: the model being trained (unwrapped; its ``state_dict`` is the weights).
         train_model: what the forward pass calls (the DDP wrapper when distributed).
         optimizer, schedule, scaler, mixup: as built from the config (scaler may be None).
-        task: the objective (``largebatch.tasks``): forward, loss, train and eval
-            metrics (default: ``ClassificationTask``).
-        run_dir: the run directory.
+        task: the objective (``largebatch.tasks``): forward, loss, train and eval metrics.
+        run_dir: the run directory (``largebatch.rundir.RunDir``).
         random: the run's random streams (``largebatch.randomness``); the engine reseeds
             the model's generators from it before every forward pass.
-        batch: the current micro-batch (``MixedBatch``) in micro events.
-        outputs / loss: the current micro-batch's outputs (``task.forward``: logits for
-            classification) and mean loss (``after_forward`` on).
-        window_size / micro_in_window: micro-batches in this step's window, and the
-            current one's index.
-        step_loss: the step's loss so far (mean over the window's micro-batches, detached).
-        lr: the base learning rate of the current (or, after it, the last) step.
-        grad_norm: the global gradient norm before clipping, when clipping computed it.
-        grad_norms: this step's per-parameter gradient norms (``GradNorms``), computed at
-            most once per step by ``compute_grad_norms`` and shared by clipping, the NaN
-            guard and the gradient-norm hook (None until a hook asks).
-        log_record: at a logging step's ``after_step``, the record the logger wrote
-            (all-reduced values), for the other sinks to show; None otherwise.
-        eval_requested: set by ``request_eval``; the engine evaluates after the current
-            ``after_step`` / ``after_epoch`` and clears it.
-        hook_times: ``{(hook name, event): [calls, seconds]}`` when the ``hook_timer``
-            hook is on (None: the engine does not time hooks).
-        metrics: values hooks publish for the logger this step (cleared each step);
-            tensors are averaged over ranks when logged.
-        eval_metrics: results of the last evaluation.
-        data_wait_seconds: time spent waiting for the loader, cumulative.
-        skip_step: set in ``before_optimizer_step`` to skip this optimizer update.
+        hooks: the run's hooks in firing order (set by the engine); checkpoints save and
+            restore each one's ``state_dict``.
+        extra_models: models kept beside the trained one, by name (the ``ema`` hook's
+            ``'ema'``), registered by hooks in ``before_run``: each is evaluated after the
+            model with the same task and loader (metrics ``eval_<name>/...``) unless its
+            name is in ``skip_eval_models``, and written at the end of the run as
+            ``model_<name>.safetensors``.
         sync_first_micro: under ``dist.strategy`` fsdp/hsdp, reduce the gradients after
             each window's first micro-batch too (set in ``before_run`` by a hook that
             reads that micro-batch's gradient: sharded gradients exist only once reduced).
-        hooks: the run's hooks in firing order (set by the engine); checkpoints save
-            and restore each one's ``state_dict``.
+        guard: the non-finite check of every update (``largebatch.engine.update``, the
+            config's ``nan_guard``); checkpoints save its counts.
+        plan, rank, world_size, is_main, total_steps, sharded: read from ``derived`` and
+            ``dist`` once (``total_steps``: the optimizer steps this run takes, ``max_steps``
+            included; ``sharded``: the parameters are FSDP2 DTensors).
         sync_every_micro: under fsdp/hsdp, reduce after every micro-batch
             (``dist.reduce_every_micro_batch``).
-        sharded: whether the model's parameters are sharded (FSDP2 DTensors).
-        extra_models: models kept beside the trained one, by name (the ``ema`` hook's
-            ``'ema'``), registered by hooks in ``before_run``: each is evaluated after the
-            model with the same task and loader (metrics ``eval_<name>/...``, merged into
-            ``eval_metrics``) unless its name is in ``skip_eval_models``, and written at
-            the end of the run as ``model_<name>.safetensors``.
-        skip_eval_models: names in ``extra_models`` that evaluation leaves out.
     """
 
-    def __init__(
-        self,
-        *,
-        config: Config | dict[str, Any],
-        derived: dict[str, Any],
-        plan: BatchPlan,
-        dist: DistInfo,
-        backend: Any,
-        model: torch.nn.Module,
-        train_model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        schedule: Any,
-        scaler: torch.amp.GradScaler | None,
-        mixup: Any,
-        run_dir: pathlib.Path,
-        random: RandomStreams | None = None,
-        task: Task | None = None,
-    ) -> None:
-        self.cfg = typed(config)
-        self.config = self.cfg.to_dict()
-        self.derived = derived
-        self.plan = plan
-        self.dist = dist
-        self.backend = backend
-        self.model = model
-        self.train_model = train_model
-        self.optimizer = optimizer
-        self.schedule = schedule
-        self.scaler = scaler
-        self.mixup = mixup
-        self.task = task if task is not None else ClassificationTask()
-        self.run_dir = run_dir
-        self.random = random or RandomStreams(self.cfg.seed, dist.rank, backend)
-        self._counters = Counters()
-        self.batch = None
-        self.outputs: Any = None
-        self.loss: torch.Tensor | None = None
-        self.window_size = plan.accumulation
-        self.micro_in_window = 0
-        self.step_loss: torch.Tensor | None = None
-        self.lr = 0.0
-        self.grad_norm: torch.Tensor | None = None
-        self.metrics: dict[str, Any] = {}
+    config: Config
+    derived: Derived
+    dist: DistInfo
+    backend: Any
+    model: torch.nn.Module
+    train_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Any
+    scaler: torch.amp.GradScaler | None
+    mixup: Any
+    task: Task
+    run_dir: RunDir
+    random: RandomStreams
+    hooks: list[Any] = dataclasses.field(default_factory=list)
+    extra_models: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)
+    skip_eval_models: set[str] = dataclasses.field(default_factory=set)
+    sync_first_micro: bool = False
+
+    def __post_init__(self) -> None:
+        self.guard = NonFiniteGuard(self.config.nan_guard)
+        # fixed for the run: read once
+        self.plan = self.derived.plan
+        self.rank, self.world_size = self.dist.rank, self.dist.world_size
+        self.is_main = self.rank == 0
+        self.total_steps = self.derived.run_steps  # optimizer steps this run takes (max_steps included)
+        self.sharded = self.derived.sharded  # parameters are FSDP2 DTensors
+        self.sync_every_micro = self.config.dist.reduce_every_micro_batch
+
+
+@dataclasses.dataclass(eq=False)
+class Step:
+    """What lives for one optimizer step; the engine starts a fresh one at ``before_step``.
+
+    Attributes:
+        lr: the base learning rate of this step.
+        window_size: micro-batches in this step's window.
+        micro_in_window: the current micro-batch's index.
+        batch: the current micro-batch (``MixedBatch``) in micro events.
+        outputs / loss: the current micro-batch's outputs (``task.forward``: logits for
+            classification) and mean loss (``after_forward`` on).
+        step_loss: the step's loss so far (mean over the window's micro-batches, detached).
+        grad_norms: the per-parameter gradient norms (``GradNorms``), computed at most once
+            (``TrainState.compute_grad_norms``), before clipping; ``clip_coef`` set when
+            the engine clipped.
+        skip_reason: why the optimizer update is skipped, when a hook asked
+            (``request_skip``) or the non-finite policy did; None: the update is taken.
+        metrics: values hooks publish for the logger this step; tensors are averaged over
+            ranks when logged.
+        log_record: at a logging step's ``after_step``, the record the logger wrote
+            (all-reduced values), for the other sinks to show; None otherwise.
+    """
+
+    lr: float
+    window_size: int
+    micro_in_window: int = 0
+    batch: Any = None
+    outputs: Any = None
+    loss: torch.Tensor | None = None
+    step_loss: torch.Tensor | None = None
+    grad_norms: GradNorms | None = None
+    skip_reason: str | None = None
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    log_record: dict[str, Any] | None = None
+
+    @property
+    def skipped(self) -> bool:
+        """Whether this step's optimizer update is skipped."""
+        return self.skip_reason is not None
+
+    def request_skip(self, reason: str) -> None:
+        """Skip this step's optimizer update (call by ``before_optimizer_step``): the
+        counters, the schedule and the data still advance. The first reason is kept."""
+        if self.skip_reason is None:
+            self.skip_reason = reason
+
+
+class TrainState:
+    """Everything a hook may read, by lifetime (module docstring); hooks write only
+    ``current.metrics``, and ask with ``current.request_skip``, ``request_eval`` and
+    ``request_stop``.
+
+    Attributes:
+        run: what lives for the run (``Run``).
+        current: the step being taken (``Step``).
+        counters: the counters (``Counters``), also readable one by one (``state.step``).
+        eval_metrics: results of the last evaluation.
+        eval_batch: ``(images, labels, outputs)`` of the current evaluation batch, in
+            ``after_eval_batch``; None otherwise.
+        eval_requested: set by ``request_eval``; the engine evaluates after the current
+            ``after_step`` / ``after_epoch`` and clears it.
+        data_wait_seconds: time spent waiting for the loader, cumulative.
+        hook_times: ``{(hook name, event): [calls, seconds]}`` when the ``hook_timer``
+            hook is on (None: the engine does not time hooks).
+        stop_reason: why the run ends early, once a hook asked (``request_stop``).
+    """
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.counters = Counters()
+        self.current = Step(lr=0.0, window_size=run.plan.accumulation)
         self.eval_metrics: dict[str, float] = {}
-        self.eval_batch = None
-        self.data_wait_seconds = 0.0
-        self.skip_step = False
-        self.grad_norms: GradNorms | None = None
-        self.log_record: dict[str, Any] | None = None
-        self.hook_times: dict[tuple[str, str], list[float]] | None = None
+        self.eval_batch: tuple[Any, Any, Any] | None = None
         self.eval_requested = False
+        self.data_wait_seconds = 0.0
+        self.hook_times: dict[tuple[str, str], list[float]] | None = None
         self.stop_reason: str | None = None
-        self.stop_resumable = False
-        self.sync_first_micro = False
-        self.hooks: list[Any] = []
-        self.sync_every_micro = self.cfg.dist.reduce_every_micro_batch
-        self.sharded = derived.get("strategy", "ddp") != "ddp" and dist.world_size > 1
-        self.extra_models: dict[str, torch.nn.Module] = {}
-        self.skip_eval_models: set[str] = set()
+        self._stop_resumable = False
 
-    # Counters, read-only for hooks.
-    step = property(lambda self: self._counters.step)
-    micro_step = property(lambda self: self._counters.micro_step)
-    samples_seen = property(lambda self: self._counters.samples_seen)
-    epoch = property(lambda self: self._counters.epoch)
-    step_in_epoch = property(lambda self: self._counters.step_in_epoch)
-
-    @property
-    def rank(self) -> int:
-        return self.dist.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.dist.world_size
-
-    @property
-    def is_main(self) -> bool:
-        return self.dist.rank == 0
-
-    @property
-    def accumulation(self) -> int:
-        return self.plan.accumulation
-
-    @property
-    def epochs(self) -> int:
-        return self.cfg.epochs
-
-    @property
-    def total_steps(self) -> int:
-        """Optimizer steps this run takes (``max_steps`` included)."""
-        max_steps = self.cfg.max_steps
-        total = self.derived["total_steps"]
-        return min(total, max_steps) if max_steps else total
+    # The counters, read-only.
+    step = property(lambda self: self.counters.step)
+    micro_step = property(lambda self: self.counters.micro_step)
+    samples_seen = property(lambda self: self.counters.samples_seen)
+    epoch = property(lambda self: self.counters.epoch)
+    step_in_epoch = property(lambda self: self.counters.step_in_epoch)
 
     @property
     def is_log_step(self) -> bool:
@@ -230,7 +242,7 @@ class TrainState:
 
     def log_due(self, step: int) -> bool:
         """Whether the step that ends with ``step`` completed steps is logged."""
-        return step % self.cfg.log.interval == 0 or step >= self.total_steps
+        return step % self.run.config.log.interval == 0 or step >= self.run.total_steps
 
     @property
     def will_log(self) -> bool:
@@ -243,15 +255,16 @@ class TrainState:
 
         One ``torch._foreach_norm`` over every gradient (no host sync; sharded gradients:
         over the local slices, then one all-reduce); the first caller in a step pays for
-        it and the others reuse it. Call it only once gradients are complete
-        (``before_optimizer_step``); the norms are those before clipping.
+        it and the others, the engine's clipping and non-finite check included, reuse it.
+        Call it only once gradients are complete (``before_optimizer_step``); the norms
+        are those before clipping.
         """
-        if self.grad_norms is None:
-            named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        if self.current.grad_norms is None:
+            named = [(n, p) for n, p in self.run.model.named_parameters() if p.grad is not None]
             grads = [p.grad for _, p in named]
-            norms = sharded.grad_norms(grads) if grads else torch.zeros(0, device=self.backend.device)
-            self.grad_norms = GradNorms([n for n, _ in named], [p for _, p in named], norms)
-        return self.grad_norms
+            norms = sharded.grad_norms(grads) if grads else torch.zeros(0, device=self.run.backend.device)
+            self.current.grad_norms = GradNorms([n for n, _ in named], [p for _, p in named], norms)
+        return self.current.grad_norms
 
     def request_eval(self) -> None:
         """Evaluate once the current ``after_step`` (or ``after_epoch``) has run."""
@@ -268,7 +281,7 @@ class TrainState:
         """
         if self.stop_reason is None:
             self.stop_reason = reason
-        self.stop_resumable = self.stop_resumable or resumable
+        self._stop_resumable = self._stop_resumable or resumable
 
     @property
     def should_stop(self) -> bool:
@@ -277,4 +290,4 @@ class TrainState:
     @property
     def interrupted(self) -> bool:
         """A resumable stop was requested (see ``request_stop``)."""
-        return self.stop_resumable
+        return self._stop_resumable

@@ -11,6 +11,9 @@ In a config::
 Default hooks (``DEFAULT_HOOKS``) always run; listing one by name replaces its
 arguments. A path is read relative to the working directory, then to the config file's
 folder and its parents; ``'package.module:Class'`` names a hook in an importable module.
+
+Clipping and the non-finite check are not hooks: every update does them inline
+(``largebatch.engine.update``), set by ``clip_grad_norm`` and the ``nan_guard`` section.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from largebatch.config.frozen import thaw
 from largebatch.config.resolve import check_arguments, construct, load_class
-from largebatch.config.typed import Config, thaw, typed
+from largebatch.config.sections import Config
 from largebatch.engine.hook import Hook, parse_priority
 from largebatch.errors import ConfigError
 
@@ -31,7 +35,6 @@ BUILTIN_HOOKS = {
     "grad_norm": "largebatch.hooks.grad_norm:GradNormHook",
     "trust_ratio": "largebatch.hooks.trust_ratio:TrustRatioHook",
     "noise_scale": "largebatch.hooks.noise_scale:NoiseScaleHook",
-    "nan_guard": "largebatch.hooks.nan_guard:NanGuardHook",
     "logger": "largebatch.hooks.logger:MetricsLogger",
     "progress": "largebatch.hooks.progress:ProgressBar",
     "csv": "largebatch.hooks.csv_sink:CsvSink",
@@ -42,11 +45,15 @@ BUILTIN_HOOKS = {
     "eval": "largebatch.hooks.eval:EvalHook",
     "stop": "largebatch.hooks.stop:StopHook",
     "hook_timer": "largebatch.hooks.hook_timer:HookTimerHook",
-    "clip_grad_norm": "largebatch.hooks.clip:ClipGradNormHook",
     "ema": "largebatch.hooks.ema:ModelEmaHook",
     "preemption": "largebatch.hooks.preemption:PreemptionHook",
 }
-DEFAULT_HOOKS = ("loss", "lr", "throughput", "grad_norm", "nan_guard", "logger", "checkpoint", "preemption")
+DEFAULT_HOOKS = ("loss", "lr", "throughput", "grad_norm", "logger", "checkpoint", "preemption")
+# Names that were hooks and are now part of every step, with where their settings went.
+NOT_HOOKS = {
+    "nan_guard": "the non-finite check is part of every step: set it with nan_guard=dict(action='stop'|'skip'|'off', max_skips=10)",
+    "clip_grad_norm": "clipping is part of every step: set clip_grad_norm=<max norm>",
+}
 
 
 def _builtin_class(name: str) -> type[Hook]:
@@ -74,11 +81,14 @@ def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
     return construct(cls, kwargs, key)
 
 
-def build_hooks(cfg: Config | dict[str, Any], config_path: pathlib.Path | None = None) -> list[Hook]:
+def build_hooks(cfg: Config, config_path: pathlib.Path | None = None) -> list[Hook]:
     """The run's hooks: the defaults (with any arguments the config gives them), the
-    clipping hook when ``clip_grad_norm`` is set, the ``ema`` hook when ``ema.decay`` is
-    set, then the config's other hooks in order."""
-    cfg = typed(cfg)
+    ``ema`` hook when ``ema.decay`` is set, then the config's other hooks in order.
+
+    Raises:
+        ConfigError: an entry that cannot be built (naming ``hooks[i]``), or the name of
+            what is no longer a hook (``NOT_HOOKS``), with the setting that replaced it.
+    """
     specs: list[tuple[str, dict[str, Any], str]] = []
     for i, entry in enumerate(thaw(cfg.hooks)):
         key = f"hooks[{i}]"
@@ -86,6 +96,8 @@ def build_hooks(cfg: Config | dict[str, Any], config_path: pathlib.Path | None =
             specs.append((entry, {}, key))
         else:
             specs.append((entry["type"], {k: v for k, v in entry.items() if k != "type"}, key))
+        if specs[-1][0] in NOT_HOOKS:
+            raise ConfigError(f"{specs[-1][0]!r} is not a hook; {NOT_HOOKS[specs[-1][0]]}", key=key)
     defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
     defaults["checkpoint"] = (cfg.checkpoint.to_dict(), "checkpoint")
     defaults["logger"] = ({"console": cfg.log.console}, "log")
@@ -100,8 +112,6 @@ def build_hooks(cfg: Config | dict[str, Any], config_path: pathlib.Path | None =
         else:
             extra.append((type_name, kwargs, key))
     hooks = [instantiate(_builtin_class(name), kwargs, key) for name, (kwargs, key) in defaults.items()]
-    if cfg.clip_grad_norm:
-        hooks.append(_builtin_class("clip_grad_norm")(cfg.clip_grad_norm))
     if ema_args is not None:
         hooks.append(instantiate(_builtin_class("ema"), *ema_args))
     for type_name, kwargs, key in extra:

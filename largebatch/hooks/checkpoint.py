@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from largebatch.checkpoint import save_checkpoint
-from largebatch.config.typed import CheckpointConfig
+from largebatch.config.sections import CheckpointConfig
 from largebatch.dist import any_rank
 from largebatch.engine.hook import Hook, Priority
 
@@ -55,15 +55,15 @@ class CheckpointHook(Hook):
     def _save(self, state) -> None:
         if self.last_saved_step == state.step:
             return
-        save_checkpoint(state, state.hooks, self.keep)
+        save_checkpoint(state, state.run.hooks, self.keep)
         self.last_saved_step = state.step
         self._last_save_time = time.monotonic()
 
     def _time_due(self, state) -> bool:
         if not self.interval_minutes:
             return False
-        due = state.is_main and time.monotonic() - self._last_save_time >= self.interval_minutes * 60
-        return any_rank(due, state.backend.device)
+        due = state.run.is_main and time.monotonic() - self._last_save_time >= self.interval_minutes * 60
+        return any_rank(due, state.run.backend.device)
 
     def before_train(self, state) -> None:
         self._last_save_time = time.monotonic()

@@ -29,10 +29,10 @@ class CsvSink(Hook):
         self.columns: list[str] = []
 
     def before_run(self, state) -> None:
-        if not state.is_main:
+        if not state.run.is_main:
             return
-        state.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = state.run_dir / self.filename
+        state.run.run_dir.path.mkdir(parents=True, exist_ok=True)
+        self.path = state.run.run_dir / self.filename
         if self.path.exists():
             with open(self.path, newline="") as handle:
                 self.columns = next(csv.reader(handle), [])
@@ -55,8 +55,8 @@ class CsvSink(Hook):
             csv.DictWriter(handle, self.columns).writerow(record)
 
     def after_step(self, state) -> None:
-        if state.log_record is not None:
-            self._append(state.log_record)
+        if state.current.log_record is not None:
+            self._append(state.current.log_record)
 
     def after_eval(self, state) -> None:
         self._append({"step": state.step, "epoch": state.epoch, **state.eval_metrics})

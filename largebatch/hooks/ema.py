@@ -4,10 +4,10 @@ timm's ``ModelEmaV3``.
 Added by ``build_hooks`` when the config's ``ema.decay`` is set. In ``before_run`` it
 copies the model (on every rank: each rank averages the same weights, so the averages
 stay identical without communication) and registers the copy as
-``state.extra_models['ema']``: evaluation then reports ``eval_ema/...`` beside
+``state.run.extra_models['ema']``: evaluation then reports ``eval_ema/...`` beside
 ``eval/...`` (unless ``ema.eval`` is off) and the end of the run writes
 ``model_ema.safetensors``. After every optimizer step that was taken (not one a hook
-skipped, ``state.skip_step``) it updates the average with ``step`` = the optimizer steps
+skipped, ``state.current.skipped``) it updates the average with ``step`` = the optimizer steps
 completed, the count timm's training script passes: the first update copies the
 weights, later ones use ``ema.decay`` (or, with ``ema.warmup``, timm's ramp
 ``1 - step^(-2/3)`` capped at ``ema.decay``).
@@ -54,23 +54,23 @@ class ModelEmaHook(Hook):
     def before_run(self, state) -> None:
         from timm.utils import ModelEmaV3
 
-        if state.sharded:
+        if state.run.sharded:
             raise UserError(
                 f"model EMA (ema.decay) is not available with sharded parameters yet (dist.strategy "
-                f"{state.cfg.dist.strategy!r}); use dist.strategy 'ddp' or set ema.decay to null"
+                f"{state.run.config.dist.strategy!r}); use dist.strategy 'ddp' or set ema.decay to null"
             )
-        self.ema = ModelEmaV3(state.model, decay=self.decay, use_warmup=self.warmup)
+        self.ema = ModelEmaV3(state.run.model, decay=self.decay, use_warmup=self.warmup)
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
-        state.extra_models[NAME] = self.ema.module
+        state.run.extra_models[NAME] = self.ema.module
         if not self.evaluate:
-            state.skip_eval_models.add(NAME)
+            state.run.skip_eval_models.add(NAME)
 
     def after_optimizer_step(self, state) -> None:
-        if state.skip_step:
+        if state.current.skipped:
             return
-        self.ema.update(state.model, step=state.step + 1)  # optimizer steps completed, this one included
+        self.ema.update(state.run.model, step=state.step + 1)  # optimizer steps completed, this one included
 
     def state_dict(self) -> dict[str, Any]:
         if self.ema is None:

@@ -1,14 +1,13 @@
 """Gradient L2 norms: global and per parameter group, before and after clipping.
 
-Computed on logging steps only, from the per-parameter norms of
-``state.compute_grad_norms()``: when clipping is on they are the very norms it computed
-(and the clipping factor it applied), so nothing is computed twice; on steps that are not
-logged this hook does nothing. Published as device tensors (no sync here; the logger's
-one all-reduce reads them): ``grad_norm`` (global, before clipping), ``grad_norm/<group>``,
-and with clipping ``grad_norm_clipped`` and ``grad_norm_clipped/<group>``.
-
-Runs after the clipping hook (priority 60 > 50) so the clipping factor is known.
-Gradients are complete here: all-reduced over ranks and unscaled.
+On logging steps only: at ``before_optimizer_step`` (gradients complete, all-reduced and
+unscaled, not yet clipped) it asks for the step's per-parameter norms
+(``state.compute_grad_norms()``, the one norm pass the engine's clipping and non-finite
+check share, so nothing is computed twice); at ``after_step``, once the engine has
+clipped and kept the factor beside them, it publishes them as device tensors (no sync
+here; the logger's one all-reduce reads them): ``grad_norm`` (global, before clipping),
+``grad_norm/<group>``, and with clipping ``grad_norm_clipped`` and
+``grad_norm_clipped/<group>``. On steps that are not logged it does nothing.
 """
 
 from __future__ import annotations
@@ -31,35 +30,33 @@ class GradNormHook(Hook):
     def __init__(self, per_group: bool = True, priority: int | str | None = None) -> None:
         super().__init__(priority)
         self.per_group = per_group
-        self._values: dict[str, torch.Tensor] = {}
         self._group_of: dict[int, int] = {}
 
     def before_train(self, state) -> None:
-        self._group_of = {id(p): i for i, group in enumerate(state.optimizer.param_groups) for p in group["params"]}
+        self._group_of = {id(p): i for i, group in enumerate(state.run.optimizer.param_groups) for p in group["params"]}
 
     def before_optimizer_step(self, state) -> None:
-        self._values = {}
-        if not state.will_log:
+        if state.will_log:
+            state.compute_grad_norms()  # before clipping; the engine clips after this event
+
+    def after_step(self, state) -> None:
+        grads = state.current.grad_norms
+        if not state.is_log_step or grads is None:
             return
-        grads = state.compute_grad_norms()
+        values = state.current.metrics
         total = grads.total
-        self._values["grad_norm"] = total
+        values["grad_norm"] = total
         coef = grads.clip_coef
         if coef is not None:
-            self._values["grad_norm_clipped"] = total * coef
+            values["grad_norm_clipped"] = total * coef
         if not self.per_group or not grads.params:
             return
-        names = group_names(state.optimizer)
+        names = group_names(state.run.optimizer)
         owners = [self._group_of.get(id(p), 0) for p in grads.params]
         index = torch.tensor(owners, device=grads.norms.device)
         squares = torch.zeros(len(names), dtype=grads.norms.dtype, device=grads.norms.device)
         per_group = squares.index_add_(0, index, grads.norms.square()).sqrt()
         for i in sorted(set(owners)):
-            self._values[f"grad_norm/{names[i]}"] = per_group[i]
+            values[f"grad_norm/{names[i]}"] = per_group[i]
             if coef is not None:
-                self._values[f"grad_norm_clipped/{names[i]}"] = per_group[i] * coef
-
-    def after_step(self, state) -> None:
-        if state.is_log_step:
-            state.metrics.update(self._values)
-        self._values = {}
+                values[f"grad_norm_clipped/{names[i]}"] = per_group[i] * coef

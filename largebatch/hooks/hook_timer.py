@@ -47,12 +47,12 @@ class HookTimerHook(Hook):
         return sorted(rows, key=lambda row: -row["seconds"])
 
     def _write(self, state) -> None:
-        if not state.is_main:
+        if not state.run.is_main:
             return
         wall = self._earlier_seconds + time.perf_counter() - self._start
         rows = self.entries()
-        state.run_dir.mkdir(parents=True, exist_ok=True)
-        (state.run_dir / self.filename).write_text(json.dumps({"run_seconds": wall, "hooks": rows}, indent=1) + "\n")
+        state.run.run_dir.path.mkdir(parents=True, exist_ok=True)
+        (state.run.run_dir / self.filename).write_text(json.dumps({"run_seconds": wall, "hooks": rows}, indent=1) + "\n")
         if self.top and rows:
             total = sum(row["seconds"] for row in rows)
             print(f"hook times: {total:.2f}s of {wall:.1f}s in hooks; slowest:", flush=True)

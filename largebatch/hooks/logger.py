@@ -1,11 +1,11 @@
 """The metrics sink: ``metrics.jsonl`` in the run directory and a console line, on rank 0.
 
 At each logging step (every ``log.interval`` steps and the last) it collects
-``state.metrics``: tensor values are averaged over ranks in one all-reduce, plain
+``state.current.metrics``: tensor values are averaged over ranks in one all-reduce, plain
 numbers are taken as they are. Each line of ``metrics.jsonl`` is one JSON object with at
 least ``step``, ``epoch``, ``loss``, ``lr`` and ``samples_per_sec``; evaluation results
 are written as their own lines, with ``eval/`` keys. The record is also left in
-``state.log_record`` for the other sinks (``progress``, ``csv``, ``tensorboard``), which
+``state.current.log_record`` for the other sinks (``progress``, ``csv``, ``tensorboard``), which
 run after this hook and so need no second all-reduce.
 """
 
@@ -17,9 +17,11 @@ import time
 
 import torch
 
-from largebatch.config.typed import LogConfig
+from largebatch.config.sections import LogConfig
 from largebatch.dist import all_reduce_mean
-from largebatch.engine.hook import Hook, Priority
+from largebatch.engine.hook import Priority
+from largebatch.hooks._closing import ClosingHook
+from largebatch.rundir import METRICS
 
 _SCHEMA = LogConfig()  # the log section's defaults: the config gives the same ones
 
@@ -34,7 +36,7 @@ def numeric_values(record: dict, skip: tuple[str, ...] = ("step",)) -> dict[str,
     }
 
 
-class MetricsLogger(Hook):
+class MetricsLogger(ClosingHook):
     """Write metrics to ``metrics.jsonl`` and the console.
 
     Args:
@@ -43,8 +45,9 @@ class MetricsLogger(Hook):
     """
 
     priority = Priority.VERY_LOW
+    held = "_file"
 
-    def __init__(self, console: bool = _SCHEMA.console, filename: str = "metrics.jsonl", priority: int | str | None = None) -> None:
+    def __init__(self, console: bool = _SCHEMA.console, filename: str = METRICS, priority: int | str | None = None) -> None:
         super().__init__(priority)
         self.console = console
         self.filename = filename
@@ -55,9 +58,9 @@ class MetricsLogger(Hook):
     def before_run(self, state) -> None:
         self._start = time.time()
         self._start_step = state.step  # a resumed run starts past 0
-        if state.is_main:
-            state.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(state.run_dir / self.filename, "a", buffering=1)
+        if state.run.is_main:
+            state.run.run_dir.path.mkdir(parents=True, exist_ok=True)
+            self._file = open(state.run.run_dir / self.filename, "a", buffering=1)
 
     def _write(self, state, record: dict) -> None:
         if self._file is not None:
@@ -66,19 +69,19 @@ class MetricsLogger(Hook):
     def after_step(self, state) -> None:
         if not state.is_log_step:
             return
-        names = [k for k, v in state.metrics.items() if isinstance(v, torch.Tensor)]
-        values = {k: v for k, v in state.metrics.items() if not isinstance(v, torch.Tensor)}
+        names = [k for k, v in state.current.metrics.items() if isinstance(v, torch.Tensor)]
+        values = {k: v for k, v in state.current.metrics.items() if not isinstance(v, torch.Tensor)}
         if names:
-            stacked = torch.stack([state.metrics[k].detach().float().reshape(()) for k in names])
+            stacked = torch.stack([state.current.metrics[k].detach().float().reshape(()) for k in names])
             values.update(zip(names, all_reduce_mean(stacked).tolist()))
-        record = {"step": state.step, "epoch": state.epoch, "lr": state.lr, "samples_seen": state.samples_seen, **values}
-        state.log_record = record
+        record = {"step": state.step, "epoch": state.epoch, "lr": state.current.lr, "samples_seen": state.samples_seen, **values}
+        state.current.log_record = record
         self._write(state, record)
-        if self.console and state.is_main:
+        if self.console and state.run.is_main:
             print(self._line(state, record), flush=True)
 
     def _line(self, state, record: dict) -> str:
-        parts = [f"step {state.step}/{state.total_steps}", f"epoch {state.epoch + 1}/{state.epochs}"]
+        parts = [f"step {state.step}/{state.run.total_steps}", f"epoch {state.epoch + 1}/{state.run.config.epochs}"]
         task_metrics = [k for k in record if k.startswith("train/")]  # the task's (classification: train/top1, train/top5)
         for key in ("loss", *task_metrics, "lr", "samples_per_sec", "grad_norm"):
             if key in record:
@@ -89,24 +92,16 @@ class MetricsLogger(Hook):
     def after_eval(self, state) -> None:
         record = {"step": state.step, "epoch": state.epoch, **state.eval_metrics}
         self._write(state, record)
-        if self.console and state.is_main:
+        if self.console and state.run.is_main:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in state.eval_metrics.items() if not k.endswith("/samples"))
             print(f"eval at step {state.step}: {shown} ({int(state.eval_metrics.get('eval/samples', 0))} samples)", flush=True)
 
     def after_run(self, state) -> None:
-        if state.is_main:
+        if state.run.is_main:
             ran = state.step - self._start_step
             print(
-                f"done: {ran} steps in {time.time() - self._start:.1f}s (now at step {state.step}/{state.total_steps}); "
-                f"run directory {state.run_dir}",
+                f"done: {ran} steps in {time.time() - self._start:.1f}s (now at step {state.step}/{state.run.total_steps}); "
+                f"run directory {state.run.run_dir}",
                 flush=True,
             )
-        self._close()
-
-    def on_exception(self, state, exception: BaseException) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self.release()

@@ -2,7 +2,7 @@
 evaluation metrics come from ``Engine.evaluate``.
 
 Values accumulate as device tensors every micro-step (no host sync); at a logging step
-they are published to ``state.metrics`` as ``loss`` (the mean step loss) and
+they are published to ``state.current.metrics`` as ``loss`` (the mean step loss) and
 ``train/<name>`` for each of the task's ``train_sums`` (the interval's sum over its
 samples; the logger averages them over ranks). For classification these are
 ``train/top1`` and ``train/top5``, mixup-aware (``largebatch.tasks.classification``).
@@ -33,21 +33,21 @@ class LossAccuracyHook(Hook):
         self._steps = 0
 
     def after_forward(self, state) -> None:
-        batch = state.batch
+        batch = state.current.batch
         with torch.no_grad():
-            sums = state.task.train_sums(state.outputs, batch)
+            sums = state.run.task.train_sums(state.current.outputs, batch)
         for name, value in sums.items():
             self._sums[name] = self._sums.get(name, 0.0) + value
         self._samples += batch.labels.shape[0]
 
     def after_step(self, state) -> None:
-        self._loss = self._loss + state.step_loss
+        self._loss = self._loss + state.current.step_loss
         self._steps += 1
         if state.is_log_step:
             samples = max(self._samples, 1)
-            state.metrics["loss"] = torch.as_tensor(self._loss, dtype=torch.float32) / self._steps
+            state.current.metrics["loss"] = torch.as_tensor(self._loss, dtype=torch.float32) / self._steps
             for name, total in self._sums.items():
-                state.metrics[f"train/{name}"] = torch.as_tensor(total, dtype=torch.float32) / samples
+                state.current.metrics[f"train/{name}"] = torch.as_tensor(total, dtype=torch.float32) / samples
             self._reset()
 
     def state_dict(self) -> dict[str, Any]:

@@ -24,9 +24,9 @@ class LearningRateHook(Hook):
 
     def before_optimizer_step(self, state) -> None:
         if state.will_log:
-            names = group_names(state.optimizer)
-            self._rates = {f"lr/{name}": float(group["lr"]) for name, group in zip(names, state.optimizer.param_groups)}
+            names = group_names(state.run.optimizer)
+            self._rates = {f"lr/{name}": float(group["lr"]) for name, group in zip(names, state.run.optimizer.param_groups)}
 
     def after_step(self, state) -> None:
         if state.is_log_step:
-            state.metrics.update(self._rates)
+            state.current.metrics.update(self._rates)

@@ -65,24 +65,24 @@ class MemoryHook(Hook):
         self._resettable = False
 
     def before_train(self, state) -> None:
-        state.backend.reset_peak_memory()
+        state.run.backend.reset_peak_memory()
         self._resettable = reset_peak_rss() and interval_peak_rss_bytes() is not None
 
     def after_step(self, state) -> None:
         if not state.is_log_step:
             return
         values: dict[str, float] = {}
-        device = state.backend.memory_stats()
+        device = state.run.backend.memory_stats()
         if device:
             values["memory/device_peak_gib"] = device.get("peak_allocated", 0.0) / GIB
             values["memory/device_allocated_gib"] = device.get("allocated", 0.0) / GIB
         host = interval_peak_rss_bytes() if self._resettable else None
         values["memory/host_peak_gib"] = (host if host is not None else lifetime_peak_rss_bytes()) / GIB
         if torch_dist.is_initialized():
-            stacked = torch.tensor(list(values.values()), dtype=torch.float64, device=state.backend.device)
+            stacked = torch.tensor(list(values.values()), dtype=torch.float64, device=state.run.backend.device)
             torch_dist.all_reduce(stacked, op=torch_dist.ReduceOp.MAX)
             values = dict(zip(values, stacked.tolist()))
-        state.metrics.update(values)
-        state.backend.reset_peak_memory()
+        state.current.metrics.update(values)
+        state.run.backend.reset_peak_memory()
         if self._resettable:
             reset_peak_rss()

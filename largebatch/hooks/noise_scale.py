@@ -19,7 +19,7 @@ This hook uses the two gradients every accumulating step already has:
   mean of the ranks' ``|g_small|^2`` (one all-reduce of one number per step). Under
   ``dist.strategy`` fsdp/hsdp a gradient exists only once reduced, so the hook asks the
   engine for one more reduce-scatter, after the first micro-batch
-  (``state.sync_first_micro``): ``g_small`` is then the ranks' mean first micro-batch
+  (``state.run.sync_first_micro``): ``g_small`` is then the ranks' mean first micro-batch
   gradient and ``B_small`` the micro-batch size x world size (the cost: one more
   gradient reduction per step).
 * ``g_big``: the step's complete gradient, accumulated over the window and averaged
@@ -80,20 +80,20 @@ class NoiseScaleHook(Hook):
         self._sharded = False
 
     def before_run(self, state) -> None:
-        if state.accumulation < 2:
+        if state.run.plan.accumulation < 2:
             raise UserError(
                 f"the noise_scale hook compares the first micro-batch's gradient with the step's, which are the same with "
-                f"accumulation 1 (micro_batch_size {state.cfg.micro_batch_size} x {state.world_size} rank(s) = "
-                f"global_batch_size {state.cfg.global_batch_size}); set micro_batch_size to at most half of "
-                f"{state.cfg.global_batch_size // state.world_size}, or drop the hook",
+                f"accumulation 1 (micro_batch_size {state.run.config.micro_batch_size} x {state.run.world_size} rank(s) = "
+                f"global_batch_size {state.run.config.global_batch_size}); set micro_batch_size to at most half of "
+                f"{state.run.config.global_batch_size // state.run.world_size}, or drop the hook",
                 key="hooks",
             )
         # Sharded gradients exist only once reduced: ask for a reduction after the first
         # micro-batch too, so g_small is the ranks' mean first micro-batch gradient.
-        self._sharded = state.sharded
+        self._sharded = state.run.sharded
         if self._sharded:
-            state.sync_first_micro = True
-        self._ema = torch.zeros(3, dtype=torch.float64, device=state.backend.device)
+            state.run.sync_first_micro = True
+        self._ema = torch.zeros(3, dtype=torch.float64, device=state.run.backend.device)
         if self._loaded is not None:
             self._ema.copy_(torch.tensor(self._loaded["ema"], dtype=torch.float64))
 
@@ -101,28 +101,28 @@ class NoiseScaleHook(Hook):
         self._small_sq = None
 
     def after_backward(self, state) -> None:
-        if state.micro_in_window != 0 or state.window_size < 2:
+        if state.current.micro_in_window != 0 or state.current.window_size < 2:
             return
-        grads = [p.grad for p in state.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in state.run.model.parameters() if p.grad is not None]
         if not grads:
             return
-        factor = 1.0 / micro_loss_weight(state.window_size)
+        factor = 1.0 / micro_loss_weight(state.current.window_size)
         sq = sharded.grad_norms(grads).double().square().sum() * factor**2
-        scale = getattr(state.scaler, "_scale", None) if state.scaler is not None else None
+        scale = getattr(state.run.scaler, "_scale", None) if state.run.scaler is not None else None
         if scale is not None:
             sq = sq / scale.double().square().reshape(())
         self._small_sq = sq
-        self._b_small = state.batch.images.shape[0] * (state.world_size if self._sharded else 1)
+        self._b_small = state.current.batch.images.shape[0] * (state.run.world_size if self._sharded else 1)
 
     def before_optimizer_step(self, state) -> None:
         if self._small_sq is None:
             return
         big_sq = state.compute_grad_norms().total.double().square()
         small_sq = self._small_sq
-        if state.world_size > 1 and not self._sharded:
-            small_sq = all_reduce_sum(small_sq.reshape(1).clone())[0] / state.world_size
+        if state.run.world_size > 1 and not self._sharded:
+            small_sq = all_reduce_sum(small_sq.reshape(1).clone())[0] / state.run.world_size
         b_small = float(self._b_small)
-        b_big = b_small * state.window_size * (1 if self._sharded else state.world_size)
+        b_big = b_small * state.current.window_size * (1 if self._sharded else state.run.world_size)
         grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
         trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
         estimate = torch.stack([grad_sq, trace, torch.ones_like(grad_sq)]).to(self._ema.device)
@@ -138,9 +138,9 @@ class NoiseScaleHook(Hook):
         if not state.is_log_step or self._ema is None:
             return
         grad_sq, trace = self._averages()
-        state.metrics["noise_scale/grad_sq"] = grad_sq
-        state.metrics["noise_scale/trace_sigma"] = trace
-        state.metrics["noise_scale/b_simple"] = _ratio(trace, grad_sq)
+        state.current.metrics["noise_scale/grad_sq"] = grad_sq
+        state.current.metrics["noise_scale/trace_sigma"] = trace
+        state.current.metrics["noise_scale/b_simple"] = _ratio(trace, grad_sq)
 
     def estimates(self) -> dict[str, float]:
         """The current bias-corrected averages as floats (one host sync): grad_sq,

@@ -22,7 +22,7 @@ class PreemptionHook(Hook):
 
     def after_step(self, state) -> None:
         name = preemption.received_signal()
-        flag = torch.tensor([1 if name else 0], dtype=torch.int32, device=state.backend.device)
+        flag = torch.tensor([1 if name else 0], dtype=torch.int32, device=state.run.backend.device)
         if torch_dist.is_initialized():
             torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX)
         if int(flag.item()):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from largebatch.engine.hook import Hook, Priority
+from largebatch.engine.hook import Priority
+from largebatch.hooks._closing import ClosingHook
 
 SHOWN = (("loss", "loss"), ("train/top1", "top1"), ("samples_per_sec", "img/s"))
 
@@ -20,12 +21,13 @@ def is_terminal() -> bool:
     return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
 
 
-class ProgressBar(Hook):
+class ProgressBar(ClosingHook):
     """Args:
     force: show the bar even when output is not a terminal.
     """
 
     priority = Priority.LOWEST  # after the logger, whose record it shows
+    held = "bar"
 
     def __init__(self, force: bool = False, priority: int | str | None = None) -> None:
         super().__init__(priority)
@@ -33,28 +35,24 @@ class ProgressBar(Hook):
         self.bar = None
 
     def before_train(self, state) -> None:
-        if not state.is_main or not (self.force or is_terminal()):
+        if not state.run.is_main or not (self.force or is_terminal()):
             return
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=state.total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr)
+        self.bar = tqdm(total=state.run.total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr)
 
     def after_step(self, state) -> None:
         if self.bar is None:
             return
-        self.bar.set_description(f"epoch {state.epoch + 1}/{state.epochs}", refresh=False)
-        if state.log_record:
-            shown = {label: f"{state.log_record[key]:.4g}" for key, label in SHOWN if isinstance(state.log_record.get(key), float)}
+        self.bar.set_description(f"epoch {state.epoch + 1}/{state.run.config.epochs}", refresh=False)
+        if state.current.log_record:
+            shown = {
+                label: f"{state.current.log_record[key]:.4g}"
+                for key, label in SHOWN
+                if isinstance(state.current.log_record.get(key), float)
+            }
             self.bar.set_postfix(shown, refresh=False)
         self.bar.update(1)
 
     def after_train(self, state) -> None:
-        self._close()
-
-    def on_exception(self, state, exception: BaseException) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        self.release()

@@ -44,5 +44,5 @@ class StopHook(Hook):
             state.request_stop(f"max_steps {self.max_steps} reached")
         if self.minutes is not None:
             elapsed = time.monotonic() - self._start
-            if any_rank(state.is_main and elapsed >= self.minutes * 60, state.backend.device):
+            if any_rank(state.run.is_main and elapsed >= self.minutes * 60, state.run.backend.device):
                 state.request_stop(f"time limit of {self.minutes:g} minutes reached", resumable=True)

@@ -1,6 +1,6 @@
 """TensorBoard event files in ``<run_dir>/tensorboard``, on rank 0.
 
-Every numeric value of the logger's record (``state.log_record``) becomes a scalar named
+Every numeric value of the logger's record (``state.current.log_record``) becomes a scalar named
 as in ``metrics.jsonl`` (``loss``, ``train/top1``, ``grad_norm/decay``, ...) at its
 optimizer step; evaluation results too. Text values are skipped. Needs the
 ``tensorboard`` package (``pip install 'largebatch[tensorboard]'``); asking for this hook
@@ -10,19 +10,21 @@ without it is an error before training starts. View with
 
 from __future__ import annotations
 
-from largebatch.engine.hook import Hook, Priority
+from largebatch.engine.hook import Priority
 from largebatch.errors import UserError
+from largebatch.hooks._closing import ClosingHook
 from largebatch.hooks.logger import numeric_values
 
 SKIPPED = ("step", "epoch")
 
 
-class TensorBoardSink(Hook):
+class TensorBoardSink(ClosingHook):
     """Args:
     subdir: the folder in the run directory for the event files.
     """
 
     priority = Priority.LOWEST
+    held = "writer"
 
     def __init__(self, subdir: str = "tensorboard", priority: int | str | None = None) -> None:
         super().__init__(priority)
@@ -38,10 +40,10 @@ class TensorBoardSink(Hook):
         self.writer = None
 
     def before_run(self, state) -> None:
-        if state.is_main:
+        if state.run.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(state.run_dir / self.subdir))
+            self.writer = SummaryWriter(log_dir=str(state.run.run_dir / self.subdir))
 
     def _add(self, record: dict, step: int) -> None:
         if self.writer is None:
@@ -50,8 +52,8 @@ class TensorBoardSink(Hook):
             self.writer.add_scalar(key, value, global_step=step)
 
     def after_step(self, state) -> None:
-        if state.log_record is not None:
-            self._add(state.log_record, state.step)
+        if state.current.log_record is not None:
+            self._add(state.current.log_record, state.step)
 
     def after_eval(self, state) -> None:
         self._add(state.eval_metrics, state.step)
@@ -59,12 +61,4 @@ class TensorBoardSink(Hook):
             self.writer.flush()
 
     def after_run(self, state) -> None:
-        self._close()
-
-    def on_exception(self, state, exception: BaseException) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        self.release()

@@ -51,7 +51,7 @@ class ThroughputHook(Hook):
 
     def before_train(self, state) -> None:
         if self.peak_tflops is None:
-            self.peak_tflops = flops_mod.peak_tflops(state.backend)
+            self.peak_tflops = flops_mod.peak_tflops(state.run.backend)
         self._mark(state)
 
     def after_eval(self, state) -> None:
@@ -60,19 +60,19 @@ class ThroughputHook(Hook):
     def after_forward(self, state) -> None:
         if not self.count_flops:
             return
-        images = state.batch.images
+        images = state.current.batch.images
         shape = tuple(images.shape[1:])
         if shape not in self.flops_per_sample:
-            self.flops_per_sample[shape] = flops_mod.forward_flops_per_sample(state.model, shape, images.device)
+            self.flops_per_sample[shape] = flops_mod.forward_flops_per_sample(state.run.model, shape, images.device)
         self._flops += flops_mod.TRAIN_FORWARD_MULTIPLE * self.flops_per_sample[shape] * images.shape[0]
 
     def after_step(self, state) -> None:
         if not state.is_log_step:
             return
         elapsed = max(time.perf_counter() - self._time, 1e-9)
-        local = (state.samples_seen - self._samples) / state.world_size / elapsed
+        local = (state.samples_seen - self._samples) / state.run.world_size / elapsed
         values = {
-            "samples_per_sec": local * state.world_size,
+            "samples_per_sec": local * state.run.world_size,
             "samples_per_sec_per_device": local,
             "data_wait_fraction": (state.data_wait_seconds - self._wait) / elapsed,
         }
@@ -80,8 +80,8 @@ class ThroughputHook(Hook):
             values["tflops_per_device"] = self._flops / elapsed / 1e12
             if self.peak_tflops:
                 values["mfu"] = values["tflops_per_device"] / self.peak_tflops
-        stacked = torch.tensor(list(values.values()), dtype=torch.float32, device=state.backend.device)
-        state.metrics.update(zip(values, stacked.unbind()))
+        stacked = torch.tensor(list(values.values()), dtype=torch.float32, device=state.run.backend.device)
+        state.current.metrics.update(zip(values, stacked.unbind()))
         self._mark(state)
 
     def state_dict(self) -> dict[str, Any]:

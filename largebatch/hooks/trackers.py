@@ -28,6 +28,7 @@ from typing import Any
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
 from largebatch.hooks.logger import numeric_values
+from largebatch.rundir import RunDir
 
 # MLflow's limits: parameters and metrics per log_batch call, characters per parameter value
 MLFLOW_PARAMS_PER_BATCH = 100
@@ -79,16 +80,16 @@ class TrackerHook(Hook):
         self.run_id = state.get("run_id")
 
     def before_run(self, state) -> None:
-        if not state.is_main:
+        if not state.run.is_main:
             return
         self.run_id, continued = self._start(state, self.run_id)
         self._active = True
         if not continued:  # a continued run's parameters are already there (and may not change)
-            self._log_params(flat_config(state.config, state.derived))
+            self._log_params(flat_config(state.run.config.to_dict(), state.run.derived.to_dict()))
 
     def after_step(self, state) -> None:
-        if self._active and state.log_record is not None:
-            self._log_metrics(numeric_values(state.log_record), state.step)
+        if self._active and state.current.log_record is not None:
+            self._log_metrics(numeric_values(state.current.log_record), state.step)
 
     def after_eval(self, state) -> None:
         if self._active:
@@ -98,7 +99,7 @@ class TrackerHook(Hook):
         if not self._active:
             return
         if self.artifacts:
-            self._log_files(*self._outputs(state.run_dir, finished=not state.interrupted))
+            self._log_files(*self._outputs(state.run.run_dir, finished=not state.interrupted))
         self._end("interrupted" if state.interrupted else "finished")
         self._active = False
 
@@ -107,16 +108,16 @@ class TrackerHook(Hook):
             self._active = False
             self._end("failed")
 
-    def _outputs(self, run_dir: pathlib.Path, finished: bool) -> tuple[list[pathlib.Path], list[pathlib.Path], list[pathlib.Path]]:
+    def _outputs(self, run_dir: RunDir, finished: bool) -> tuple[list[pathlib.Path], list[pathlib.Path], list[pathlib.Path]]:
         """(run files, plots, model files) that exist."""
-        run_files = [p for p in (run_dir / "config.yaml", run_dir / "metrics.jsonl") if p.is_file()]
+        run_files = [p for p in (run_dir.config, run_dir.metrics) if p.is_file()]
         plots: list[pathlib.Path] = []
-        if self.plots and (run_dir / "metrics.jsonl").is_file():
+        if self.plots and run_dir.metrics.is_file():
             from largebatch.plot import plot_run
 
             plots = plot_run(run_dir)
-        candidates = [run_dir / "model.safetensors", run_dir / "config.json", *sorted(run_dir.glob("model_*.safetensors"))]
-        model = [p for p in candidates if finished and p.is_file()]  # model_ema.safetensors: state.extra_models
+        candidates = [run_dir.weights(), run_dir.hub_config, *run_dir.extra_weights()]
+        model = [p for p in candidates if finished and p.is_file()]  # model_ema.safetensors: state.run.extra_models
         return run_files, plots, model
 
     # what each tracker implements
@@ -185,8 +186,8 @@ class MlflowHook(TrackerHook):
                 print(f"largebatch: MLflow run {resume_id} cannot continue ({err.error_code}); starting a new one", flush=True)
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
-        tags = {"largebatch.run_dir": str(state.run_dir), **self.tags}
-        run = self.client.create_run(experiment_id, run_name=self.run_name or state.run_dir.name, tags=tags)
+        tags = {"largebatch.run_dir": str(state.run.run_dir), **self.tags}
+        run = self.client.create_run(experiment_id, run_name=self.run_name or state.run.run_dir.name, tags=tags)
         return run.info.run_id, False
 
     def _log_params(self, params: dict[str, Any]) -> None:
@@ -263,14 +264,14 @@ class WandbHook(TrackerHook):
         self.run = wandb.init(
             project=self.project,
             entity=self.entity,
-            name=self.run_name or state.run_dir.name,
+            name=self.run_name or state.run.run_dir.name,
             group=self.group,
             tags=self.tags or None,
             mode=self.mode,
-            dir=str(state.run_dir),
+            dir=str(state.run.run_dir),
             id=resume_id,
             resume="allow" if resume_id is not None else None,
-            config={**state.config, "derived": state.derived},
+            config={**state.run.config.to_dict(), "derived": state.run.derived.to_dict()},
         )
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")

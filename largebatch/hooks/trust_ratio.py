@@ -40,23 +40,23 @@ class TrustRatioHook(Hook):
         self._stats: dict | None = None
 
     def before_run(self, state) -> None:
-        if not callable(getattr(state.optimizer, "request_stats", None)):
+        if not callable(getattr(state.run.optimizer, "request_stats", None)):
             raise UserError(
-                f"the trust_ratio hook needs LAMB's or LARS's statistics, but the optimizer is {type(state.optimizer).__name__}; "
+                f"the trust_ratio hook needs LAMB's or LARS's statistics, but the optimizer is {type(state.run.optimizer).__name__}; "
                 "set optimizer.type='lamb' or 'lars' (on an HPU with lamb also hpu.fused_optimizer=False), or drop the hook",
                 key="hooks",
             )
 
     def before_optimizer_step(self, state) -> None:
         self._stats = None
-        if state.will_log and not state.skip_step:
+        if state.will_log and not state.current.skipped:
             self._requested = True
-            self._before = state.optimizer.last_stats
-            state.optimizer.request_stats()
+            self._before = state.run.optimizer.last_stats
+            state.run.optimizer.request_stats()
 
     def after_optimizer_step(self, state) -> None:
         if self._requested:
-            stats = state.optimizer.last_stats
+            stats = state.run.optimizer.last_stats
             self._stats = stats if stats is not self._before else None  # a new dict: recorded this step
         self._requested, self._before = False, None
 
@@ -68,15 +68,15 @@ class TrustRatioHook(Hook):
             ratio = entry["trust_ratio"].detach().float()
             if ratio.numel() == 0:
                 continue
-            state.metrics[f"trust_ratio/{group}/min"] = ratio.min()
-            state.metrics[f"trust_ratio/{group}/median"] = ratio.median()
-            state.metrics[f"trust_ratio/{group}/max"] = ratio.max()
+            state.current.metrics[f"trust_ratio/{group}/min"] = ratio.min()
+            state.current.metrics[f"trust_ratio/{group}/median"] = ratio.median()
+            state.current.metrics[f"trust_ratio/{group}/max"] = ratio.max()
             names += list(entry["param_names"])
             ratios.append(ratio.reshape(-1))
         if self.top_k > 0 and ratios:
             values = torch.cat([r.to(ratios[0].device) for r in ratios]).cpu().tolist()
             order = sorted(range(len(values)), key=values.__getitem__)
             show = lambda idx: ", ".join(f"{names[i]}={values[i]:.4g}" for i in idx)  # noqa: E731
-            state.metrics["trust_ratio/lowest"] = show(order[: self.top_k])
-            state.metrics["trust_ratio/highest"] = show(order[::-1][: self.top_k])
+            state.current.metrics["trust_ratio/lowest"] = show(order[: self.top_k])
+            state.current.metrics["trust_ratio/highest"] = show(order[::-1][: self.top_k])
         self._stats = None

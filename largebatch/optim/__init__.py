@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from largebatch.config.sections import OptimizerConfig
 from largebatch.config.signature import check_call
-from largebatch.config.typed import Config, section_of
 from largebatch.errors import ConfigError
 from largebatch.optim.param_groups import build_param_groups
 
@@ -54,10 +54,9 @@ def optimizer_kwargs(section: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def build_optimizer(cfg: Config | dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The config's optimizer over the model's parameter groups (weight-decay exclusion,
-    optional layer-wise lr decay). The learning rate is set by the schedule each step."""
-    section = section_of(cfg, "optimizer")
+def build_optimizer(section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The ``optimizer`` section's optimizer over the model's parameter groups (weight-decay
+    exclusion, optional layer-wise lr decay). The learning rate is set by the schedule each step."""
     groups = build_param_groups(
         model,
         weight_decay=section.weight_decay,

@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from largebatch.config.typed import Config, section_of
+from largebatch.config.derive import Derived
+from largebatch.config.sections import LrScheduleConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +80,12 @@ class LRSchedule:
         return lr
 
 
-def build_schedule(cfg: Config | dict, derived: dict) -> LRSchedule:
-    """The schedule of a validated config with its derived numbers (``config.derive``)."""
-    section = section_of(cfg, "lr_schedule")
+def build_schedule(section: LrScheduleConfig, derived: Derived) -> LRSchedule:
+    """The ``lr_schedule`` section's schedule with the run's derived numbers (``config.derive``)."""
     return LRSchedule(
-        peak_lr=derived["peak_lr"],
-        total_steps=derived["total_steps"],
-        warmup_steps=derived["warmup_steps"],
+        peak_lr=derived.peak_lr,
+        total_steps=derived.total_steps,
+        warmup_steps=derived.warmup_steps,
         decay=section.type,
         min_lr=section.min_lr,
         warmup_init_lr=section.warmup_init_lr,

@@ -12,10 +12,9 @@ how to write one.
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 from largebatch.config.resolve import check_arguments, construct, load_class
-from largebatch.config.typed import Config, section_of
+from largebatch.config.sections import TaskConfig
 from largebatch.tasks.base import Task
 from largebatch.tasks.classification import ClassificationTask
 
@@ -24,18 +23,18 @@ __all__ = ["BUILTIN_TASKS", "ClassificationTask", "Task", "build_task"]
 BUILTIN_TASKS = {"classification": "largebatch.tasks.classification:ClassificationTask"}
 
 
-def build_task(cfg: Config | dict[str, Any], config_path: pathlib.Path | None = None) -> Task:
-    """The task the config's ``task`` section names, built with its other keys.
+def build_task(section: TaskConfig, config_path: pathlib.Path | None = None) -> Task:
+    """The task the ``task`` section names, built with its other keys.
 
     Args:
-        cfg: the validated config.
+        section: the ``task`` section.
         config_path: the config file (a task file's path may be relative to its folders).
 
     Raises:
         ConfigError: an unknown name, a missing file, module or class, a class that is
             not a ``Task``, or arguments it does not take.
     """
-    kwargs = section_of(cfg, "task").to_dict()
+    kwargs = section.to_dict()
     cls = load_class(kwargs.pop("type"), key="task.type", kind="task", base=Task, builtins=BUILTIN_TASKS, config_path=config_path)
     check_arguments(cls, kwargs, "task")
     return construct(cls, kwargs, "task")

@@ -11,9 +11,10 @@ from timm.layers import use_fused_attn
 
 from largebatch.backends import create_backend
 from largebatch.backends.cuda import CudaBackend, set_timm_fused_attention
-from largebatch.config import load_and_validate
+from largebatch.config.sections import CudaConfig, DistConfig
+from largebatch.config.typed import typed
 from largebatch.errors import UserError
-from tests.conftest import REPO
+from tests.conftest import REPO, load_and_validate
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
@@ -42,7 +43,8 @@ def test_vit_b16_config_resolves_to_the_cpu_in_fp32_here():
     assert cfg["device"] == "auto" and cfg["precision"] == "auto" and cfg["data"]["loader"] == "dali"
     assert cfg["hpu"] == {"mode": "lazy", "fused_optimizer": True, "fused_clip_norm": True}
     assert cfg["cuda"] == {"tf32": True, "fused_attention": True, "compile_mode": None}
-    backend = create_backend(cfg["device"], cfg["precision"], 0, cfg)
+    typed_cfg = typed(cfg)
+    backend = create_backend(typed_cfg.device, typed_cfg.precision, 0, cuda=typed_cfg.cuda, hpu=typed_cfg.hpu)
     assert (backend.name, backend.precision, backend.autocast_dtype, backend.dist_backend) == ("cpu", "fp32", None, "gloo")
 
 
@@ -111,11 +113,11 @@ def test_memory_statistics_on_a_gpu():
 @pytest.mark.gpu
 @gpu
 def test_gpu_options_tf32_ddp_and_auto():
-    backend = CudaBackend("bf16", options={"tf32": False})
+    backend = CudaBackend("bf16", options=CudaConfig(tf32=False))
     assert torch.backends.cuda.matmul.allow_tf32 is False
     backend = CudaBackend("bf16")
     assert torch.backends.cuda.matmul.allow_tf32 is True
-    dist_cfg = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "find_unused_parameters": False, "static_graph": False}
+    dist_cfg = DistConfig(bucket_cap_mb=25.0, gradient_as_bucket_view=True, find_unused_parameters=False, static_graph=False)
     assert backend.ddp_options(dist_cfg)["device_ids"] == [backend.device.index]
     assert backend.dist_backend == "nccl"
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1)

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from largebatch.backends import create_backend, hpu, resolve_device_name
+from largebatch.config.sections import DistConfig, HpuConfig, OptimizerConfig
+from largebatch.config.typed import section
 from largebatch.dist import DistInfo
 from largebatch.errors import UserError
 from tests.engine.helpers import make_engine
@@ -80,8 +82,8 @@ def run_engine(backend, accumulation: int, steps: int, record) -> list[str]:
         num_samples=micro * accumulation * steps,
         **{"data.num_classes": 4},
     )
-    engine.state.backend = backend
-    optimizer = engine.state.optimizer
+    engine.state.run.backend = backend
+    optimizer = engine.state.run.optimizer
     original_step = optimizer.step
 
     def step(*args, **kwargs):
@@ -95,7 +97,7 @@ def run_engine(backend, accumulation: int, steps: int, record) -> list[str]:
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_lazy_mode_marks_a_step_after_every_backward_and_every_optimizer_step(recorded_autocast, accumulation):
-    backend = CpuHpuBackend("bf16", options={"mode": "lazy"})
+    backend = CpuHpuBackend("bf16", options=HpuConfig(mode="lazy"))
     recorded_autocast.events.clear()
     steps = 2
     seen = run_engine(backend, accumulation, steps, recorded_autocast)
@@ -107,14 +109,14 @@ def test_lazy_mode_marks_a_step_after_every_backward_and_every_optimizer_step(re
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])
 def test_eager_and_compile_modes_mark_no_step(fake_habana, mode):
-    backend = CpuHpuBackend("fp32", options={"mode": mode})
+    backend = CpuHpuBackend("fp32", options=HpuConfig(mode=mode))
     fake_habana.events.clear()
     seen = run_engine(backend, 2, 1, fake_habana)
     assert seen == ["backward", "backward", "optimizer.step"]
 
 
 def test_the_lazy_flag_is_in_the_environment_before_the_bridge_is_imported(fake_habana):
-    backend = CpuHpuBackend("bf16", options={"mode": "lazy"})
+    backend = CpuHpuBackend("bf16", options=HpuConfig(mode="lazy"))
     imports = [d for name, d in fake_habana.events if name == "import habana_frameworks.torch"]
     assert imports == [{"PT_HPU_LAZY_MODE": "1"}]
     assert backend.describe() == "hpu (cpu, bf16, lazy mode)"
@@ -123,7 +125,7 @@ def test_the_lazy_flag_is_in_the_environment_before_the_bridge_is_imported(fake_
 def test_a_contradicting_environment_is_refused(fake_habana, monkeypatch):
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
     with pytest.raises(UserError, match=r"PT_HPU_LAZY_MODE=0 but hpu.mode 'lazy' needs PT_HPU_LAZY_MODE=1"):
-        CpuHpuBackend("bf16", options={"mode": "lazy"})
+        CpuHpuBackend("bf16", options=HpuConfig(mode="lazy"))
     assert "import habana_frameworks.torch" not in fake_habana.names()
 
 
@@ -132,14 +134,14 @@ def test_a_bridge_imported_in_the_other_mode_is_refused(fake_habana, monkeypatch
     importlib.import_module("habana_frameworks.torch")  # someone imported it first, eager
     monkeypatch.delenv("PT_HPU_LAZY_MODE")
     with pytest.raises(UserError, match="runs in eager mode but hpu.mode is 'lazy'"):
-        CpuHpuBackend("bf16", options={"mode": "lazy"})
+        CpuHpuBackend("bf16", options=HpuConfig(mode="lazy"))
 
 
 def test_compile_mode_uses_habanas_compiler_backend(fake_habana, monkeypatch):
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
     model = torch.nn.Linear(2, 2)
-    assert CpuHpuBackend("fp32", options={"mode": "compile"}).compile(model, False) is model
+    assert CpuHpuBackend("fp32", options=HpuConfig(mode="compile")).compile(model, False) is model
     assert calls == [{"backend": "hpu_backend"}]
 
 
@@ -147,7 +149,7 @@ def test_lazy_mode_compiles_nothing_and_refuses_compile_true(fake_habana, monkey
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
     model = torch.nn.Linear(2, 2)
-    backend = CpuHpuBackend("fp32", options={"mode": "lazy"})
+    backend = CpuHpuBackend("fp32", options=HpuConfig(mode="lazy"))
     assert backend.compile(model, False) is model and calls == []
     with pytest.raises(UserError, match="compile=True needs hpu.mode 'compile'"):
         backend.compile(model, True)
@@ -184,7 +186,7 @@ def test_a_single_process_imports_no_hccl(fake_habana, monkeypatch):
 
 
 def test_ddp_options_follow_habanas_references(fake_habana):
-    dist_cfg = {"bucket_cap_mb": 100.0, "gradient_as_bucket_view": True, "find_unused_parameters": False, "static_graph": False}
+    dist_cfg = DistConfig(bucket_cap_mb=100.0, gradient_as_bucket_view=True, find_unused_parameters=False, static_graph=False)
     options = CpuHpuBackend("bf16").ddp_options(dist_cfg)
     assert options == {
         "device_ids": None,
@@ -196,8 +198,8 @@ def test_ddp_options_follow_habanas_references(fake_habana):
     }
 
 
-def lamb_cfg(**optimizer) -> dict:
-    section = {
+def lamb_cfg(**optimizer) -> OptimizerConfig:
+    values = {
         "type": "lamb",
         "lr": 0.02,
         "weight_decay": 0.1,
@@ -206,7 +208,7 @@ def lamb_cfg(**optimizer) -> dict:
         "layer_decay": None,
         **optimizer,
     }
-    return {"optimizer": section}
+    return section("optimizer", values)
 
 
 def test_fused_lamb_is_chosen_when_present_and_set_up_as_the_papers_lamb(fake_habana):
@@ -253,7 +255,7 @@ def test_fused_clip_norm_is_used_when_present(fake_habana):
     assert torch.allclose(norm, expected)
     assert fake_habana.names().count("FusedClipNorm") == 1 and "FusedClipNorm.clip_norm" in fake_habana.names()
     fake_habana.events.clear()
-    CpuHpuBackend("bf16", options={"fused_clip_norm": False}).clip_grad_norm(params, 1.0)
+    CpuHpuBackend("bf16", options=HpuConfig(fused_clip_norm=False)).clip_grad_norm(params, 1.0)
     assert "FusedClipNorm.clip_norm" not in fake_habana.names()
 
 

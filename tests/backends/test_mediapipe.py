@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from largebatch.batching import BatchPlan
+from largebatch.config.sections import DataConfig
 from largebatch.data import build_eval_loader, build_train_loader, count_samples
 from largebatch.data import mediapipe as mediapipe_loader
 from largebatch.data.native import NativeLoader
@@ -70,7 +71,6 @@ def test_on_an_hpu_without_habanas_media_modules_the_reason_names_them():
         pass
     else:
         pytest.skip("Habana's media pipeline loads here")
-    cfg = {"channels": 3}
-    reason = mediapipe_loader.unavailable_reason(cfg, torch.device("hpu"))
+    reason = mediapipe_loader.unavailable_reason(DataConfig(channels=3), torch.device("hpu"))
     assert reason.startswith("habana_frameworks.mediapipe does not load (")
-    assert "decoder writes RGB" in mediapipe_loader.unavailable_reason({"channels": 1}, torch.device("hpu"))
+    assert "decoder writes RGB" in mediapipe_loader.unavailable_reason(DataConfig(channels=1), torch.device("hpu"))

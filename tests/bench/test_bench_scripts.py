@@ -20,8 +20,7 @@ import torch
 from bench import large_batch_study as study
 from bench.engine_overhead import BareWorker, TakingTurns, Turns
 from bench.mfu import training_flops_per_image
-from largebatch.config import derive, load_and_validate
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO, clean_env, derived_of, load_and_validate
 
 
 def run_script(*args: str, timeout: float = 900) -> str:
@@ -53,7 +52,7 @@ def test_study_scales_each_optimizer_by_its_rule_and_sees_the_same_images(optimi
     seen = set()
     for batch, accumulation in [(256, 1), (4096, 16), (16384, 64)]:
         cfg = load_and_validate(str(study.DEMO_CONFIG), study.run_overrides(optimizer, batch, args))
-        derived = derive(cfg, 1, 60000)  # Fashion-MNIST's training split
+        derived = derived_of(cfg, 1, 60000)  # Fashion-MNIST's training split
         assert derived["accumulation"] == accumulation
         assert derived["peak_lr"] == pytest.approx(study.RECIPES[optimizer]["lr"] * scaling(batch / 256))
         assert cfg["optimizer"]["type"] == optimizer

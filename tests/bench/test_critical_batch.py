@@ -11,10 +11,10 @@ import math
 import pytest
 
 from bench import critical_batch as cb
-from largebatch.config import load_and_validate
+from largebatch.config.typed import section
 from largebatch.data import count_samples
 from tests.bench.test_bench_scripts import run_script
-from tests.conftest import REPO
+from tests.conftest import REPO, load_and_validate
 
 FMNIST = REPO / "data" / "fashion-mnist"
 
@@ -232,7 +232,7 @@ def test_study_data_holds_out_the_last_training_shard(tmp_path):
     assert counts == {"train": 52500, "heldout": 7500, "validation": 10000}
     meta = json.loads((tmp_path / "study" / "dataset.json").read_text())
     assert meta["splits"]["heldout"] == {"records": 7500, "shards": 1}
-    data_cfg = {"loader": "native", "root": str(tmp_path / "study"), "train_split": "train", "eval_split": "heldout"}
+    data_cfg = section("data", {"loader": "native", "root": str(tmp_path / "study"), "train_split": "train", "eval_split": "heldout"})
     assert count_samples(data_cfg, "train") == 52500 and count_samples(data_cfg, "eval") == 7500
     held = (tmp_path / "study" / "heldout-00000-of-00001").resolve()
     assert held == sorted(p for p in FMNIST.glob("train-*") if p.suffix != ".idx")[-1].resolve()

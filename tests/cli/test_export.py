@@ -10,8 +10,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from largebatch.models import build_model
-from tests.conftest import run_cli, tiny_config, write_config
+from tests.conftest import model_of, run_cli, tiny_config, write_config
 from tests.data.conftest import fmnist_shards  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # one real training run on Fashion-MNIST shards
@@ -43,7 +42,7 @@ def finished_run(tmp_path_factory, fmnist_shards):  # noqa: F811 - the fixture
 def reference_model(run_dir):
     """The model as largebatch builds it, with the run's final weights."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    model = build_model(cfg)
+    model = model_of(cfg)
     model.load_state_dict(load_file(str(run_dir / "model.safetensors")))
     return model.eval()
 

@@ -8,10 +8,10 @@ import torch
 import yaml
 
 from largebatch import cli
-from largebatch.config import derive, load_and_validate
+from largebatch.config import derive
+from largebatch.config.typed import typed
 from largebatch.errors import UserError
-from largebatch.models import build_model
-from tests.conftest import REPO
+from tests.conftest import REPO, derived_of, load_and_validate, model_of
 
 RECIPES = {
     # config: (timm model, patch, width, depth, micro-batch)
@@ -77,9 +77,9 @@ def test_recipe_batch_arithmetic(name, world_size):
     micro = RECIPES[name][4]
     if micro * world_size > 32768:
         with pytest.raises(UserError, match="not divisible"):
-            derive(cfg, world_size, IMAGENET_TRAIN)
+            derive(typed(cfg), world_size, IMAGENET_TRAIN)
         return
-    derived = derive(cfg, world_size, IMAGENET_TRAIN)
+    derived = derived_of(cfg, world_size, IMAGENET_TRAIN)
     assert derived["accumulation"] == 32768 // (micro * world_size)
     assert derived["steps_per_epoch"] == IMAGENET_TRAIN // 32768  # 39 steps an epoch, 11,700 in all
     assert derived["total_steps"] == 39 * 300
@@ -89,14 +89,14 @@ def test_recipe_batch_arithmetic(name, world_size):
 def test_vit_b32_at_128_devices_needs_a_smaller_micro_batch():
     # 512 x 128 is twice the global batch; the recipe's comment names the fix.
     cfg = load_and_validate(str(REPO / "configs/vit-b32.py"), ["micro_batch_size=256"])
-    assert derive(cfg, 128, IMAGENET_TRAIN)["accumulation"] == 1
+    assert derived_of(cfg, 128, IMAGENET_TRAIN)["accumulation"] == 1
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_models_match_vit_parameter_count(name):
     _, patch, width, depth, _ = RECIPES[name]
     with torch.device("meta"):  # shapes only: no 1.2 GB of ViT-L weights to initialise
-        model = build_model(load(name))
+        model = model_of(load(name))
     assert sum(p.numel() for p in model.parameters()) == vit_parameters(patch, width, depth)
     dropouts = sorted(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
     # as timm 0.4's drop_rate placed them: after the position embedding, then per block
@@ -127,7 +127,7 @@ def test_sharded_recipes_batch_arithmetic_and_memory_estimate(name):
     cfg = load_and_validate(str(REPO / "configs" / f"{name}.py"), ["precision=bf16"])
     assert cfg["model"]["name"] == model and cfg["dist"]["strategy"] == "fsdp"
     assert (cfg["global_batch_size"], cfg["micro_batch_size"], cfg["optimizer"]["type"]) == (32768, micro, "lamb")
-    total, block, root = model_sizes(cfg)
+    total, block, root = model_sizes(typed(cfg))
     # the model as Zhai et al. define it, written out: 224 px, 14 px patches
     tokens = (224 // 14) ** 2 + 1
     per_block = 4 * width + 3 * width * width + 3 * width + width * width + width + width * mlp + mlp + mlp * width + width
@@ -136,15 +136,16 @@ def test_sharded_recipes_batch_arithmetic_and_memory_estimate(name):
     assert total == depth * per_block + root == count
     header = (REPO / "configs" / f"{name}.py").read_text()
     for world, accumulation in ((8, 32768 // (micro * 8)), (64, 32768 // (micro * 64)), (256, 32768 // (micro * 256))):
-        derived = derive(cfg, world, IMAGENET_TRAIN)
-        assert derived["accumulation"] == accumulation and f"{world} devices: accumulation {accumulation}" in header
-        fsdp = estimate_memory(cfg, derived, (total, block, root))
+        derived = derive(typed(cfg), world, IMAGENET_TRAIN)
+        assert derived.accumulation == accumulation and f"{world} devices: accumulation {accumulation}" in header
+        fsdp = estimate_memory(typed(cfg), derived, (total, block, root))
         # backward: sharded fp32 weights and two moments, the unsharded fp32 gradient, two
         # gathered blocks (bf16 weights and gradients) and the root's bf16 weights; the step
         # (weights, gradients, two moments, the update) is smaller at 8 devices and more
         backward = total * 4 * 3 / world + total * 4 + 2 * block * 4 + root * 2
         assert fsdp["total_gib"] == pytest.approx(max(backward, total * 4 * 5 / world) / GIB, abs=1e-3)
-        ddp = estimate_memory({**cfg, "dist": {**cfg["dist"], "strategy": "ddp"}}, {**derived, "strategy": "ddp", "shard_size": 1})
+        ddp_cfg = typed({**cfg, "dist": {**cfg["dist"], "strategy": "ddp"}})
+        ddp = estimate_memory(ddp_cfg, derive(ddp_cfg, world, IMAGENET_TRAIN))
         # fp32 weights, two moments, the gradient twice (DDP's buckets while accumulating)
         assert ddp["total_gib"] == pytest.approx(total * 20 / GIB, abs=1e-3)
         row = f"#     {world:<9} {ddp['total_gib']:<22.2f} {fsdp['total_gib']:<20.2f}"
@@ -160,12 +161,12 @@ def test_deit_b16_is_the_papers_recipe():
     opt, sched = cfg["optimizer"], cfg["lr_schedule"]
     assert (opt["type"], opt["lr"], opt["weight_decay"], opt["eps"]) == ("adamw", 5e-4, 0.05, 1e-8)
     assert (sched["type"], sched["warmup_epochs"], sched["warmup_init_lr"], sched["min_lr"]) == ("cosine", 5, 1e-6, 1e-5)
-    derived = derive(cfg, 16, IMAGENET_TRAIN)
+    derived = derived_of(cfg, 16, IMAGENET_TRAIN)
     assert derived["peak_lr"] == pytest.approx(1e-3)  # 5e-4 x 1024 / 512
     data = cfg["data"]
     assert (data["loader"], data["auto_augment"], data["repeated_aug"]) == ("native", "rand-m9-mstd0.5-inc1", 3)
     assert (data["reprob"], data["remode"], data["recount"], data["color_jitter"]) == (0.25, "pixel", 1, None)
     mix = cfg["mixup"]
     assert (mix["mixup_alpha"], mix["cutmix_alpha"], mix["prob"], mix["switch_prob"], mix["label_smoothing"]) == (0.8, 1.0, 1.0, 0.5, 0.1)
-    model = build_model(cfg)
+    model = model_of(cfg)
     assert sum(p.numel() for p in model.parameters()) == vit_parameters(16, 768, 12)  # 86.6 M, DeiT-B's count

@@ -1,8 +1,9 @@
 import pytest
 
 from largebatch.config import derive, validate
+from largebatch.config.typed import typed
 from largebatch.errors import ConfigError, UserError
-from tests.conftest import tiny_config
+from tests.conftest import derived_of, tiny_config
 
 
 def test_defaults_fill_in_and_ints_become_floats():
@@ -49,7 +50,7 @@ def test_warmup_in_steps_and_epochs_is_an_error():
 
 def test_derived_numbers_and_warmup_epochs():
     cfg = validate(tiny_config(**{"lr_schedule.warmup_steps": None, "lr_schedule.warmup_epochs": 0.5, "epochs": 3}))
-    d = derive(cfg, world_size=2, num_train_samples=130)
+    d = derived_of(cfg, 2, 130)
     assert d["accumulation"] == 2  # 32 / (8 x 2)
     assert d["steps_per_epoch"] == 4  # floor(130 / 32)
     assert d["total_steps"] == 12
@@ -59,23 +60,21 @@ def test_derived_numbers_and_warmup_epochs():
 def test_warmup_longer_than_training():
     cfg = validate(tiny_config(**{"lr_schedule.warmup_steps": 100}))
     with pytest.raises(UserError, match="warmup is 100 steps but training is 4 steps"):
-        derive(cfg, world_size=1, num_train_samples=128)
+        derive(typed(cfg), world_size=1, num_train_samples=128)
 
 
 def test_lr_scaling_rules():
     cfg = validate(tiny_config(**{"lr_schedule.scaling": "sqrt", "lr_schedule.base_batch_size": 8}))
-    assert derive(cfg, 1, 128)["peak_lr"] == pytest.approx(1e-3 * 2)  # sqrt(32 / 8)
+    assert derived_of(cfg, 1, 128)["peak_lr"] == pytest.approx(1e-3 * 2)  # sqrt(32 / 8)
     cfg = validate(tiny_config(**{"lr_schedule.scaling": "linear", "lr_schedule.base_batch_size": 8}))
-    assert derive(cfg, 1, 128)["peak_lr"] == pytest.approx(1e-3 * 4)
+    assert derived_of(cfg, 1, 128)["peak_lr"] == pytest.approx(1e-3 * 4)
     with pytest.raises(ConfigError, match="base_batch_size"):
         validate(tiny_config(**{"lr_schedule.scaling": "sqrt"}))
 
 
 def test_sharding_layout_by_strategy():
     def layout(world, **dist):
-        return {
-            k: v for k, v in derive(validate(tiny_config(dist=dist)), world, 128).items() if k in ("strategy", "shard_size", "replicas")
-        }
+        return {k: v for k, v in derived_of(tiny_config(dist=dist), world, 128).items() if k in ("strategy", "shard_size", "replicas")}
 
     assert layout(4) == {"strategy": "ddp", "shard_size": 1, "replicas": 4}
     assert layout(4, strategy="fsdp") == {"strategy": "fsdp", "shard_size": 4, "replicas": 1}

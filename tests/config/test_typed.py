@@ -1,5 +1,6 @@
 """The typed config: frozen dataclasses generated from the schema, their defaults, their
-round trip to the validated dict, and no consumer re-defaulting a schema key."""
+round trip to the validated dict, no consumer re-defaulting a schema key, and no module
+outside the config package turning a dict into a config."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import torch
 import largebatch
 from largebatch.batching import BatchPlan
 from largebatch.checkpoint import config_hash
-from largebatch.config import load_and_validate, typed, validate, validate_typed
+from largebatch.config import generate, validate
 from largebatch.config.schema import REQUIRED, SCHEMA, Section
-from largebatch.config.typed import FrozenDict, freeze, section
+from largebatch.config.typed import FrozenDict, freeze, section, typed
 from largebatch.data import native
-from largebatch.engine.state import TrainState
-from tests.conftest import REPO, tiny_config
+from tests.config.test_layering import imported_modules
+from tests.conftest import REPO, load_and_validate, tiny_config
 from tests.data.conftest import unique_shards  # noqa: F401 (a fixture)
 
 PACKAGE = pathlib.Path(largebatch.__file__).parent
@@ -49,7 +50,7 @@ def given(config: dict, path: tuple[str, ...]):
 
 def test_every_schema_key_is_a_typed_attribute_with_the_schemas_default():
     raw = tiny_config()
-    cfg = validate_typed(raw)
+    cfg = typed(validate(raw))
     for path, spec in schema_fields():
         value = lookup(cfg, path)
         if spec.default is REQUIRED:
@@ -65,7 +66,7 @@ def test_every_schema_key_is_a_typed_attribute_with_the_schemas_default():
 
 
 def test_each_section_is_a_frozen_dataclass_with_the_schemas_defaults_and_docs():
-    cfg = validate_typed(tiny_config())
+    cfg = typed(validate(tiny_config()))
     for name, spec in SCHEMA.fields.items():
         if not isinstance(spec, Section):
             continue
@@ -82,7 +83,7 @@ def test_each_section_is_a_frozen_dataclass_with_the_schemas_defaults_and_docs()
 
 
 def test_the_objects_are_frozen():
-    cfg = validate_typed(tiny_config(hooks=[{"type": "nan_guard", "action": "halt"}], **{"optimizer.betas": [0.9, 0.99]}))
+    cfg = typed(validate(tiny_config(hooks=[{"type": "csv", "filename": "a.csv"}], **{"optimizer.betas": [0.9, 0.99]})))
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.data.num_workers = 0
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -92,7 +93,7 @@ def test_the_objects_are_frozen():
     with pytest.raises(TypeError):
         cfg.optimizer.extra["betas"] = (0.5, 0.5)
     with pytest.raises(TypeError):
-        cfg.hooks[0]["action"] = "skip"
+        cfg.hooks[0]["filename"] = "b.csv"
     assert isinstance(cfg.data.mean, tuple) and isinstance(cfg.hooks[0], FrozenDict)
     assert cfg.optimizer.extra == {"betas": (0.9, 0.99)} and cfg.model.extra["embed_dim"] == 32
 
@@ -116,28 +117,14 @@ def test_round_trip_keeps_open_sections_and_hooks():
     assert repr(typed(validated).to_dict()) == repr(validated)
 
 
-def test_train_state_holds_the_typed_config_and_its_dict():
-    validated = validate(tiny_config())
-    plan = BatchPlan.create(global_batch_size=32, micro_batch_size=8, world_size=1, num_samples=128)
-    from largebatch.backends.cpu import CpuBackend
-    from largebatch.dist import DistInfo
+def test_train_state_holds_the_typed_config_and_its_dict_view():
+    from tests.engine.helpers import make_engine
 
-    state = TrainState(
-        config=validated,
-        derived={"total_steps": 4},
-        plan=plan,
-        dist=DistInfo(),
-        backend=CpuBackend("fp32"),
-        model=torch.nn.Linear(2, 2),
-        train_model=torch.nn.Linear(2, 2),
-        optimizer=None,
-        schedule=None,
-        scaler=None,
-        mixup=None,
-        run_dir=pathlib.Path("."),
-    )
-    assert state.cfg == typed(validated) and state.config == validated
-    assert state.config["eval"]["at_end"] is state.cfg.eval.at_end is True
+    engine = make_engine(torch.nn.Linear(2, 2), [], global_batch_size=32, micro_batch_size=8, num_samples=128)
+    config = engine.state.run.config
+    validated = validate(tiny_config(**{"global_batch_size": 32, "micro_batch_size": 8, "lr_schedule.warmup_steps": 0}))
+    assert config.to_dict()["eval"]["at_end"] is config.eval.at_end is False
+    assert config == typed(config.to_dict()) and set(config.to_dict()) == set(validated)
 
 
 def test_a_partial_data_section_takes_the_schemas_defaults():
@@ -146,7 +133,7 @@ def test_a_partial_data_section_takes_the_schemas_defaults():
 
 
 def test_the_native_loader_uses_the_schemas_num_workers(unique_shards):  # noqa: F811 (the fixture)
-    cfg = {"loader": "native", "root": str(unique_shards), "num_classes": 48, "label_offset": 1, "image_size": 32}
+    cfg = section("data", {"loader": "native", "root": str(unique_shards), "num_classes": 48, "label_offset": 1, "image_size": 32})
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=4, world_size=1, num_samples=48)
     loader = native.build_train_loader(cfg, plan, rank=0, seed=0, device=torch.device("cpu"))
     try:
@@ -218,3 +205,47 @@ def test_the_scan_sees_re_defaults_and_lookups(tmp_path):
     )
     hits = list(_config_lookups(path, _schema_key_names(), root=tmp_path))
     assert len(hits) == 3 and "num_workers" in hits[0], hits  # cfg['optimizer'] and cfg[...]['lr']
+
+
+def test_the_section_classes_are_the_ones_the_schema_generates():
+    written = (PACKAGE / "config" / "sections.py").read_text()
+    assert written == generate.render_sections(), f"largebatch/config/sections.py is stale; run `{generate.REGENERATE}`"
+
+
+# What turns a dict into a typed config (or checks one): the config package's own.
+TYPING_FUNCTIONS = {"typed", "section", "validate", "validate_section", "from_dict", "load_config", "_check_section"}
+
+
+def _typing_calls(path: pathlib.Path, root: pathlib.Path = PACKAGE):
+    """``file:line: what`` for each import of a typing function from the config package
+    (``imported_modules``: every import statement, relative ones too), and each call of
+    ``X.from_dict(...)`` on a config class, in one module."""
+    where = path.relative_to(root)
+    for line, name in imported_modules(path):
+        module, _, function = name.rpartition(".")
+        if module.startswith("largebatch.config") and function in TYPING_FUNCTIONS:
+            yield f"{where}:{line}: imports {function} from {module}"
+    for node in ast.walk(ast.parse(path.read_text())):
+        call = node.func if isinstance(node, ast.Call) else None
+        if isinstance(call, ast.Attribute) and call.attr == "from_dict" and getattr(call.value, "id", "").endswith("Config"):
+            yield f"{where}:{node.lineno}: {ast.unparse(node)}"
+
+
+def test_no_module_outside_the_config_package_types_or_validates_a_dict():
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).parts[0] != "config" for hit in _typing_calls(path)]
+    assert not found, "take the typed section as an argument (largebatch.config.resolve_config types it once):\n" + "\n".join(found)
+
+
+PROBE = """
+from largebatch.config.typed import section, typed
+from largebatch.config.schema import validate
+from largebatch.config.sections import DataConfig, OptimizerConfig
+data = DataConfig.from_dict({'loader': 'native'})
+lr = OptimizerConfig(lr=0.1).lr  # built from typed values: not a dict turned into a config
+"""
+
+
+def test_the_typing_scan_sees_imports_and_from_dict(tmp_path):
+    (tmp_path / "probe.py").write_text(PROBE)
+    hits = list(_typing_calls(tmp_path / "probe.py", root=tmp_path))
+    assert len(hits) == 4 and "section" in hits[0] and "validate" in hits[2] and "from_dict" in hits[3], hits

@@ -10,19 +10,17 @@ import pytest
 import simplejpeg
 from PIL import Image
 
+from largebatch.config.sections import DataConfig
+from largebatch.config.typed import section
 from largebatch.data import convert
 from largebatch.data.convert import Sample, make_example, write_split
 
 FASHION_MNIST = Path(convert.FASHION_MNIST_DIR)
 
 
-def noise_jpeg(
-    rng: np.random.Generator, height: int, width: int, channels: int = 3
-) -> bytes:
+def noise_jpeg(rng: np.random.Generator, height: int, width: int, channels: int = 3) -> bytes:
     """A JPEG of smooth colour noise with a bright rectangle: photo-like, not static."""
-    small = rng.integers(
-        0, 256, size=(height // 16 + 2, width // 16 + 2, channels), dtype=np.uint8
-    )
+    small = rng.integers(0, 256, size=(height // 16 + 2, width // 16 + 2, channels), dtype=np.uint8)
     image = Image.fromarray(small[:, :, 0] if channels == 1 else small)
     pixels = np.asarray(image.resize((width, height), Image.BICUBIC)).copy()
     top, left = rng.integers(0, height // 2), rng.integers(0, width // 2)
@@ -48,10 +46,7 @@ def write_unique_label_shards(
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     for split, count in counts.items():
-        jpegs = [
-            noise_jpeg(rng, int(rng.integers(48, 96)), int(rng.integers(48, 96)))
-            for _ in range(count)
-        ]
+        jpegs = [noise_jpeg(rng, int(rng.integers(48, 96)), int(rng.integers(48, 96))) for _ in range(count)]
         samples = [Sample(i, i, f"{split}-{i}.jpg") for i in range(count)]
 
         def encode(sample: Sample, jpegs=jpegs) -> bytes:
@@ -75,12 +70,11 @@ def write_unique_label_shards(
 def unique_shards(tmp_path_factory) -> Path:
     """48 train records in 4 shards and 20 validation records in 3; label = record + 1."""
     root = tmp_path_factory.mktemp("unique")
-    return write_unique_label_shards(
-        root, {"train": 48, "validation": 20}, {"train": 4, "validation": 3}
-    )
+    return write_unique_label_shards(root, {"train": 48, "validation": 20}, {"train": 4, "validation": 3})
 
 
-def data_cfg(root: Path, num_classes: int, **overrides) -> dict:
+def data_cfg(root: Path, num_classes: int, **overrides) -> DataConfig:
+    """The ``data`` section for shards at ``root`` (typed, as loaders take it)."""
     cfg = {
         "loader": "native",
         "root": str(root),
@@ -107,19 +101,15 @@ def data_cfg(root: Path, num_classes: int, **overrides) -> dict:
         "verify_crc": True,
     }
     cfg.update(overrides)
-    return cfg
+    return section("data", cfg)
 
 
 @pytest.fixture(scope="session")
 def fmnist_shards(tmp_path_factory) -> Path:
     if not (FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(
-            f"Fashion-MNIST not installed at {FASHION_MNIST} (apt-get install dataset-fashion-mnist)"
-        )
+        pytest.skip(f"Fashion-MNIST not installed at {FASHION_MNIST} (apt-get install dataset-fashion-mnist)")
     root = tmp_path_factory.mktemp("fmnist")
-    convert.convert_fashion_mnist(
-        root, limit=64, train_shards=4, validation_shards=2, progress=False
-    )
+    convert.convert_fashion_mnist(root, limit=64, train_shards=4, validation_shards=2, progress=False)
     return root
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.data.conftest import data_cfg, write_unique_label_shards
 
 from largebatch.batching import BatchPlan
 from largebatch.data import cli, native
 from largebatch.data.convert import Sample, make_example, write_split
 from largebatch.data.tfrecord import index_path_for, read_index
 from largebatch.errors import DataError
+from tests.data.conftest import data_cfg, write_unique_label_shards
 
 SHARD = "train-00001-of-00002"
 
@@ -25,12 +25,8 @@ def shards(tmp_path) -> Path:
 
 
 def load_all(root: Path, num_classes: int = 16) -> None:
-    plan = BatchPlan.create(
-        global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16
-    )
-    loader = native.build_train_loader(
-        data_cfg(root, num_classes), plan, rank=0, seed=0, device=torch.device("cpu")
-    )
+    plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
+    loader = native.build_train_loader(data_cfg(root, num_classes), plan, rank=0, seed=0, device=torch.device("cpu"))
     for _ in loader:
         pass
 
@@ -77,9 +73,7 @@ def test_corrupt_data_crc(shards, capsys):
 def test_corrupt_length_crc(shards, capsys):
     offset = record_offset(shards, 2)
     flip_byte(shards / SHARD, offset + 9)
-    assert f"record 2 at byte offset {offset}: length CRC mismatch" in verify(
-        shards, capsys
-    )
+    assert f"record 2 at byte offset {offset}: length CRC mismatch" in verify(shards, capsys)
     with pytest.raises(DataError, match="length CRC mismatch"):
         load_all(shards)
 
@@ -95,17 +89,13 @@ def test_truncated_file(shards, capsys):
     # with a rebuilt index the cut record itself is reported
     index_path_for(path).unlink()
     assert cli.main(["index", str(path)]) == 2
-    assert (
-        f"record 7 at byte offset {offset}: truncated data" in capsys.readouterr().err
-    )
+    assert f"record 7 at byte offset {offset}: truncated data" in capsys.readouterr().err
 
 
 def test_missing_index(shards, capsys):
     index_path_for(shards / SHARD).unlink()
     assert f"{SHARD}.idx: index file missing" in verify(shards, capsys)
-    with pytest.raises(
-        DataError, match="index file missing; create it with 'largebatch data index"
-    ):
+    with pytest.raises(DataError, match="index file missing; create it with 'largebatch data index"):
         load_all(shards)
 
 
@@ -118,9 +108,7 @@ def test_index_not_matching_file(shards, capsys):
         load_all(shards)
 
 
-def _rewrite_shard(
-    root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None
-) -> None:
+def _rewrite_shard(root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None) -> None:
     """Rewrite SHARD with record ``bad`` replaced by a broken JPEG or an out-of-range label."""
     from largebatch.data.example import decode_example
     from largebatch.data.tfrecord import iter_records
@@ -130,15 +118,11 @@ def _rewrite_shard(
     def encode(sample: Sample) -> bytes:
         r = originals[sample.source]
         return make_example(
-            jpeg
-            if sample.source == bad and jpeg is not None
-            else r["image/encoded"][0],
+            jpeg if sample.source == bad and jpeg is not None else r["image/encoded"][0],
             r["image/height"][0],
             r["image/width"][0],
             "RGB",
-            label
-            if sample.source == bad and label is not None
-            else r["image/class/label"][0],
+            label if sample.source == bad and label is not None else r["image/class/label"][0],
             "x",
             "x.jpg",
         )
@@ -160,9 +144,7 @@ def test_undecodable_jpeg(shards, capsys):
     message = f"{SHARD} record 5 at byte offset {offset}: JPEG does not decode"
     with pytest.raises(DataError, match=message):
         load_all(shards)
-    assert f"record 5 at byte offset {offset}: JPEG does not decode" in verify(
-        shards, capsys
-    )
+    assert f"record 5 at byte offset {offset}: JPEG does not decode" in verify(shards, capsys)
 
 
 def test_label_out_of_range(shards, capsys):

@@ -39,38 +39,25 @@ def make_image_folder(root: Path, per_class: int = 3, val_per_class: int = 2) ->
                 )
                 image = Image.fromarray(pixels)
                 if i == 1:
-                    image.save(
-                        root / folder / name / f"img{i}.png"
-                    )  # re-encoded as JPEG
+                    image.save(root / folder / name / f"img{i}.png")  # re-encoded as JPEG
                 elif i == 2:
-                    image.convert("CMYK").save(
-                        root / folder / name / f"img{i}.JPEG", quality=90
-                    )
+                    image.convert("CMYK").save(root / folder / name / f"img{i}.JPEG", quality=90)
                 else:
                     image.save(root / folder / name / f"img{i}.JPEG", quality=90)
     return root
 
 
 def records(root: Path, split: str) -> list[dict]:
-    return [
-        decode_example(data)
-        for path in list_shards(root, split)
-        for _, _, data in iter_records(path)
-    ]
+    return [decode_example(data) for path in list_shards(root, split) for _, _, data in iter_records(path)]
 
 
 def digest(root: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.iterdir())
-    }
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}
 
 
 def test_image_folder(tmp_path):
     src = make_image_folder(tmp_path / "src")
-    meta = convert.convert_image_folder(
-        src, tmp_path / "out", train_shards=2, validation_shards=2, progress=False
-    )
+    meta = convert.convert_image_folder(src, tmp_path / "out", train_shards=2, validation_shards=2, progress=False)
     assert meta["classes"] == sorted(CLASSES)
     assert meta["splits"] == {
         "train": {"shards": 2, "records": 9},
@@ -82,9 +69,7 @@ def test_image_folder(tmp_path):
     ]
     for split in ("train", "validation"):
         for path in list_shards(tmp_path / "out", split):
-            assert (
-                read_index(index_path_for(path)).tolist() == scan_index(path).tolist()
-            )
+            assert read_index(index_path_for(path)).tolist() == scan_index(path).tolist()
     val = records(tmp_path / "out", "validation")
     assert [r["image/class/label"][0] for r in val] == [
         1,
@@ -104,15 +89,11 @@ def test_image_folder(tmp_path):
     ]
     for r in records(tmp_path / "out", "train") + val:
         assert r["image/format"] == [b"JPEG"]
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(
-            r["image/encoded"][0]
-        )
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(r["image/encoded"][0])
         assert (r["image/height"][0], r["image/width"][0]) == (height, width)
         assert colorspace in ("YCbCr", "Gray")  # CMYK sources were re-encoded
         assert r["image/filename"][0].startswith(b"img")
-    train_labels = [
-        r["image/class/label"][0] for r in records(tmp_path / "out", "train")
-    ]
+    train_labels = [r["image/class/label"][0] for r in records(tmp_path / "out", "train")]
     assert sorted(train_labels) == [
         1,
         1,
@@ -129,20 +110,14 @@ def test_image_folder(tmp_path):
 def test_deterministic_and_skips_finished_shards(tmp_path):
     src = make_image_folder(tmp_path / "src")
     a, b = tmp_path / "a", tmp_path / "b"
-    convert.convert_image_folder(
-        src, a, train_shards=3, validation_shards=1, progress=False
-    )
-    convert.convert_image_folder(
-        src, b, train_shards=3, validation_shards=1, progress=False
-    )
+    convert.convert_image_folder(src, a, train_shards=3, validation_shards=1, progress=False)
+    convert.convert_image_folder(src, b, train_shards=3, validation_shards=1, progress=False)
     assert digest(a) == digest(b)
     before = {p.name: p.stat().st_mtime_ns for p in a.iterdir()}
     (a / "train-00001-of-00003").unlink()
     (a / "train-00002-of-00003.idx").unlink()  # a shard without its index is unfinished
     (a / "stale.tmp").write_bytes(b"half a shard")
-    convert.convert_image_folder(
-        src, a, train_shards=3, validation_shards=1, progress=False
-    )
+    convert.convert_image_folder(src, a, train_shards=3, validation_shards=1, progress=False)
     after = {p.name: p.stat().st_mtime_ns for p in a.iterdir()}
     rewritten = {n for n in before if after.get(n) != before[n]}
     assert rewritten <= {
@@ -157,21 +132,14 @@ def test_deterministic_and_skips_finished_shards(tmp_path):
 
 
 def test_fashion_mnist_subset(fmnist_shards):
-    assert (
-        count_records(fmnist_shards, "train") == 64
-        and count_records(fmnist_shards, "validation") == 64
-    )
+    assert count_records(fmnist_shards, "train") == 64 and count_records(fmnist_shards, "validation") == 64
     first = records(fmnist_shards, "validation")[0]
     assert first["image/class/label"] == [9]  # t10k's first image is an ankle boot
     assert first["image/class/text"] == [b"Ankle boot"]
     pixels = simplejpeg.decode_jpeg(first["image/encoded"][0], colorspace="GRAY")
     assert pixels.shape == (28, 28, 1)
     meta = convert.read_meta(fmnist_shards)
-    assert (
-        meta["num_classes"] == 10
-        and meta["label_offset"] == 0
-        and meta["channels"] == 1
-    )
+    assert meta["num_classes"] == 10 and meta["label_offset"] == 0 and meta["channels"] == 1
 
 
 def run(argv: list[str]) -> int:

@@ -6,11 +6,11 @@ import builtins
 
 import pytest
 import torch
-from tests.data.conftest import data_cfg
 
 from largebatch.batching import BatchPlan
 from largebatch.data import native
 from largebatch.errors import UserError
+from tests.data.conftest import data_cfg
 
 try:
     import nvidia.dali  # noqa: F401
@@ -21,16 +21,12 @@ except ImportError:
 
 CPU = torch.device("cpu")
 SEED = 11
-needs_dali = pytest.mark.skipif(
-    not HAVE_DALI, reason="NVIDIA DALI not importable (pip install -e .[dali])"
-)
+needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI not importable (pip install -e .[dali])")
 pytestmark = pytest.mark.dali
 
 
 def plan() -> BatchPlan:
-    return BatchPlan.create(
-        global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=48
-    )
+    return BatchPlan.create(global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=48)
 
 
 @needs_dali
@@ -41,9 +37,7 @@ def test_same_samples_per_micro_batch_as_native(unique_shards):
     for rank, epoch in ((0, 1), (1, 2)):
         got = {}
         for name, module in (("native", native), ("dali", dali)):
-            loader = module.build_train_loader(
-                cfg, plan(), rank=rank, seed=SEED, device=CPU
-            )
+            loader = module.build_train_loader(cfg, plan(), rank=rank, seed=SEED, device=CPU)
             loader.set_epoch(epoch)
             batches = list(loader)
             assert len(batches) == len(loader) == plan().micro_batches_per_epoch
@@ -61,14 +55,7 @@ def test_eval_images_nearly_identical(unique_shards):
 
     cfg = data_cfg(unique_shards, 48)
     for rank in range(2):
-        pairs = [
-            list(
-                m.build_eval_loader(
-                    cfg, batch_size=3, rank=rank, world_size=2, device=CPU
-                )
-            )
-            for m in (native, dali)
-        ]
+        pairs = [list(m.build_eval_loader(cfg, batch_size=3, rank=rank, world_size=2, device=CPU)) for m in (native, dali)]
         assert len(pairs[0]) == len(pairs[1]) == 4  # 10 records: 3 + 3 + 3 + 1
         for (a_img, a_lab), (b_img, b_lab) in zip(*pairs, strict=True):
             assert torch.equal(a_lab, b_lab)
@@ -89,9 +76,7 @@ def test_grayscale_and_resume(fmnist_shards):
         label_offset=0,
         image_size=28,
     )
-    p = BatchPlan.create(
-        global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=64
-    )
+    p = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=64)
     full = dali.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     reference = [labels.tolist() for _, labels in full]
     first = dali.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
@@ -119,9 +104,7 @@ def test_missing_dali_is_a_user_error(monkeypatch, unique_shards):
 
     monkeypatch.setattr(builtins, "__import__", no_dali)
     with pytest.raises(UserError, match=r"pip install -e \.\[dali\]"):
-        dali.build_train_loader(
-            data_cfg(unique_shards, 48), plan(), rank=0, seed=0, device=CPU
-        )
+        dali.build_train_loader(data_cfg(unique_shards, 48), plan(), rank=0, seed=0, device=CPU)
 
 
 @needs_dali

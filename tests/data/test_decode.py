@@ -52,9 +52,7 @@ PHOTOS = [
 @pytest.fixture(scope="module")
 def photos() -> list[bytes]:
     if not PHOTOS:
-        pytest.skip(
-            "no sample photographs (pip install scikit-learn matplotlib, the [dev] extra)"
-        )
+        pytest.skip("no sample photographs (pip install scikit-learn matplotlib, the [dev] extra)")
     return [path.read_bytes() for path in PHOTOS]
 
 
@@ -66,9 +64,7 @@ def reference(jpeg: bytes, box, size: int, mode: str = "RGB") -> torch.Tensor:
     """Full-size Pillow decode, exact (fractional) crop box, antialiased bilinear resize."""
     left, top, width, height = box
     image = Image.open(io.BytesIO(jpeg)).convert(mode)
-    resized = image.resize(
-        (size, size), Image.BILINEAR, box=(left, top, left + width, top + height)
-    )
+    resized = image.resize((size, size), Image.BILINEAR, box=(left, top, left + width, top + height))
     pixels = torch.from_numpy(np.array(resized))
     return pixels[None] if mode == "L" else pixels.permute(2, 0, 1)
 
@@ -81,9 +77,7 @@ def mean_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def upsampled_from_eighth(jpeg: bytes, box, size: int) -> torch.Tensor:
     """What decoding at too small a DCT scale would give: a 1/8 decode upsampled."""
     height, width = header(jpeg)
-    pixels = simplejpeg.decode_jpeg(
-        jpeg, min_height=math.ceil(height / 8), min_width=math.ceil(width / 8)
-    )
+    pixels = simplejpeg.decode_jpeg(jpeg, min_height=math.ceil(height / 8), min_width=math.ceil(width / 8))
     sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
     left, top, crop_w, crop_h = box
     small = Image.fromarray(pixels).resize(
@@ -135,12 +129,7 @@ def test_full_scale_decode_matches_pillow(photos):
             if dct_scale(box, 224) != 1:
                 continue
             checked += 1
-            assert (
-                mean_abs_diff(
-                    decode_crop_resize(jpeg, box, 224, 3), reference(jpeg, box, 224)
-                )
-                < 0.5
-            )  # measured <= 0.09
+            assert mean_abs_diff(decode_crop_resize(jpeg, box, 224, 3), reference(jpeg, box, 224)) < 0.5  # measured <= 0.09
     assert checked >= 10
 
 
@@ -198,10 +187,7 @@ def test_random_crop_boxes_follow_torchvision_random_resized_crop():
     torch.manual_seed(0)
     image = torch.empty(3, height, width)
     theirs = np.array(
-        [
-            RandomResizedCrop.get_params(image, list(scale), list(ratio))
-            for _ in range(n)
-        ],
+        [RandomResizedCrop.get_params(image, list(scale), list(ratio)) for _ in range(n)],
         dtype=float,
     )[:, [1, 0, 3, 2]]  # (top, left, h, w) -> (left, top, w, h)
     for boxes in (ours, theirs):
@@ -227,13 +213,9 @@ def test_random_crop_boxes_follow_torchvision_random_resized_crop():
 def test_eval_centre_crop_geometry_and_pixels(photos):
     from torchvision import transforms
 
-    assert center_crop_box(375, 500, 224, 0.875) == pytest.approx(
-        ((500 - 328.125) / 2, (375 - 328.125) / 2, 328.125, 328.125)
-    )
+    assert center_crop_box(375, 500, 224, 0.875) == pytest.approx(((500 - 328.125) / 2, (375 - 328.125) / 2, 328.125, 328.125))
     assert center_crop_box(600, 400, 224, 1.0) == pytest.approx((0, 100, 400, 400))
-    torchvision_eval = transforms.Compose(
-        [transforms.Resize(256), transforms.CenterCrop(224)]
-    )
+    torchvision_eval = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224)])
     for jpeg in photos:
         height, width = header(jpeg)
         box = center_crop_box(height, width, 224, 0.875)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tests.data.conftest import data_cfg
-from tests.engine.helpers import ListLoader
 
 from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
+from largebatch.config.typed import section
 from largebatch.data import dali, native, synthetic
 from largebatch.data.base import IndexedLoader, Loader, MicroBatches
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.randomness import augmentation_uniforms
+from tests.data.conftest import data_cfg
+from tests.engine.helpers import ListLoader
 
 CPU = torch.device("cpu")
 PLAN = BatchPlan.create(global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=48)
@@ -70,8 +71,8 @@ def test_base_resumes_mid_epoch_and_restarts_a_new_epoch():
 
 def test_every_loader_satisfies_the_protocol(unique_shards, tmp_path):
     cfg = data_cfg(unique_shards, 48)
-    synthetic_cfg = {"train_samples": 48, "eval_samples": 8, "num_classes": 3, "channels": 1, "image_size": 8,
-                     "synthetic_seed": 0, "signal": 1.0, "train_split": "train"}  # fmt: skip
+    synthetic_cfg = section("data", {"train_samples": 48, "eval_samples": 8, "num_classes": 3, "channels": 1, "image_size": 8,
+                                     "synthetic_seed": 0, "signal": 1.0, "train_split": "train"})  # fmt: skip
     loaders = [
         native.build_train_loader(cfg, PLAN, rank=0, seed=0, device=CPU),
         native.build_eval_loader(cfg, batch_size=4, rank=0, world_size=1, device=CPU),

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
-from tests.data.conftest import data_cfg
 
 from largebatch.batching import BatchPlan
 from largebatch.data import native
 from largebatch.data.sharding import rank_train_indices
 from largebatch.errors import UserError
+from tests.data.conftest import data_cfg
 
 CPU = torch.device("cpu")
 SEED = 7
@@ -26,17 +28,13 @@ def plan(world: int = 2, micro: int = 4, global_batch: int = 16) -> BatchPlan:
 
 
 def epoch_labels(root, p: BatchPlan, rank: int, epoch: int, **cfg) -> list[list[int]]:
-    loader = native.build_train_loader(
-        data_cfg(root, 48, **cfg), p, rank=rank, seed=SEED, device=CPU
-    )
+    loader = native.build_train_loader(data_cfg(root, 48, **cfg), p, rank=rank, seed=SEED, device=CPU)
     loader.set_epoch(epoch)
     return [labels.tolist() for _, labels in loader]
 
 
 def test_contract_shapes_and_ranges(unique_shards):
-    loader = native.build_train_loader(
-        data_cfg(unique_shards, 48), plan(), rank=0, seed=SEED, device=CPU
-    )
+    loader = native.build_train_loader(data_cfg(unique_shards, 48), plan(), rank=0, seed=SEED, device=CPU)
     assert len(loader) == plan().micro_batches_per_epoch == 6
     assert loader.num_samples == 48 and loader.num_classes == 48
     batches = list(loader)
@@ -44,23 +42,15 @@ def test_contract_shapes_and_ranges(unique_shards):
     images, labels = batches[0]
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
     assert images.is_contiguous()  # NCHW, not a channels-last view (DDP bucket strides)
-    assert (
-        labels.dtype == torch.int64
-        and int(labels.min()) >= 0
-        and int(labels.max()) < 48
-    )
-    assert (
-        -2.2 < float(images.min()) and float(images.max()) < 2.7
-    )  # normalised 0..1 pixels
+    assert labels.dtype == torch.int64 and int(labels.min()) >= 0 and int(labels.max()) < 48
+    assert -2.2 < float(images.min()) and float(images.max()) < 2.7  # normalised 0..1 pixels
 
 
 def test_same_samples_per_step_as_the_sharding_plan(unique_shards):
     p = plan()
     for rank in range(2):
         got = epoch_labels(unique_shards, p, rank, epoch=3)
-        expected = (
-            rank_train_indices(p, rank, SEED, 3).reshape(-1, 4).tolist()
-        )  # label = record number
+        expected = rank_train_indices(p, rank, SEED, 3).reshape(-1, 4).tolist()  # label = record number
         assert got == expected
 
 
@@ -68,10 +58,7 @@ def test_disjoint_equal_shares_reshuffled_per_epoch(unique_shards):
     p = plan()
     shares = {}
     for epoch in (0, 1):
-        per_rank = [
-            [x for batch in epoch_labels(unique_shards, p, rank, epoch) for x in batch]
-            for rank in range(2)
-        ]
+        per_rank = [[x for batch in epoch_labels(unique_shards, p, rank, epoch) for x in batch] for rank in range(2)]
         assert len(per_rank[0]) == len(per_rank[1]) == 24
         assert not set(per_rank[0]) & set(per_rank[1])
         shares[epoch] = per_rank
@@ -80,12 +67,7 @@ def test_disjoint_equal_shares_reshuffled_per_epoch(unique_shards):
 
 def test_independent_of_worker_count(unique_shards):
     p = plan()
-    loaders = [
-        native.build_train_loader(
-            data_cfg(unique_shards, 48, num_workers=w), p, rank=1, seed=SEED, device=CPU
-        )
-        for w in (0, 2)
-    ]
+    loaders = [native.build_train_loader(data_cfg(unique_shards, 48, num_workers=w), p, rank=1, seed=SEED, device=CPU) for w in (0, 2)]
     for loader in loaders:
         loader.set_epoch(2)
     for (a_img, a_lab), (b_img, b_lab) in zip(*loaders, strict=True):
@@ -122,9 +104,7 @@ def count_decodes(monkeypatch) -> list[int]:
     return decoded
 
 
-def test_resume_continues_at_next_micro_batch_without_decoding_skipped(
-    unique_shards, monkeypatch
-):
+def test_resume_continues_at_next_micro_batch_without_decoding_skipped(unique_shards, monkeypatch):
     p = plan()
     cfg = data_cfg(unique_shards, 48)
     full = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
@@ -153,13 +133,9 @@ def test_resume_continues_at_next_micro_batch_without_decoding_skipped(
 
 def test_augmentation_is_random_across_epochs_and_flips(unique_shards):
     cfg = data_cfg(unique_shards, 48, hflip=1.0, scale=(1.0, 1.0), ratio=(1.0, 1.0))
-    p = BatchPlan.create(
-        global_batch_size=48, micro_batch_size=48, world_size=1, num_samples=48
-    )
+    p = BatchPlan.create(global_batch_size=48, micro_batch_size=48, world_size=1, num_samples=48)
     a = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
-    b = native.build_train_loader(
-        {**cfg, "hflip": 0.0}, p, rank=0, seed=SEED, device=CPU
-    )
+    b = native.build_train_loader(dataclasses.replace(cfg, hflip=0.0), p, rank=0, seed=SEED, device=CPU)
     (img_a, lab_a), (img_b, lab_b) = next(iter(a)), next(iter(b))
     assert torch.equal(lab_a, lab_b)
     assert img_a.shape == img_b.shape
@@ -169,21 +145,14 @@ def test_augmentation_is_random_across_epochs_and_flips(unique_shards):
 
 @pytest.mark.slow
 def test_plan_for_wrong_sample_count_is_a_user_error(unique_shards):
-    wrong = BatchPlan.create(
-        global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=64
-    )
+    wrong = BatchPlan.create(global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=64)
     with pytest.raises(UserError, match="48"):
-        native.build_train_loader(
-            data_cfg(unique_shards, 48), wrong, rank=0, seed=0, device=CPU
-        )
+        native.build_train_loader(data_cfg(unique_shards, 48), wrong, rank=0, seed=0, device=CPU)
 
 
 def test_count_samples(unique_shards):
     cfg = data_cfg(unique_shards, 48)
-    assert (
-        native.count_samples(cfg, "train") == 48
-        and native.count_samples(cfg, "validation") == 20
-    )
+    assert native.count_samples(cfg, "train") == 48 and native.count_samples(cfg, "validation") == 20
 
 
 def test_grayscale_fashion_mnist(fmnist_shards):
@@ -196,12 +165,8 @@ def test_grayscale_fashion_mnist(fmnist_shards):
         label_offset=0,
         image_size=28,
     )
-    p = BatchPlan.create(
-        global_batch_size=32, micro_batch_size=16, world_size=1, num_samples=64
-    )
-    images, labels = next(
-        iter(native.build_train_loader(cfg, p, rank=0, seed=0, device=CPU))
-    )
+    p = BatchPlan.create(global_batch_size=32, micro_batch_size=16, world_size=1, num_samples=64)
+    images, labels = next(iter(native.build_train_loader(cfg, p, rank=0, seed=0, device=CPU)))
     assert images.shape == (16, 1, 28, 28) and labels.max() < 10
     assert np.isfinite(images.numpy()).all()
 

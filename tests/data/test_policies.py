@@ -4,22 +4,23 @@ rule; exactness across worker counts and a resume; clear errors where a loader l
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tests.data.conftest import data_cfg
 
 from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
-from largebatch.data import native
 from largebatch.config.typed import section
+from largebatch.data import native
 from largebatch.data.base import MicroBatches
 from largebatch.data.sharding import rank_train_indices
 from largebatch.errors import ConfigError
 from largebatch.randomness import augmentation_seeds
+from tests.data.conftest import data_cfg
 
 CPU = torch.device("cpu")
 PLAN = BatchPlan.create(global_batch_size=16, micro_batch_size=4, world_size=1, num_samples=48)
@@ -43,14 +44,14 @@ def epoch_batches(cfg: dict, epoch: int = 1, plan: BatchPlan = PLAN) -> list[tup
 
 def to_uint8(images: torch.Tensor, cfg: dict) -> np.ndarray:
     """Normalised NCHW back to the uint8 the loader decoded (exact: it is integer-valued)."""
-    mean = torch.tensor(cfg["mean"]).view(1, -1, 1, 1) * 255
-    std = torch.tensor(cfg["std"]).view(1, -1, 1, 1) * 255
+    mean = torch.tensor(cfg.mean).view(1, -1, 1, 1) * 255
+    std = torch.tensor(cfg.std).view(1, -1, 1, 1) * 255
     return (images * std + mean).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
 def normalise(pixels: np.ndarray, cfg: dict) -> torch.Tensor:
-    mean = torch.tensor([m * 255 for m in cfg["mean"]], dtype=torch.float32).view(1, -1, 1, 1)
-    std = torch.tensor([s * 255 for s in cfg["std"]], dtype=torch.float32).view(1, -1, 1, 1)
+    mean = torch.tensor([m * 255 for m in cfg.mean], dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor([s * 255 for s in cfg.std], dtype=torch.float32).view(1, -1, 1, 1)
     return torch.from_numpy(pixels).float().sub_(mean).div_(std)
 
 
@@ -63,9 +64,7 @@ def timm_policy(cfg: dict):
     from timm.data import create_transform
     from timm.data.auto_augment import RandAugment
 
-    pipeline = create_transform(
-        cfg["image_size"], is_training=True, auto_augment=POLICY, interpolation="bicubic", mean=cfg["mean"], std=cfg["std"]
-    )
+    pipeline = create_transform(cfg.image_size, is_training=True, auto_augment=POLICY, interpolation="bicubic", mean=cfg.mean, std=cfg.std)
     (policy,) = [t for t in pipeline.transforms if isinstance(t, RandAugment)]
     return policy
 
@@ -123,7 +122,7 @@ def test_random_erasing_is_timms_on_the_normalised_images(unique_shards):
 def test_policies_do_not_depend_on_workers_and_resume_mid_epoch(unique_shards):
     cfg = data_cfg(unique_shards, 48, auto_augment=POLICY, reprob=0.25, repeated_aug=3)
     reference = epoch_batches(cfg)
-    with_workers = epoch_batches({**cfg, "num_workers": 2})
+    with_workers = epoch_batches(dataclasses.replace(cfg, num_workers=2))
     for (a, la), (b, lb) in zip(reference, with_workers, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
     loader = native.build_train_loader(cfg, PLAN, rank=0, seed=3, device=CPU)

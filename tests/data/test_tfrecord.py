@@ -60,17 +60,11 @@ def test_round_trip_and_framing(tmp_path):
 
 
 def test_index_matches_dalis_tfrecord2idx(tmp_path):
-    script = shutil.which("tfrecord2idx") or str(
-        Path(sys.executable).with_name("tfrecord2idx")
-    )
+    script = shutil.which("tfrecord2idx") or str(Path(sys.executable).with_name("tfrecord2idx"))
     if not Path(script).is_file():
-        pytest.skip(
-            "DALI's tfrecord2idx script not installed (pip install nvidia-dali-cuda130)"
-        )
+        pytest.skip("DALI's tfrecord2idx script not installed (pip install nvidia-dali-cuda130)")
     rng = np.random.default_rng(0)
-    index = _write(
-        tmp_path / "f", [rng.bytes(int(n)) for n in rng.integers(0, 3000, 25)]
-    )
+    index = _write(tmp_path / "f", [rng.bytes(int(n)) for n in rng.integers(0, 3000, 25)])
     write_index(tmp_path / "ours.idx", index)
     subprocess.run(
         [sys.executable, script, str(tmp_path / "f"), str(tmp_path / "dali.idx")],

@@ -7,13 +7,17 @@ import pathlib
 import torch
 
 from largebatch.backends.cpu import CpuBackend
-from largebatch.config import derive, make_plan, validate
+from largebatch.config import derive
+from largebatch.config.typed import typed
 from largebatch.data.mixup import MixupCutmix
 from largebatch.dist import DistInfo
 from largebatch.engine.engine import Engine
 from largebatch.engine.hook import Hook
-from largebatch.engine.state import TrainState
+from largebatch.engine.state import Run, TrainState
 from largebatch.optim.schedules import build_schedule
+from largebatch.randomness import RandomStreams
+from largebatch.rundir import RunDir
+from largebatch.tasks import ClassificationTask
 from tests.conftest import tiny_config
 
 
@@ -74,28 +78,29 @@ def make_engine(
         "eval.interval_epochs": 0,
         **overrides,
     }
-    cfg = validate(tiny_config(**overrides))
-    plan = make_plan(cfg, world_size, num_samples)
+    cfg = typed(tiny_config(**overrides))
     derived = derive(cfg, world_size, num_samples)
-    if world_size > 1 and derived["strategy"] != "ddp":
+    if derived.sharded:
         train_model = model = CpuBackend("fp32").shard_model(model, derived)  # FSDP2, in place
         if callable(optimizer):  # built after sharding, over the sharded parameters
             optimizer = optimizer(model)
     else:
         train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.1)
-    state = TrainState(
+    backend = CpuBackend("fp32")
+    run = Run(
         config=cfg,
         derived=derived,
-        plan=plan,
         dist=DistInfo(rank, world_size, rank, "test"),
-        backend=CpuBackend("fp32"),
+        backend=backend,
         model=model,
         train_model=train_model,
         optimizer=optimizer,
-        schedule=build_schedule(cfg, derived),
+        schedule=build_schedule(cfg.lr_schedule, derived),
         scaler=None,
-        mixup=MixupCutmix(cfg["data"]["num_classes"]),
-        run_dir=run_dir,
+        mixup=MixupCutmix(cfg.data.num_classes),
+        task=ClassificationTask(),
+        run_dir=RunDir(run_dir),
+        random=RandomStreams(cfg.seed, rank, backend),
     )
-    return Engine(state, list(hooks), ListLoader(batches, cfg["data"]["num_classes"]))
+    return Engine(TrainState(run), list(hooks), ListLoader(batches, cfg.data.num_classes))

@@ -45,8 +45,8 @@ class GradCapture(Hook):
         self.grads = None
 
     def before_optimizer_step(self, state):
-        self.grads = {name: p.grad.clone() for name, p in state.model.named_parameters()}
-        state.skip_step = True
+        self.grads = {name: p.grad.clone() for name, p in state.run.model.named_parameters()}
+        state.current.request_skip("capturing the gradient only")
 
 
 @pytest.mark.parametrize("accumulation", [1, 2, 4])
@@ -121,7 +121,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             reductions.append(bucket.index())
             return default_hooks.allreduce_hook(process_group, bucket)
 
-        engine.state.train_model.register_comm_hook(None, counting_allreduce)
+        engine.state.run.train_model.register_comm_hook(None, counting_allreduce)
         engine.run()
         result = {"grads": capture.grads, "micro_steps": engine.state.micro_step, "steps": engine.state.step, "reductions": reductions}
         torch.save(result, pathlib.Path(out_dir) / f"rank{rank}.pt")

@@ -23,13 +23,13 @@ class EventCounter(Hook):
     def before_run(self, state):
         self._record("before_run")
         for name in ("step", "zero_grad"):
-            original = getattr(state.optimizer, name)
+            original = getattr(state.run.optimizer, name)
 
             def counted(*args, _original=original, _name=name, **kwargs):
                 self.counts[f"optimizer.{_name}"] += 1
                 return _original(*args, **kwargs)
 
-            setattr(state.optimizer, name, counted)
+            setattr(state.run.optimizer, name, counted)
 
     def _record(self, name):
         self.counts[name] += 1
@@ -128,7 +128,7 @@ def test_counters_as_hooks_see_them():
             seen.append(("before_step", state.step, state.micro_step, state.step_in_epoch))
 
         def after_backward(self, state):
-            seen.append(("after_backward", state.step, state.micro_step, state.micro_in_window))
+            seen.append(("after_backward", state.step, state.micro_step, state.current.micro_in_window))
 
         def after_step(self, state):
             seen.append(("after_step", state.step, state.micro_step, state.samples_seen))

@@ -28,7 +28,7 @@ class MLP(torch.nn.Module):
 
 
 class Records(Hook):
-    """Keeps every logged record (``state.log_record``) and evaluation result."""
+    """Keeps every logged record (``state.current.log_record``) and evaluation result."""
 
     priority = Priority.LOWEST
 
@@ -38,8 +38,8 @@ class Records(Hook):
         self.evals: list[tuple[int, dict]] = []
 
     def after_step(self, state) -> None:
-        if state.log_record is not None:
-            self.logged.append(dict(state.log_record))
+        if state.current.log_record is not None:
+            self.logged.append(dict(state.current.log_record))
 
     def after_eval(self, state) -> None:
         self.evals.append((state.step, dict(state.eval_metrics)))

@@ -42,18 +42,18 @@ class Recorder(Hook):
 
     def before_step(self, state) -> None:
         if state.step + 1 == self.step:
-            self.weights = {k: v.detach().clone() for k, v in state.model.state_dict().items()}
+            self.weights = {k: v.detach().clone() for k, v in state.run.model.state_dict().items()}
 
     def before_micro_step(self, state) -> None:
         if state.step + 1 == self.step:
-            self.batches.append((state.batch.images.clone(), state.batch.targets.clone()))
+            self.batches.append((state.current.batch.images.clone(), state.current.batch.targets.clone()))
 
     def after_forward(self, state) -> None:  # runs before other hooks' after_forward
-        qkv = state.model.blocks[0].attn.qkv
+        qkv = state.run.model.blocks[0].attn.qkv
         self.qkv_hooks_per_step[state.step + 1] = max(self.qkv_hooks_per_step.get(state.step + 1, 0), len(qkv._forward_hooks))
 
     def reference_model(self, state) -> torch.nn.Module:
-        model = copy.deepcopy(state.model)
+        model = copy.deepcopy(state.run.model)
         model.load_state_dict(self.weights)
         return model
 
@@ -74,7 +74,7 @@ def read_jsonl(path) -> list[dict]:
 def test_grad_stats_match_norms_of_an_independent_backward(tmp_path):
     recorder = Recorder(step=2)
     state = run(tmp_path, [dict(type="hooks/grad_stats.py:GradStatsHook", interval=2)], recorder)
-    records = read_jsonl(state.run_dir / "grad_stats.jsonl")
+    records = read_jsonl(state.run.run_dir / "grad_stats.jsonl")
     assert [r["step"] for r in records] == [2]
 
     model = recorder.reference_model(state)
@@ -90,7 +90,7 @@ def test_grad_stats_match_norms_of_an_independent_backward(tmp_path):
         assert params[name]["ratio"] == pytest.approx(grad / weight, rel=1e-4, abs=1e-9), name
     total = math.sqrt(sum(g * g for g, _ in expected.values()))
     assert records[0]["grad_norm"] == pytest.approx(total, rel=1e-4)
-    assert total > state.config["clip_grad_norm"]  # so the recorded norms are the ones before clipping
+    assert total > state.run.config.to_dict()["clip_grad_norm"]  # so the recorded norms are the ones before clipping
 
 
 def manual_entropy_and_output(block: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,11 +110,11 @@ def manual_entropy_and_output(block: torch.nn.Module, x: torch.Tensor) -> tuple[
 def test_attention_entropy_matches_a_manual_attention(tmp_path):
     recorder = Recorder(step=2)
     state = run(tmp_path, [dict(type="hooks/attention_entropy.py:AttentionEntropyHook", interval=2)], recorder, max_steps=3)
-    records = read_jsonl(state.run_dir / "attention_entropy.jsonl")
+    records = read_jsonl(state.run.run_dir / "attention_entropy.jsonl")
     assert [r["step"] for r in records] == [2, 3]  # every 2nd step and the last
     assert recorder.qkv_hooks_per_step == {1: 0, 2: 1, 3: 1}  # attached on logged steps only
-    assert len(state.model.blocks[0].attn.qkv._forward_hooks) == 0
-    assert all(block.attn.fused_attn for block in state.model.blocks)  # so the matrix had to be recomputed
+    assert len(state.run.model.blocks[0].attn.qkv._forward_hooks) == 0
+    assert all(block.attn.fused_attn for block in state.run.model.blocks)  # so the matrix had to be recomputed
 
     model = recorder.reference_model(state)
     inputs = {}
@@ -145,11 +145,11 @@ class InjectNaN(Hook):
     def before_step(self, state) -> None:
         if state.step + 1 == self.step:
             with torch.no_grad():
-                state.model.get_parameter(self.parameter).view(-1)[0] = float("nan")
+                state.run.model.get_parameter(self.parameter).view(-1)[0] = float("nan")
 
     def before_micro_step(self, state) -> None:
         if state.step + 1 == self.step and self.batch is None:
-            self.batch = (state.batch.images.clone(), state.batch.targets.clone(), state.batch.labels.clone())
+            self.batch = (state.current.batch.images.clone(), state.current.batch.targets.clone(), state.current.batch.labels.clone())
 
 
 def test_first_nan_names_the_layer_step_and_batch(tmp_path):
@@ -184,7 +184,7 @@ class GradToNaN(Hook):
     def before_step(self, state) -> None:
         if state.step + 1 == self.step:
             nan_grads = lambda module, grad_input, grad_output: tuple(g * float("nan") for g in grad_input)  # noqa: E731
-            state.model.get_submodule(self.module).register_full_backward_hook(nan_grads)
+            state.run.model.get_submodule(self.module).register_full_backward_hook(nan_grads)
 
 
 def test_first_nan_names_the_module_whose_backward_goes_nan(tmp_path):
@@ -198,17 +198,17 @@ def test_first_nan_names_the_module_whose_backward_goes_nan(tmp_path):
 
 def test_profiler_window_traces_only_its_steps(tmp_path):
     state = run(tmp_path, [dict(type="hooks/profiler_window.py:ProfilerWindowHook", start=2, steps=2)], max_steps=4)
-    trace = json.loads((state.run_dir / "profile" / "trace_rank0.json").read_text())
+    trace = json.loads((state.run.run_dir / "profile" / "trace_rank0.json").read_text())
     names = [e.get("name", "") for e in trace["traceEvents"]]
     assert sorted(n for n in names if n.startswith("largebatch_step_")) == ["largebatch_step_2", "largebatch_step_3"]
     assert sum(n.startswith("Optimizer.step#") for n in names) == 2  # two of the run's four updates
     assert sum(n == "aten::addmm" for n in names) > 0
-    assert "Self CPU" in (state.run_dir / "profile" / "key_averages_rank0.txt").read_text()
+    assert "Self CPU" in (state.run.run_dir / "profile" / "key_averages_rank0.txt").read_text()
 
 
 def test_loss_spike_stops_on_a_loss_above_factor_times_the_mean(tmp_path):
     state = run(tmp_path, [dict(type="hooks/loss_spike.py:LossSpikeHook", factor=0.5, warmup=1)], max_steps=4)
-    losses = [r["loss"] for r in read_jsonl(state.run_dir / "metrics.jsonl") if "loss" in r]
+    losses = [r["loss"] for r in read_jsonl(state.run.run_dir / "metrics.jsonl") if "loss" in r]
     assert state.step == 2 and len(losses) == 2  # step 1 sets the mean; step 2's loss is above half of it
     assert losses[1] > 0.5 * losses[0]
     assert state.stop_reason.startswith(f"loss {losses[1]:.4g} at step 2, running mean {losses[0]}")
@@ -312,7 +312,7 @@ class InjectNaN(Hook):
     def before_step(self, state):
         if state.step == 1:
             with torch.no_grad():
-                state.model.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
+                state.run.model.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
 """
 
 

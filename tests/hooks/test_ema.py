@@ -21,18 +21,21 @@ from largebatch.config.typed import typed
 from largebatch.data import build_eval_loader
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import ConfigError, UserError
-from largebatch.export import EMA_WEIGHTS, load_run
+from largebatch.export import load_run
 from largebatch.hooks import build_hooks
 from largebatch.hooks.ema import ModelEmaHook
 from largebatch.launch import TrainArgs, train
+from largebatch.rundir import RunDir
 from largebatch.tasks import ClassificationTask
 from tests.conftest import PYTHON, RANK_WEIGHTS, REPO, clean_env, run_cli, tiny_config, write_config
 from tests.hooks.common import build
 
+EMA_WEIGHTS = RunDir(".").weights("ema").name  # model_ema.safetensors
+
 
 class WeightsAfterEachStep(Hook):
     """The model's weights at the start and after every optimizer step, and the steps
-    ``skip`` lists are skipped (``state.skip_step``)."""
+    ``skip`` lists are skipped (``state.current.skipped``)."""
 
     priority = Priority.LOWEST
 
@@ -42,14 +45,14 @@ class WeightsAfterEachStep(Hook):
         self.weights: list[dict[str, torch.Tensor]] = []
 
     def before_run(self, state) -> None:
-        self.weights.append({k: v.detach().clone() for k, v in state.model.state_dict().items()})
+        self.weights.append({k: v.detach().clone() for k, v in state.run.model.state_dict().items()})
 
     def before_optimizer_step(self, state) -> None:
         if state.step + 1 in self.skip:
-            state.skip_step = True
+            state.current.request_skip("a step the test skips")
 
     def after_step(self, state) -> None:
-        self.weights.append({k: v.detach().clone() for k, v in state.model.state_dict().items()})
+        self.weights.append({k: v.detach().clone() for k, v in state.run.model.state_dict().items()})
 
 
 def timm_decay(n: int, decay: float, warmup: bool) -> float:
@@ -85,7 +88,7 @@ def test_ema_follows_the_recurrence_over_the_weights_after_each_step(tmp_path, w
     for key, value in expected.items():
         torch.testing.assert_close(got[key].double(), value, rtol=1e-6, atol=1e-7)
         assert not torch.allclose(got[key], recorder.weights[-1][key])  # an average, not the last weights
-    assert engine.state.extra_models == {"ema": hook.ema.module}
+    assert engine.state.run.extra_models == {"ema": hook.ema.module}
 
 
 def test_warmup_decay_matches_timm():
@@ -96,12 +99,12 @@ def test_warmup_decay_matches_timm():
 
 
 def test_ema_hook_is_added_when_ema_decay_is_set():
-    hooks = build_hooks(validate(tiny_config(**{"ema.decay": 0.9, "ema.warmup": True, "ema.eval": False})))
+    hooks = build_hooks(typed(tiny_config(**{"ema.decay": 0.9, "ema.warmup": True, "ema.eval": False})))
     (ema,) = [h for h in hooks if isinstance(h, ModelEmaHook)]
     assert (ema.decay, ema.warmup, ema.evaluate) == (0.9, True, False)
-    assert not any(isinstance(h, ModelEmaHook) for h in build_hooks(validate(tiny_config())))
+    assert not any(isinstance(h, ModelEmaHook) for h in build_hooks(typed(tiny_config())))
     listed = validate(tiny_config(**{"ema.decay": 0.9, "hooks": [{"type": "ema", "warmup": True}]}))
-    (ema,) = [h for h in build_hooks(listed) if isinstance(h, ModelEmaHook)]  # one EMA, not two
+    (ema,) = [h for h in build_hooks(typed(listed)) if isinstance(h, ModelEmaHook)]  # one EMA, not two
     assert (ema.decay, ema.warmup, ema.evaluate) == (0.9, True, True)
 
 
@@ -113,7 +116,7 @@ def test_ema_decay_outside_0_1_is_refused(decay):
 
 def test_sharded_parameters_are_refused_at_the_start():
     cfg = typed(validate(tiny_config(**{"dist.strategy": "fsdp"})))
-    state = types.SimpleNamespace(sharded=True, cfg=cfg, config=cfg.to_dict(), model=torch.nn.Linear(2, 2))
+    state = types.SimpleNamespace(run=types.SimpleNamespace(sharded=True, config=cfg, model=torch.nn.Linear(2, 2)))
     with pytest.raises(UserError, match="not available with sharded parameters"):
         ModelEmaHook(0.9).before_run(state)
 
@@ -142,7 +145,7 @@ def test_resumed_run_ends_with_the_uninterrupted_runs_ema(tmp_path):
 
 def evaluate_file(run_dir: pathlib.Path) -> dict[str, float]:
     """``model_ema.safetensors`` evaluated with the task on the run's evaluation split."""
-    cfg, model = load_run(run_dir, EMA_WEIGHTS)
+    cfg, model = load_run(RunDir(run_dir), "ema")
     backend = CpuBackend("fp32")
     loader = build_eval_loader(cfg.data, batch_size=cfg.micro_batch_size, rank=0, world_size=1, device=backend.device)
     return ClassificationTask().evaluate(model, loader, backend, prefix="eval_ema")

@@ -8,7 +8,6 @@ import torch
 from largebatch.data.mixup import MixupCutmix
 from largebatch.engine.hook import Hook
 from largebatch.errors import UserError
-from largebatch.hooks.clip import ClipGradNormHook
 from largebatch.hooks.grad_norm import GradNormHook
 from largebatch.hooks.loss_accuracy import LossAccuracyHook
 from largebatch.hooks.lr import LearningRateHook
@@ -29,16 +28,16 @@ class SeeLogits(Hook):
         self.steps.append([])
 
     def after_forward(self, state):
-        b = state.batch
+        b = state.current.batch
         self.steps[-1].append(
-            (state.outputs.detach().clone(), b.labels.clone(), None if b.labels_b is None else b.labels_b.clone(), float(b.lam))
+            (state.current.outputs.detach().clone(), b.labels.clone(), None if b.labels_b is None else b.labels_b.clone(), float(b.lam))
         )
 
 
 def test_train_top1_and_top5_are_mixup_aware_against_topk_by_hand(tmp_path):
     seen = SeeLogits()
     engine, records = build(tmp_path, [LossAccuracyHook(), seen], steps=4, accumulation=2, **{"log.interval": 2})
-    engine.state.mixup = MixupCutmix(CLASSES, mixup_alpha=0.4, seed=3)
+    engine.state.run.mixup = MixupCutmix(CLASSES, mixup_alpha=0.4, seed=3)
     engine.run()
     assert [r["step"] for r in records.logged] == [2, 4]
     for record, steps in zip(records.logged, [seen.steps[0:2], seen.steps[2:4]]):
@@ -64,7 +63,7 @@ def test_eval_loss_top1_top5_against_a_direct_computation(tmp_path):
     engine.eval_loader = ListLoader(eval_batches, CLASSES)
     engine.run()
     ((_, result),) = records.evals
-    model = engine.state.model
+    model = engine.state.run.model
     with torch.no_grad():
         logits = torch.cat([model(x) for x, _ in eval_batches])
     labels = torch.cat([y for _, y in eval_batches])
@@ -76,9 +75,9 @@ def test_eval_loss_top1_top5_against_a_direct_computation(tmp_path):
 
 def test_lr_per_group_follows_the_schedule_and_lr_scale(tmp_path):
     engine, records = build(tmp_path, [LearningRateHook()], steps=5, **{"lr_schedule.warmup_steps": 2})
-    engine.state.optimizer.param_groups[1]["lr_scale"] = 0.5  # as layer decay sets it
+    engine.state.run.optimizer.param_groups[1]["lr_scale"] = 0.5  # as layer decay sets it
     engine.run()
-    schedule = engine.state.schedule
+    schedule = engine.state.run.schedule
     assert [r["step"] for r in records.logged] == [1, 2, 3, 4, 5]
     for record in records.logged:
         expected = schedule.lr_at(record["step"] - 1)  # the logged step's own rate
@@ -88,16 +87,24 @@ def test_lr_per_group_follows_the_schedule_and_lr_scale(tmp_path):
 
 
 class GradsByHand(Hook):
-    """Norms computed independently from ``.grad``: before clipping (priority 0) and after
-    (the same hook at priority 100 with ``after=True``)."""
+    """Norms computed independently from ``.grad``: before clipping (``before_optimizer_step``)
+    or after it (``after=True``: ``after_optimizer_step``, the gradients the update used)."""
 
-    def __init__(self, priority, key):
-        super().__init__(priority)
-        self.key, self.seen = key, []
+    def __init__(self, after: bool = False):
+        super().__init__()
+        self.after, self.seen = after, []
 
     def before_optimizer_step(self, state):
+        if not self.after:
+            self.record(state)
+
+    def after_optimizer_step(self, state):
+        if self.after:
+            self.record(state)
+
+    def record(self, state):
         groups = {}
-        for group in state.optimizer.param_groups:
+        for group in state.run.optimizer.param_groups:
             norms = [torch.linalg.vector_norm(p.grad.double()) for p in group["params"]]
             groups[group["name"]] = torch.linalg.vector_norm(torch.stack(norms)).item()
         total = torch.linalg.vector_norm(torch.tensor(list(groups.values()), dtype=torch.float64)).item()
@@ -106,9 +113,8 @@ class GradsByHand(Hook):
 
 @pytest.mark.parametrize("max_norm", [None, 0.05])
 def test_grad_norm_global_and_per_group_before_and_after_clipping(tmp_path, max_norm):
-    before, after = GradsByHand(0, "before"), GradsByHand(100, "after")
-    hooks = [GradNormHook(), before, after] + ([ClipGradNormHook(max_norm)] if max_norm else [])
-    engine, records = build(tmp_path, hooks, steps=4, **{"log.interval": 2})
+    before, after = GradsByHand(), GradsByHand(after=True)
+    engine, records = build(tmp_path, [GradNormHook(), before, after], steps=4, clip_grad_norm=max_norm, **{"log.interval": 2})
     engine.run()
     assert [r["step"] for r in records.logged] == [2, 4]
     for record in records.logged:
@@ -158,7 +164,7 @@ class LambByHand(Hook):
     def before_optimizer_step(self, state):
         if state.step != 0:
             return
-        for group in state.optimizer.param_groups:
+        for group in state.run.optimizer.param_groups:
             for name, p in zip(group["param_names"], group["params"]):
                 g, w = p.grad.double(), p.detach().double()
                 u = g / (g.abs() + group["eps"]) + group["weight_decay"] * w
@@ -169,8 +175,8 @@ def test_trust_ratios_against_one_lamb_step_by_hand(tmp_path):
     by_hand = LambByHand()
     engine, records = build(tmp_path, [TrustRatioHook(top_k=2), by_hand], steps=3, optimizer="lamb", **{"log.interval": 2})
     requested = []
-    original = engine.state.optimizer.request_stats
-    engine.state.optimizer.request_stats = lambda: (requested.append(engine.state.step), original())[1]
+    original = engine.state.run.optimizer.request_stats
+    engine.state.run.optimizer.request_stats = lambda: (requested.append(engine.state.step), original())[1]
     engine.run()
     assert requested == [1, 2]  # only the steps that are logged (2 and the last, 3) ask for statistics
     assert [r["step"] for r in records.logged] == [2, 3]
@@ -179,7 +185,7 @@ def test_trust_ratios_against_one_lamb_step_by_hand(tmp_path):
     engine, records = build(tmp_path / "every", [TrustRatioHook(top_k=2), by_hand], steps=1, optimizer="lamb")
     engine.run()
     (record,) = records.logged
-    groups = {g["name"]: g["param_names"] for g in engine.state.optimizer.param_groups}
+    groups = {g["name"]: g["param_names"] for g in engine.state.run.optimizer.param_groups}
     for group, names in groups.items():
         values = sorted(by_hand.ratios[n] for n in names)
         assert record[f"trust_ratio/{group}/min"] == pytest.approx(values[0], rel=1e-4)
@@ -200,7 +206,7 @@ def test_trust_ratios_of_lars_against_its_rule_by_hand(tmp_path):
             self.ratios = {}
 
         def before_optimizer_step(self, state):
-            for group in state.optimizer.param_groups:
+            for group in state.run.optimizer.param_groups:
                 wd = group["weight_decay"]
                 for name, p in zip(group["param_names"], group["params"]):
                     w, g = torch.linalg.vector_norm(p.detach().double()), torch.linalg.vector_norm(p.grad.double())
@@ -211,7 +217,7 @@ def test_trust_ratios_of_lars_against_its_rule_by_hand(tmp_path):
     engine, records = build(tmp_path, [TrustRatioHook(top_k=1), by_hand], steps=1, optimizer="lars")
     engine.run()
     (record,) = records.logged
-    for group in engine.state.optimizer.param_groups:
+    for group in engine.state.run.optimizer.param_groups:
         values = sorted(by_hand.ratios[n] for n in group["param_names"])
         assert record[f"trust_ratio/{group['name']}/min"] == pytest.approx(values[0], rel=1e-4)
         assert record[f"trust_ratio/{group['name']}/max"] == pytest.approx(values[-1], rel=1e-4)

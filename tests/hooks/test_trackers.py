@@ -25,7 +25,7 @@ import yaml
 
 from largebatch import preemption
 from largebatch.checkpoint import flatten
-from largebatch.config import validate
+from largebatch.config.typed import typed
 from largebatch.errors import UserError
 from largebatch.hooks import build_hooks
 from largebatch.launch import TrainArgs, train
@@ -78,12 +78,12 @@ def test_a_missing_tracker_package_is_a_config_error_naming_the_extra(monkeypatc
     for name, extra in (("mlflow", "mlflow"), ("wandb", "wandb")):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
         with pytest.raises(UserError, match=rf"pip install 'largebatch\[{extra}\]'"):
-            build_hooks(validate(tiny_config(hooks=[name])))
+            build_hooks(typed(tiny_config(hooks=[name])))
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(UserError, match="plots=False"):
-        build_hooks(validate(tiny_config(hooks=["wandb"])))
-    build_hooks(validate(tiny_config(hooks=[{"type": "wandb", "plots": False}])))  # no plots: matplotlib not needed
+        build_hooks(typed(tiny_config(hooks=["wandb"])))
+    build_hooks(typed(tiny_config(hooks=[{"type": "wandb", "plots": False}])))  # no plots: matplotlib not needed
 
 
 # --------------------------------------------------------------------------- MLflow
@@ -275,10 +275,17 @@ def test_mlflow_starts_a_new_run_when_the_saved_one_is_unknown_to_the_server(tmp
     from mlflow import MlflowClient
 
     from largebatch.hooks.trackers import MlflowHook
+    from largebatch.rundir import RunDir
 
     hook = MlflowHook(tracking_uri=mlflow_server, experiment="elsewhere", artifacts=False)
     hook.load_state_dict({"run_id": "0" * 32})  # a checkpoint written against another server
-    state = SimpleNamespace(is_main=True, run_dir=tmp_path / "run", config={"seed": 0}, derived={"world_size": 1})
+    run = SimpleNamespace(
+        is_main=True,
+        run_dir=RunDir(tmp_path / "run"),
+        config=SimpleNamespace(to_dict=lambda: {"seed": 0}),
+        derived=SimpleNamespace(to_dict=lambda: {"world_size": 1}),
+    )
+    state = SimpleNamespace(run=run)
     hook.before_run(state)
     assert "cannot continue" in capsys.readouterr().out
     run = MlflowClient(tracking_uri=mlflow_server).get_run(hook.run_id)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from largebatch.config import validate
+from largebatch.config.typed import typed
 from largebatch.errors import ConfigError, UserError
 from largebatch.optim import build_optimizer
 from largebatch.optim.lamb import Lamb
@@ -367,7 +368,7 @@ def test_config_builds_lamb_with_its_options_and_groups():
         "optimizer.betas": [0.9, 0.99],
     }
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
-    optimizer = build_optimizer(validate(tiny_config(**overrides)), model)
+    optimizer = build_optimizer(typed(tiny_config(**overrides)).optimizer, model)
     assert isinstance(optimizer, Lamb) and optimizer.no_decay_adapt is False
     groups = {g["name"]: g for g in optimizer.param_groups}
     assert groups["decay"]["param_names"] == ["0.weight"]

@@ -11,6 +11,7 @@ import timm.optim
 import torch
 
 from largebatch.config import validate
+from largebatch.config.typed import typed
 from largebatch.errors import ConfigError, UserError
 from largebatch.optim import build_optimizer
 from largebatch.optim.lars import Lars
@@ -147,7 +148,7 @@ def test_lars_matches_timm(nesterov, foreach):
 def test_config_builds_lars_with_biases_and_norms_excluded():
     cfg = validate(tiny_config(optimizer=dict(type="lars", lr=2.0, weight_decay=1e-4, momentum=0.9, eta=2e-3, nesterov=True)))
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
-    opt = build_optimizer(cfg, model)
+    opt = build_optimizer(typed(cfg).optimizer, model)
     assert isinstance(opt, Lars)
     by_name = {g["name"]: g for g in opt.param_groups}
     assert by_name["decay"]["weight_decay"] == 1e-4 and by_name["no_decay"]["weight_decay"] == 0.0

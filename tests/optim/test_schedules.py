@@ -9,8 +9,9 @@ import torch
 import yaml
 
 from largebatch.config import derive, validate
+from largebatch.config.typed import typed
 from largebatch.optim.schedules import LRSchedule, build_schedule
-from tests.conftest import run_cli, tiny_config, write_config
+from tests.conftest import derived_of, run_cli, tiny_config, write_config
 
 PEAK, MIN, TOTAL, WARMUP = 0.8, 0.05, 50, 10
 
@@ -96,8 +97,8 @@ def test_scaling_rule_from_base_batch(rule, factor):
     overrides = {"lr_schedule.scaling": rule, "optimizer.lr": 0.01}
     if rule != "none":
         overrides["lr_schedule.base_batch_size"] = 8
-    cfg = validate(tiny_config(**overrides))  # global batch 32
-    derived = derive(cfg, 1, 128)
+    cfg = typed(tiny_config(**overrides))  # global batch 32
+    derived = derive(cfg, 1, 128).to_dict()
     assert derived["peak_lr"] == pytest.approx(0.01 * factor, rel=1e-15)
     assert derived["lr_scaling"] == {
         "rule": rule,
@@ -107,7 +108,7 @@ def test_scaling_rule_from_base_batch(rule, factor):
         "factor": pytest.approx(factor, rel=1e-15),
         "scaled_lr": pytest.approx(0.01 * factor, rel=1e-15),
     }
-    schedule = build_schedule(cfg, derived)
+    schedule = build_schedule(cfg.lr_schedule, derive(cfg, 1, 128))
     assert schedule.peak_lr == derived["peak_lr"]
 
 
@@ -125,7 +126,7 @@ def test_vit_b16_recipe_sqrt_scaling_values():
             }
         )
     )
-    scaling = derive(cfg, 8, 32768)["lr_scaling"]
+    scaling = derived_of(cfg, 8, 32768)["lr_scaling"]
     assert scaling["factor"] == pytest.approx(2 * math.sqrt(2))
     assert scaling["scaled_lr"] == pytest.approx(1.8e-2 * 2 * math.sqrt(2))
 

@@ -21,13 +21,13 @@ class SendSignal(Hook):
         self.step, self.micro, self.signal, self.rank = step, micro, signal, rank
 
     def after_forward(self, state):
-        if state.step == self.step and state.micro_in_window == self.micro and self.rank in (None, state.rank):
-            (state.run_dir / f"signal-sent-rank{state.rank}").write_text(f"{state.step} {state.micro_in_window}")
+        if state.step == self.step and state.current.micro_in_window == self.micro and self.rank in (None, state.run.rank):
+            (state.run.run_dir / f"signal-sent-rank{state.run.rank}").write_text(f"{state.step} {state.current.micro_in_window}")
             os.kill(os.getpid(), getattr(signal, self.signal))
 
     def after_run(self, state):
         record = {"step": state.step, "micro_step": state.micro_step, "reason": state.stop_reason, "interrupted": state.interrupted}
-        (state.run_dir / f"stop-rank{state.rank}.json").write_text(json.dumps(record))
+        (state.run.run_dir / f"stop-rank{state.run.rank}.json").write_text(json.dumps(record))
 
 
 class SlowSteps(Hook):
@@ -52,6 +52,6 @@ class KillRank(Hook):
         self.step, self.rank = step, rank
 
     def after_step(self, state):
-        if state.step == self.step and state.rank == self.rank and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
-            (state.run_dir / f"killed-rank{state.rank}-step{state.step}").write_text(str(os.getpid()))
+        if state.step == self.step and state.run.rank == self.rank and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+            (state.run.run_dir / f"killed-rank{state.run.rank}-step{state.step}").write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)

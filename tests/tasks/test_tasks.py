@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from largebatch.config import validate
+from largebatch.config.typed import typed
 from largebatch.data.mixup import MixupCutmix
 from largebatch.engine.hook import Hook
 from largebatch.errors import ConfigError
@@ -75,16 +76,16 @@ class GradsBeforeStep(Hook):
         self.grads = []
 
     def before_optimizer_step(self, state):
-        self.grads.append([p.grad.clone() for p in state.model.parameters()])
+        self.grads.append([p.grad.clone() for p in state.run.model.parameters()])
 
 
 def test_the_engine_trains_a_custom_task_with_accumulation_as_one_full_batch(tmp_path):
     grabbed = GradsBeforeStep()
     engine, records = build(tmp_path, [LossAccuracyHook(), grabbed], steps=2, accumulation=2, **{"eval.at_end": True})
-    engine.state.task = OneHotMSE()
+    engine.state.run.task = OneHotMSE()
     eval_batches = batches(3, seed=9)
     engine.eval_loader = ListLoader(eval_batches, CLASSES)
-    initial = copy.deepcopy(engine.state.model)
+    initial = copy.deepcopy(engine.state.run.model)
     first_step = engine.train_loader.batches[:2]
     engine.run()
 
@@ -97,7 +98,7 @@ def test_the_engine_trains_a_custom_task_with_accumulation_as_one_full_batch(tmp
     assert [r["step"] for r in records.logged] == [1, 2]
     assert all("train/mse" in r and "train/top1" not in r for r in records.logged)
     ((_, result),) = records.evals
-    model = engine.state.model
+    model = engine.state.run.model
     with torch.no_grad():
         outputs = torch.cat([model(x) for x, _ in eval_batches])
     expected = ((outputs - one_hot(torch.cat([y for _, y in eval_batches]))) ** 2).sum(1).mean().item()
@@ -130,7 +131,7 @@ def test_a_custom_task_pretrains_the_vit_through_the_cli(tmp_path):
     ],
 )
 def test_a_task_is_named_like_a_hook_with_its_arguments(spec, expected):
-    task = build_task(validate(tiny_config(task=spec)))
+    task = build_task(typed(tiny_config(task=spec)).task)
     assert type(task).__name__ == expected.__name__  # a file is loaded as its own module: compare names
     assert getattr(task, "scale", 3) == 3
 
@@ -138,7 +139,7 @@ def test_a_task_is_named_like_a_hook_with_its_arguments(spec, expected):
 def test_the_default_task_is_classification():
     cfg = validate(tiny_config())
     assert cfg["task"] == {"type": "classification"}
-    assert type(build_task(cfg)) is ClassificationTask
+    assert type(build_task(typed(cfg).task)) is ClassificationTask
 
 
 @pytest.mark.parametrize(
@@ -157,7 +158,7 @@ def test_the_default_task_is_classification():
 )
 def test_bad_task_specs_name_the_key_and_the_fix(spec, key, fragments):
     with pytest.raises(ConfigError) as info:
-        build_task(validate(tiny_config(task=spec)))
+        build_task(typed(tiny_config(task=spec)).task)
     assert info.value.key == key
     for fragment in fragments:
         assert fragment in info.value.message
