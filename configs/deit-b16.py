@@ -30,9 +30,12 @@
 #                       --model-ema, decay 0.99996, is on by default)     repository's setting
 #   precision           mixed precision (torch AMP)                       precision 'auto' (bf16 on GPU/HPU)
 #   evaluation crop     224 of 256 (crop 0.875), bicubic                  data.eval_crop_ratio 0.875
+#   resize filter       bicubic (--train-interpolation bicubic, and       data.interpolation 'bicubic'
+#                       the evaluation resize)
 #
-# RandAugment, random erasing and repeated augmentation run on the native TFRecord loader
-# (data.loader 'native'); the DALI and media-pipeline loaders refuse them with an error.
+# RandAugment, random erasing, repeated augmentation and the bicubic filter run on the
+# native TFRecord loader (data.loader 'native'); the DALI and media-pipeline loaders refuse
+# them with an error.
 # Accumulation is derived at launch: 1024 / (64 x world size): 1 on 16 devices, 2 on 8.
 
 _base_ = ['_base_/vit-imagenet.py']
@@ -56,6 +59,7 @@ data = dict(
     remode='pixel',
     recount=1,
     eval_crop_ratio=0.875,
+    interpolation='bicubic',
 )
 mixup = dict(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, label_smoothing=0.1)
 eval = dict(interval_epochs=1)

@@ -63,6 +63,7 @@ RESUME_FREE_KEYS = (
     "dist.timeout_minutes",
     "data.root",
     "slurm.",
+    "nan_guard.",
 )
 
 
@@ -123,6 +124,12 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         and not any(k == f or k.startswith(f) for f in RESUME_FREE_KEYS)
         and not (k not in a and b.get(k) == default_of(k))
     ]
+
+
+def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """``key (old -> new)`` for each dotted key whose value differs between two configs."""
+    a, b = flatten(before), flatten(after)
+    return [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def list_checkpoints(run_dir: RunDir | pathlib.Path) -> list[pathlib.Path]:
@@ -272,6 +279,7 @@ def _run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
         "scaler": run.scaler.state_dict() if run.scaler else None,
         "counters": state.counters.state_dict(),
         "nan_guard": run.guard.state_dict(),
+        "last_eval_step": state.last_eval_step,
         "hooks": hook_states(hooks),
         "world_size": run.world_size,
         "config": config,
@@ -389,9 +397,9 @@ def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: pathl
     Raises:
         UserError: the configs differ in keys outside ``RESUME_FREE_KEYS`` (listed).
     """
-    diffs = config_differences(saved, config)
+    diffs = set(config_differences(saved, config))
     if diffs:
-        shown = ", ".join(f"{k} ({flatten(saved).get(k)!r} -> {flatten(config).get(k)!r})" for k in diffs[:8])
+        shown = ", ".join([change for change in config_changes(saved, config) if change.split(" ")[0] in diffs][:8])
         raise UserError(
             f"the checkpoint was made with a different config: {shown}; resume with the same config, "
             "or pass --resume-ignore-config to accept the new values",
@@ -434,6 +442,7 @@ def load_checkpoint(
     if run.scaler and payload["scaler"]:
         run.scaler.load_state_dict(payload["scaler"])
     state.counters = type(state.counters).from_state_dict(payload["counters"])
+    state.last_eval_step = payload.get("last_eval_step")
     # before the non-finite check was part of every step, it was a hook of this name
     run.guard.load_state_dict(payload.get("nan_guard") or payload["hooks"].get("NanGuardHook", {}))
     for key, hook in zip(hook_state_keys(hooks), hooks):

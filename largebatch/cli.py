@@ -65,7 +65,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="a .py or .yaml config file")
+    parser.add_argument(
+        "--config", help="a .py or .yaml config file (with --resume: optional, the run continues with its saved config.yaml)"
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -76,7 +78,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--run-dir", help="run directory (default: runs/<config name>-<timestamp>)")
     parser.add_argument(
-        "--resume", metavar="auto|PATH", help="resume from the newest checkpoint in the run directory (auto) or from a file"
+        "--resume",
+        metavar="auto|PATH",
+        help="resume from the newest checkpoint in the run directory (auto) or from a file, with the run's saved config "
+        "and any --set on top",
     )
     parser.add_argument("--resume-ignore-config", action="store_true", help="resume even if the config differs from the checkpoint's")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
@@ -137,14 +142,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = export_run(args.run_dir, args.out, ema=args.ema)
     what = "the EMA weights as model.safetensors" if args.ema else "model.safetensors"
-    print(f"{out}: {what} and config.json; load with timm.create_model('local-dir:{out}', pretrained=True)")
+    print(f"{out}: {what}, config.json and the model card README.md; load with timm.create_model('local-dir:{out}', pretrained=True)")
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from largebatch.plot import plot_run
 
-    for path in plot_run(args.run_dir):
+    for path in plot_run(args.run_dir, args.out):
         print(path)
     return 0
 
@@ -181,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export)
 
     plot = commands.add_parser("plot", help="write PNG curves (loss, accuracy, lr, throughput, grad norm, trust ratio) of a run")
-    plot.add_argument("run_dir", help="the run directory (holds metrics.jsonl); the PNGs are written there")
+    plot.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")
+    plot.add_argument("--out", metavar="DIR", help="write the PNGs into DIR (default: the run directory)")
     plot.add_argument("--debug", action="store_true")
     plot.set_defaults(func=cmd_plot)
 

@@ -76,7 +76,7 @@ def data_config(cfg: Config) -> dict[str, Any]:
         "input_size": (data.channels, size, size),
         "mean": tuple(float(m) for m in data.mean),
         "std": tuple(float(s) for s in data.std),
-        "interpolation": "bilinear",  # the loaders' resize filter
+        "interpolation": data.interpolation,  # the loaders' resize filter
         "crop_pct": data.eval_crop_ratio,
         "crop_mode": "center",
     }
@@ -134,7 +134,7 @@ def load_run(run_dir: RunDir, model_name: str | None = None) -> tuple[Config, to
     if not run_dir.finished:
         raise UserError(
             f"{run_dir} has no {WEIGHTS}: the run has not finished; resume it to the end "
-            f"(largebatch train --config {run_dir.config} --run-dir {run_dir} --resume auto)"
+            f"(`largebatch train --run-dir {run_dir} --resume auto`)"
         )
     if not weights.is_file():
         raise UserError(f"{run_dir} has no {weights.name}: the run kept no model EMA (set ema.decay to keep one)")
@@ -144,9 +144,132 @@ def load_run(run_dir: RunDir, model_name: str | None = None) -> tuple[Config, to
     return cfg, model
 
 
+def last_eval(run: RunDir, prefix: str = "eval") -> dict[str, float]:
+    """The run's last evaluation record in ``metrics.jsonl`` (``prefix``: ``eval`` for the
+    model, ``eval_ema`` for its EMA), with ``step``; empty when it never evaluated."""
+    found: dict[str, float] = {}
+    if run.metrics.is_file():
+        for line in run.metrics.read_text().splitlines():
+            record = json.loads(line)
+            if f"{prefix}/top1" in record:
+                found = {"step": record["step"], **{k.split("/", 1)[1]: v for k, v in record.items() if k.startswith(prefix + "/")}}
+    return found
+
+
+def dataset_name(cfg: Config) -> str | None:
+    """The dataset's name: ``source`` from ``data.root``'s ``dataset.json`` (written by
+    ``largebatch data convert``), else the folder's name; None for synthetic data."""
+    if cfg.data.loader == "synthetic" or not cfg.data.root:
+        return None
+    meta_path = pathlib.Path(cfg.data.root) / "dataset.json"
+    if meta_path.is_file():
+        source = json.loads(meta_path.read_text()).get("source")
+        if isinstance(source, str) and source:
+            return source
+    return pathlib.Path(cfg.data.root).resolve().name
+
+
+def model_card(cfg: Config, run: RunDir, model: torch.nn.Module, name: str, *, ema: bool) -> str:
+    """A Hugging Face Hub model card (``README.md``): front matter the Hub reads (library
+    ``timm``, tags, dataset, metrics with the last evaluation's accuracy), the training
+    summary from the run's ``config.yaml``, and how to load the folder."""
+    import yaml
+
+    saved = yaml.safe_load(run.config.read_text())
+    derived = saved.get("derived", {})
+    m, data, opt, sched = cfg.model, cfg.data, cfg.optimizer, cfg.lr_schedule
+    result = last_eval(run, "eval_ema" if ema else "eval")
+    dataset = dataset_name(cfg)
+    front: dict[str, Any] = {
+        "library_name": "timm",
+        "pipeline_tag": "image-classification",
+        "tags": ["image-classification", "timm", "largebatch", "vision-transformer"],
+    }
+    if dataset:
+        front["datasets"] = [dataset]
+    front["metrics"] = ["accuracy"]
+    if result and dataset:
+        metrics = [{"type": "accuracy", "name": "top-1 accuracy", "value": round(100 * result["top1"], 2)}]
+        if "top5" in result:
+            metrics.append({"type": "accuracy", "name": "top-5 accuracy", "value": round(100 * result["top5"], 2)})
+        front["model-index"] = [
+            {
+                "name": name,
+                "results": [
+                    {
+                        "task": {"type": "image-classification"},
+                        "dataset": {"name": dataset, "type": dataset, "split": data.eval_split},
+                        "metrics": metrics,
+                    }
+                ],
+            }
+        ]
+    params = sum(p.numel() for p in model.parameters())
+    arch = ", ".join(f"{k}={v!r}" for k, v in m.extra.items())
+    rows = [
+        ("model", f"`{m.name}`" + (f" with `{arch}`" if arch else "") + f"; {params / 1e6:.2f} M parameters"),
+        ("input", f"{data.channels} x {data.image_size} x {data.image_size}, {data.num_classes} classes"),
+        (
+            "data",
+            f"{dataset or 'synthetic images'}, split `{data.train_split}`"
+            + (f" ({derived['train_samples']} images)" if derived.get("train_samples") else ""),
+        ),
+        (
+            "steps",
+            f"{derived.get('total_steps', '?')} ({cfg.epochs} epochs)"
+            + (f", stopped at max_steps {cfg.max_steps}" if cfg.max_steps else ""),
+        ),
+        (
+            "global batch",
+            f"{derived.get('global_batch_size', cfg.global_batch_size)} = {derived.get('micro_batch_size', '?')} x "
+            f"{derived.get('accumulation', '?')} accumulation x {derived.get('world_size', '?')} processes",
+        ),
+        ("optimizer", f"{opt.type}, peak lr {derived.get('peak_lr', opt.lr):g}, weight decay {opt.weight_decay:g}"),
+        ("schedule", f"{sched.type}" + (f", warmup {derived['warmup_steps']} steps" if derived.get("warmup_steps") else "")),
+        ("precision", f"{cfg.precision}"),
+        ("weights", "the EMA of the weights" if ema else "the final weights"),
+    ]
+    if result:
+        evaluated = f"top-1 {100 * result['top1']:.2f}%"
+        if "top5" in result:
+            evaluated += f", top-5 {100 * result['top5']:.2f}%"
+        evaluated += f" on {int(result.get('samples', 0))} images of split `{data.eval_split}` at step {result['step']}"
+        rows.append(("evaluation", evaluated))
+    table = "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    front_matter = yaml.safe_dump(front, sort_keys=False)
+    return f"""---
+{front_matter}---
+
+# {name}
+
+A vision transformer trained with largebatch.
+`config.json` holds the architecture with the arguments that rebuild this model and the
+preprocessing its evaluation used; `model.safetensors` holds {"the EMA of its weights" if ema else "its weights"}.
+
+## Training
+
+{table}
+
+## How to load
+
+```python
+import timm
+import torch
+
+model = timm.create_model("local-dir:PATH/TO/THIS/FOLDER", pretrained=True).eval()
+# after huggingface_hub.upload_folder(repo_id="USER/REPO", folder_path=...):
+# model = timm.create_model("hf-hub:USER/REPO", pretrained=True).eval()
+transform = timm.data.create_transform(**timm.data.resolve_data_config({{}}, model=model))
+with torch.no_grad():
+    probabilities = model(transform(image).unsqueeze(0)).softmax(-1)  # image: a PIL image
+```
+"""
+
+
 def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path, *, ema: bool = False) -> pathlib.Path:
     """Copy a finished run's weights (``ema``: its EMA weights, ``model_ema.safetensors``)
-    into ``out`` as ``model.safetensors`` with timm's ``config.json``; returns ``out``."""
+    into ``out`` as ``model.safetensors`` with timm's ``config.json`` and a model card,
+    ``README.md``; returns ``out``."""
     check_timm()
     run, folder = RunDir(run_dir), RunDir(out)
     cfg, model = load_run(run, "ema" if ema else None)
@@ -155,4 +278,8 @@ def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path, *, ema: boo
     shutil.copyfile(run.weights("ema" if ema else None), tmp)
     tmp.replace(folder.weights())
     write_hub_config(model, cfg, folder.hub_config)
+    card = folder / "README.md"
+    card_tmp = folder / "README.md.tmp"
+    card_tmp.write_text(model_card(cfg, run, model, folder.path.resolve().name, ema=ema))
+    card_tmp.replace(card)
     return folder.path

@@ -32,15 +32,16 @@ from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model
 from largebatch.optim.schedules import build_schedule
 from largebatch.randomness import RandomStreams
-from largebatch.rundir import RunDir
+from largebatch.rundir import CHECKPOINTS, RunDir
 from largebatch.tasks import build_task
 
 
 @dataclasses.dataclass
 class TrainArgs:
-    """The command line of ``train.py``."""
+    """The command line of ``train.py``; ``config`` may be None when resuming (the run's
+    saved ``config.yaml`` is the config then)."""
 
-    config: str
+    config: str | None
     overrides: list[str] = dataclasses.field(default_factory=list)
     run_dir: str | None = None
     resume: str | None = None
@@ -77,6 +78,66 @@ def default_run_dir(config_path: str, resume: str | None, env: dict[str, str] | 
     return pathlib.Path("runs") / f"{stem}-{stamp}"
 
 
+def run_to_resume(args: TrainArgs) -> RunDir | None:
+    """The run directory ``--resume`` continues: ``--run-dir``; for a checkpoint path, the
+    run that holds it; for ``auto`` without ``--run-dir``, the newest run of ``--config``'s
+    name (``default_run_dir``). None when there is none yet (a fresh start).
+
+    Raises:
+        UserError: ``--resume auto`` with neither ``--run-dir`` nor ``--config``.
+    """
+    if args.resume not in (None, "auto"):
+        path = pathlib.Path(args.resume)
+        return RunDir(path.parent.parent) if path.parent.name == CHECKPOINTS else None
+    if args.run_dir:
+        return RunDir(args.run_dir)
+    if args.config is None:
+        raise UserError("--resume auto needs the run to continue: give --run-dir RUN (or --config, for the newest run of that config)")
+    found = default_run_dir(args.config, "auto")
+    return RunDir(found) if ckpt.list_checkpoints(found) else None
+
+
+def starting_config(args: TrainArgs, is_main: bool) -> tuple[str, Config]:
+    """The config file a run trains with, and the config: ``--config`` for a new run; for
+    a resumed one, the run's saved ``config.yaml`` (what it was started with, ``--set``
+    values included), with this command's ``--set`` values applied on top, each change
+    printed once (rank 0).
+
+    Raises:
+        UserError: neither ``--config`` nor a run to resume with a saved config.
+    """
+    if args.config is None and not args.resume:
+        raise UserError(
+            "--config CONFIG is required to start a run (only --resume, which continues a run with its saved config, goes without)"
+        )
+    run = run_to_resume(args) if args.resume else None
+    saved = run.config if run is not None and run.config.is_file() and ckpt.list_checkpoints(run) else None
+    if saved is None:
+        if args.config is None:
+            where = f" in {run}" if run is not None else ""
+            raise UserError(
+                f"no run to resume{where} (no checkpoint with its config.yaml); give --config CONFIG to start one",
+                path=args.resume if args.resume != "auto" else None,
+            )
+        return args.config, resolve_config(args.config, args.overrides)
+    cfg = resolve_config(saved, args.overrides)
+    if is_main:
+        base = resolve_config(saved).to_dict()
+        changed = ckpt.config_changes(base, cfg.to_dict())
+        note = f"; --set changed {', '.join(changed)}" if changed else ""
+        print(f"largebatch: resuming {run} with its saved config {saved}{note}", flush=True)
+        if args.config is not None and pathlib.Path(args.config).resolve() != pathlib.Path(saved).resolve():
+            ignored = ckpt.config_changes(base, resolve_config(args.config).to_dict())
+            if ignored:
+                shown = ", ".join(ignored[:4]) + (f" and {len(ignored) - 4} more" if len(ignored) > 4 else "")
+                print(
+                    f"largebatch: --config {args.config} differs from the saved config in {shown}; the saved values "
+                    "are kept (change one with --set KEY=VALUE)",
+                    flush=True,
+                )
+    return str(saved), cfg
+
+
 def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
     """A ``--run-dir`` that cannot hold a run is the user's mistake, caught before any work.
 
@@ -97,8 +158,8 @@ def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
     if not resuming and run_dir.is_dir() and ckpt.list_checkpoints(run_dir):
         newest = ckpt.list_checkpoints(run_dir)[-1]
         raise UserError(
-            f"--run-dir already holds a run's checkpoints (newest {newest.name}); continue it with --resume auto, "
-            "or choose another --run-dir",
+            f"--run-dir already holds a run's checkpoints (newest {newest.name}); continue it with "
+            f"`largebatch train --run-dir {run_dir} --resume auto`, or choose another --run-dir",
             path=run_dir,
         )
 
@@ -106,18 +167,19 @@ def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
 def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
     check_timm()  # a run must not train for hours and then fail to write its config.json
-    cfg = resolve_config(args.config, args.overrides)
-    hooks = build_hooks(cfg, pathlib.Path(args.config))
-    task = build_task(cfg.task, pathlib.Path(args.config))
+    info = discover()
+    config_path, cfg = starting_config(args, info.is_main)
+    hooks = build_hooks(cfg, pathlib.Path(config_path))
+    task = build_task(cfg.task, pathlib.Path(config_path))
     if args.run_dir:
         check_run_dir(pathlib.Path(args.run_dir), resuming=bool(args.resume))
-    info = discover()
     backend = create_backend(cfg.device, cfg.precision, info.local_rank, cuda=cfg.cuda, hpu=cfg.hpu)
     dist_backend = backend.dist_backend if cfg.dist.backend == "auto" else cfg.dist.backend
     backend.init_process_group(info, dist_backend, cfg.dist.timeout_minutes)
 
     derived = derive(cfg, info.world_size, data_mod.count_samples(cfg.data, "train"))
-    path = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir(args.config, args.resume)
+    resumed = run_to_resume(args) if args.resume else None
+    path = pathlib.Path(args.run_dir) if args.run_dir else resumed.path if resumed else default_run_dir(config_path, args.resume)
     run_dir = RunDir(broadcast_object(str(path)))
     if info.is_main:
         run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -142,7 +204,9 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     state = TrainState(run)
     if args.resume:
         resume(args, state, hooks, train_loader)
-    if info.is_main:  # only once a resume has been accepted: a refused one leaves the run's config as it was
+    # Only once a resume has been accepted (a refused one leaves the run's config as it
+    # was), and not for a finished run that has nothing to do.
+    if info.is_main and not finished(state):
         run_dir.config.write_text(dump_yaml({**cfg.to_dict(), "derived": derived.to_dict()}))
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
@@ -211,10 +275,25 @@ def resume(args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -
     if found is not None:
         path, payload = found
         ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload)
-        if run.is_main:
+        if run.is_main and state.step < run.total_steps:  # a finished run says so instead (train)
             print(f"resumed from {path} at step {state.step}/{run.total_steps}, epoch {state.epoch + 1}/{run.config.epochs}", flush=True)
     elif args.resume != "auto":
         raise UserError("no checkpoint to resume from", path=args.resume)
+
+
+def how_to_train_on(state: TrainState) -> str:
+    """What to run to train a finished run further: more ``max_steps`` when they stopped it,
+    else more epochs (a longer schedule: accepted with ``--resume-ignore-config``)."""
+    run, cmd = state.run, f"largebatch train --run-dir {state.run.run_dir} --resume auto"
+    if state.step < run.derived.total_steps:  # max_steps stopped it before its schedule's end
+        return f"to train on, raise max_steps: `{cmd} --set max_steps={min(run.derived.total_steps, 2 * state.step)}`"
+    epochs = run.config.epochs
+    return f"it trained all {epochs} epochs; to train on with a longer schedule: `{cmd} --set epochs={2 * epochs} --resume-ignore-config`"
+
+
+def finished(state: TrainState) -> bool:
+    """A resumed run that has taken all its steps and written its final weights."""
+    return state.step >= state.run.total_steps and state.run.run_dir.finished
 
 
 def write_final_outputs(state: TrainState) -> None:
@@ -241,6 +320,10 @@ def train(args: TrainArgs) -> TrainState:
     try:
         engine, _ = build_run(args)
         state, run = engine.state, engine.state.run
+        if finished(state):
+            if run.is_main:
+                print(f"largebatch: {run.run_dir} already finished at step {state.step}; {how_to_train_on(state)}", flush=True)
+            return state
         if run.is_main:
             d = run.derived
             print(

@@ -104,7 +104,7 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
     check_model_name(name)
     kwargs = model_kwargs(model, data)
     with tempfile.TemporaryDirectory(prefix="largebatch-init-") as scratch:
-        overlay = _weights_overlay(model, name, pathlib.Path(scratch)) if initial_weights else None
+        overlay = _weights_overlay(model, data, name, pathlib.Path(scratch)) if initial_weights else None
         try:
             if overlay is None:
                 return timm.create_model(name, pretrained=False, **kwargs)
@@ -142,12 +142,15 @@ def _weights_error(model: ModelConfig, name: str, exc: Exception) -> ConfigError
     )
 
 
-def _weights_overlay(section: ModelConfig, name: str, scratch: pathlib.Path) -> dict[str, Any] | None:
+def _weights_overlay(section: ModelConfig, data: DataConfig, name: str, scratch: pathlib.Path) -> dict[str, Any] | None:
     """timm's ``pretrained_cfg_overlay`` for the starting weights ({} for timm's own), or
-    None for random initialisation."""
+    None for random initialisation. Weights of a largebatch run were trained at this
+    data's channels: saying so keeps timm from adapting (and warning about) the patch
+    embedding as if they were its published 3-channel weights."""
     if section.init_from:
         weights = weights_file(section.init_from, scratch)
-        return {"file": str(weights), "num_classes": _classes_in(weights, name)}
+        channels = _channels_in(weights, name) or data.channels
+        return {"file": str(weights), "num_classes": _classes_in(weights, name), "input_size": (channels, data.image_size, data.image_size)}
     return {} if section.pretrained else None
 
 
@@ -164,12 +167,15 @@ def weights_file(spec: str, scratch: pathlib.Path) -> pathlib.Path:
     if glob.has_magic(spec):
         finished = [RunDir(p) for p in glob.glob(str(path)) if RunDir(p).finished]
         if not finished:
-            raise ConfigError(f"no finished run (a folder holding model.safetensors) matches {spec!r}", key="model.init_from")
+            raise ConfigError(
+                f"no finished run (a folder holding model.safetensors) matches {spec!r}; {_point_at_a_run()}", key="model.init_from"
+            )
         path = max(finished, key=lambda run: run.weights().stat().st_mtime).path
     found = ckpt.read_model_weights(path)
     if found is None:
         raise ConfigError(
-            f"{spec!r} is neither a run directory or export folder (with model.safetensors), a .safetensors file nor a checkpoint",
+            f"{spec!r} is neither a run directory or export folder (with model.safetensors), a .safetensors file nor a checkpoint; "
+            f"{_point_at_a_run()}",
             key="model.init_from",
         )
     if isinstance(found, pathlib.Path):
@@ -177,6 +183,26 @@ def weights_file(spec: str, scratch: pathlib.Path) -> pathlib.Path:
     target = RunDir(scratch).weights()
     ckpt.save_tensors(found, target)
     return target
+
+
+def _channels_in(weights: pathlib.Path, name: str) -> int | None:
+    """Input channels of the first convolution in ``weights`` (None when it has none)."""
+    from safetensors import safe_open
+    from timm.models import get_pretrained_cfg_value
+
+    first = get_pretrained_cfg_value(name, "first_conv") or "patch_embed.proj"
+    with safe_open(str(weights), framework="pt") as f:
+        key = f"{first}.weight"
+        shape = f.get_slice(key).get_shape() if key in f.keys() else []
+    return shape[1] if len(shape) == 4 else None
+
+
+def _point_at_a_run(runs: str = "runs") -> str:
+    """How to name the weights: ``--set model.init_from=RUN``, with the newest finished runs
+    under ``runs/`` as examples."""
+    found = sorted((r for r in map(RunDir, glob.glob(f"{runs}/*")) if r.finished), key=lambda r: r.weights().stat().st_mtime)
+    examples = f" (finished runs here: {', '.join(str(r) for r in found[-3:])})" if found else ""
+    return f"point it at a finished run with --set model.init_from=RUN{examples}"
 
 
 def _classes_in(weights: pathlib.Path, name: str) -> int | None:

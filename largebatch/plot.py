@@ -1,11 +1,14 @@
-"""``largebatch plot RUN_DIR``: PNG curves from a run's ``metrics.jsonl``.
+"""``largebatch plot RUN_DIR [--out DIR]``: PNG curves from a run's ``metrics.jsonl``.
 
-Writes, next to ``metrics.jsonl``, one figure per family of metrics the run logged:
+Writes, next to ``metrics.jsonl`` (or into ``--out``), one figure per family of metrics the
+run logged:
 ``loss.png`` (training and evaluation loss), ``accuracy.png`` (train and eval top-1 /
 top-5), ``lr.png`` (base and per-group rates), ``throughput.png`` (samples/s, TFLOP/s,
 MFU, data wait), ``grad_norm.png`` (global and per group, before and after clipping) and
 ``trust_ratio.png`` (per group min / median / max). A family with no values is skipped.
-Uses matplotlib's Agg backend (no display needed); matplotlib is the ``plot`` extra.
+Curves that are the same series (the base rate and a parameter group's rate, when the
+group is not scaled) are drawn once, labelled with every name they stand for. Uses
+matplotlib's Agg backend (no display needed); matplotlib is the ``plot`` extra.
 """
 
 from __future__ import annotations
@@ -75,11 +78,22 @@ def read_metrics(path: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def plot_run(run_dir: str | pathlib.Path) -> list[pathlib.Path]:
-    """Write the PNG figures for ``run_dir``; returns their paths.
+def distinct_curves(series: dict[str, list[tuple[int, float]]], keys: list[str]) -> list[tuple[str, list[tuple[int, float]]]]:
+    """``(label, points)`` for each distinct series among ``keys``, in order: keys whose
+    points are identical share one curve labelled ``'a = b'``."""
+    curves: dict[tuple, list[str]] = {}
+    for key in keys:
+        curves.setdefault(tuple(series[key]), []).append(key)
+    return [(" = ".join(names), list(points)) for points, names in curves.items()]
+
+
+def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> list[pathlib.Path]:
+    """Write the PNG figures for ``run_dir`` into it, or into ``out`` (made if missing);
+    returns their paths.
 
     Raises:
-        UserError: matplotlib is missing, or ``run_dir`` has no readable metrics.jsonl.
+        UserError: matplotlib is missing, ``run_dir`` has no readable metrics.jsonl, or
+            ``out`` cannot be a folder.
     """
     try:
         import matplotlib
@@ -90,6 +104,10 @@ def plot_run(run_dir: str | pathlib.Path) -> list[pathlib.Path]:
 
     run_dir = RunDir(run_dir)
     series = read_metrics(run_dir.metrics)
+    folder = RunDir(out if out is not None else run_dir)
+    if folder.path.exists() and not folder.path.is_dir():
+        raise UserError("--out names a file; give a folder for the PNGs", path=str(folder))
+    folder.path.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, title, panels in FIGURES:
         used = [(label, log, sorted(k for k in series if select(k))) for label, log, select in panels]
@@ -98,18 +116,19 @@ def plot_run(run_dir: str | pathlib.Path) -> list[pathlib.Path]:
             continue
         fig, axes = plt.subplots(len(used), 1, figsize=(8, 1.0 + 3.5 * len(used)), sharex=True, squeeze=False)
         for ax, (label, log, keys) in zip(axes[:, 0], used):
-            for key in keys:
-                steps, values = zip(*series[key])
-                ax.plot(steps, values, label=key, marker="o" if len(steps) < 30 else None, markersize=3)
+            curves = distinct_curves(series, keys)
+            for name, points in curves:
+                steps, values = zip(*points)
+                ax.plot(steps, values, label=name, marker="o" if len(steps) < 30 else None, markersize=3)
             if log and all(v > 0 for k in keys for _, v in series[k]):
                 ax.set_yscale("log")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize="small", ncol=2 if len(keys) > 6 else 1)
+            ax.legend(fontsize="small", ncol=2 if len(curves) > 6 else 1)
         axes[0, 0].set_title(f"{title}: {run_dir.name}")
         axes[-1, 0].set_xlabel("optimizer step")
         fig.tight_layout()
-        path = run_dir.plot(stem)
+        path = folder.plot(stem)
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)

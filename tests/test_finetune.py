@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -9,7 +12,8 @@ from safetensors.torch import load_file
 from largebatch import checkpoint as ckpt
 from largebatch.errors import ConfigError
 from largebatch.export import export_run
-from tests.conftest import load_and_validate, model_of, run_cli, tiny_config, write_config
+from tests.conftest import PYTHON, REPO, clean_env, load_and_validate, model_of, run_cli, tiny_config, write_config
+from tests.data.conftest import fmnist_shards  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # training runs through the CLI
 
@@ -102,3 +106,29 @@ def test_bad_sources_name_the_key(pretrained_run, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="published weights") as offline:
         model_of(load_and_validate(str(write_config(tmp_path, tiny_config(**{"model.pretrained": True}))), []), initial_weights=True)
     assert offline.value.key == "model.pretrained"
+
+
+def test_the_shipped_fine_tune_config_starts_from_the_run_the_readmes_first_command_writes(tmp_path, fmnist_shards):  # noqa: F811
+    """scripts/setup.sh's demo command, then the shipped fine-tune config, from one folder
+    (shortened to two steps on a small shard set): it finds the demo's run, trains without
+    timm's channel warning; with no run there, the error names ``--set model.init_from``."""
+    demo_config, demo_dir = re.search(r"train\.py --config (\S+) --run-dir (\S+)", (REPO / "scripts/setup.sh").read_text()).groups()
+    small = [f"data.root={fmnist_shards}", "global_batch_size=32", "micro_batch_size=16", "max_steps=2", "eval.at_end=false"]
+    small += ["eval.interval_epochs=0", "checkpoint.interval_epochs=0", "data.num_workers=0"]
+    sets = [arg for value in small for arg in ("--set", value)]
+
+    def train(config: str, run_dir: str) -> subprocess.CompletedProcess:
+        cmd = [PYTHON, str(REPO / "train.py"), "--config", str(REPO / config), "--run-dir", run_dir, *sets]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=clean_env())
+
+    assert train(demo_config, demo_dir).returncode == 0
+    fine = train("configs/demo/finetune-vit-tiny-fmnist.py", "runs/fine")
+    assert fine.returncode == 0, fine.stderr
+    assert "channel" not in fine.stdout + fine.stderr  # timm adapts no 3-channel weights
+    cfg = load_and_validate(str(REPO / "configs/demo/finetune-vit-tiny-fmnist.py"))
+    assert cfg["model"]["init_from"] == demo_dir
+
+    (tmp_path / demo_dir / "model.safetensors").unlink()  # no finished demo run any more
+    missing = train("configs/demo/finetune-vit-tiny-fmnist.py", "runs/fine-2")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "model.init_from" in missing.stderr and "--set model.init_from=RUN (finished runs here: runs/fine)" in missing.stderr

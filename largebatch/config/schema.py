@@ -173,6 +173,12 @@ SCHEMA = Section(
                 "scale": Field(list, [0.08, 1.0], "RandomResizedCrop area range", items=float, length=2),
                 "ratio": Field(list, [0.75, 1.3333333333333333], "RandomResizedCrop aspect range", items=float, length=2),
                 "hflip": Field(float, 0.5, "horizontal flip probability", low=0, high=1),
+                "interpolation": Field(
+                    str,
+                    "bilinear",
+                    "native: the resize filter of the training crop and the evaluation resize (antialiased); DeiT's recipe uses bicubic",
+                    choices=("bilinear", "bicubic"),
+                ),
                 "auto_augment": Field(
                     str,
                     None,
@@ -269,6 +275,7 @@ SCHEMA = Section(
             {
                 "interval": Field(int, 10, "log every N optimizer steps", low=1),
                 "console": Field(bool, True, "print a line per interval on rank 0"),
+                "verbose": Field(bool, False, "show the experiment trackers' own output (MLflow's INFO lines, W&B's banner and summary)"),
             }
         ),
         "checkpoint": Section(

@@ -83,6 +83,7 @@ class DataConfig(ConfigSection):
     scale: tuple[float, ...] = dataclasses.field(default=(0.08, 1.0), metadata=field_meta("data.scale"))
     ratio: tuple[float, ...] = dataclasses.field(default=(0.75, 1.3333333333333333), metadata=field_meta("data.ratio"))
     hflip: float = dataclasses.field(default=0.5, metadata=field_meta("data.hflip"))
+    interpolation: str = dataclasses.field(default="bilinear", metadata=field_meta("data.interpolation"))
     auto_augment: str | None = dataclasses.field(default=None, metadata=field_meta("data.auto_augment"))
     color_jitter: float | None = dataclasses.field(default=None, metadata=field_meta("data.color_jitter"))
     reprob: float = dataclasses.field(default=0.0, metadata=field_meta("data.reprob"))
@@ -146,6 +147,7 @@ class LogConfig(ConfigSection):
     _schema: ClassVar[Section] = schema_section("log")
     interval: int = dataclasses.field(default=10, metadata=field_meta("log.interval"))
     console: bool = dataclasses.field(default=True, metadata=field_meta("log.console"))
+    verbose: bool = dataclasses.field(default=False, metadata=field_meta("log.verbose"))
 
 
 @dataclasses.dataclass(frozen=True)

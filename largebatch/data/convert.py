@@ -295,7 +295,7 @@ def convert_image_folder(
 def _read_idx(path: Path, magic: int, header: int) -> np.ndarray:
     if not path.is_file():
         raise DataError(
-            "Fashion-MNIST file missing; install it with 'apt-get install dataset-fashion-mnist' or run 'python data/prepare_fmnist.py'",
+            "Fashion-MNIST file missing; run `python data/prepare_fmnist.py` (it installs Debian's dataset-fashion-mnist and converts it)",
             path=str(path),
         )
     with gzip.open(path, "rb") as fh:
@@ -476,7 +476,7 @@ def verify_split(
                 where = f"record {record} at byte offset {offset}"
                 if record >= len(index) or tuple(index[record]) != (offset, size):
                     raise DataError(
-                        f"{where}: not in its index file; rebuild with 'largebatch data index'",
+                        f"{where}: not in its index file; rebuild with `largebatch data index {path}`",
                         path=str(path),
                     )
                 try:
@@ -506,7 +506,7 @@ def verify_split(
                 in_file = record + 1
             if in_file != len(index):
                 raise DataError(
-                    f"index lists {len(index)} records, the file holds {in_file}; rebuild with 'largebatch data index {path}'",
+                    f"index lists {len(index)} records, the file holds {in_file}; rebuild with `largebatch data index {path}`",
                     path=str(index_path_for(path)),
                 )
     return checked

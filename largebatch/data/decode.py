@@ -12,8 +12,9 @@ smallest DCT scale among 1, 1/2, 1/4 and 1/8 that still leaves the crop at least
 Only these power-of-two scales are used: libjpeg-turbo's other scales (3/4, 7/8, ...)
 decode *slower* than a full decode on this data (``bench/results/loaders.md``). The box
 is cut from the decoded array without a copy and resized to ``image_size`` with torch's
-antialiased bilinear filter on uint8 (Pillow's ``resize`` filter, 2-3x faster than
-Pillow here); the flip is applied after the resize, on the smaller image.
+antialiased filter on uint8, bilinear or bicubic (``data.interpolation``; Pillow's
+``resize`` filters within one grey level, 2-3x faster than Pillow here); the flip is
+applied after the resize, on the smaller image.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def decode_crop_resize(
     header: tuple[int, int] | None = None,
     flip: bool = False,
     out: np.ndarray | None = None,
+    mode: str = "bilinear",
 ) -> torch.Tensor | np.ndarray:
     """Decode ``jpeg`` at the smallest sufficient DCT scale, crop ``box``, resize, flip.
 
@@ -125,6 +127,7 @@ def decode_crop_resize(
         out: a ``uint8`` array ``(channels, image_size, image_size)`` to write into
             (a loader's batch slot); a crop that needs no resizing then never leaves
             NumPy, which saves most of the per-image overhead on small images.
+        mode: the resize filter, ``bilinear`` or ``bicubic`` (antialiased).
 
     Returns:
         ``out`` when given, else a new contiguous ``uint8`` tensor
@@ -156,7 +159,7 @@ def decode_crop_resize(
     image = F.interpolate(
         torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0),
         size=(image_size, image_size),
-        mode="bilinear",
+        mode=mode,
         antialias=True,
     )[0]
     if flip:

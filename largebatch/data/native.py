@@ -83,6 +83,7 @@ class _MicroBatchDataset(Dataset):
         self.ratio = cfg.ratio
         self.hflip = cfg.hflip
         self.crop_ratio = cfg.eval_crop_ratio
+        self.interpolation = cfg.interpolation
         self.policy = image_policy(cfg) if batches.train else None
         self._epoch: int | None = None
         self._batches: list[np.ndarray] = []
@@ -103,7 +104,7 @@ class _MicroBatchDataset(Dataset):
                 flip = bool(draws[AUGMENTATION_DRAWS - 1] < self.hflip)
             else:
                 box = center_crop_box(height, width, self.size, self.crop_ratio)
-            decode_crop_resize(jpeg, box, self.size, self.channels, (height, width), flip, out)
+            decode_crop_resize(jpeg, box, self.size, self.channels, (height, width), flip, out, self.interpolation)
         except ValueError as err:
             raise DataError(f"{self.shards.where(index)}: JPEG does not decode ({err})") from err
         return label

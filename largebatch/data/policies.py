@@ -20,8 +20,9 @@ it with those seeded from its own seed (``largebatch.randomness.augmentation_see
 ``seeded_globals``), so its result depends on ``(seed, epoch, sample index)`` only: the
 same on any worker or rank count and after a resume.
 
-DALI and the media pipeline have none of these here: a config that asks for them with
-``data.loader`` 'dali' or 'mediapipe' is an error naming the key (``refuse_policies``).
+DALI and the media pipeline have none of these here, nor a resize filter other than
+bilinear (``data.interpolation``): a config that asks for them with ``data.loader`` 'dali'
+or 'mediapipe' is an error naming the key (``refuse_policies``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def _active(data_cfg: DataConfig) -> list[str]:
         on.append("reprob")
     if data_cfg.repeated_aug > 1:
         on.append("repeated_aug")
+    if data_cfg.interpolation != "bilinear":
+        on.append("interpolation")
     return on
 
 

@@ -181,7 +181,7 @@ def read_record_at(
     if len(buf) < size:
         raise DataError(
             f"{where}: index says {size} bytes but the file ends after {len(buf)} "
-            f"(truncated file, or an index that does not match it; rebuild with 'largebatch data index')",
+            f"(truncated file, or an index that does not match it; rebuild with `largebatch data index {path}`)",
             path=path,
         )
     length = _check_header(path, buf[:HEADER_BYTES], offset, record, verify_crc)
@@ -189,7 +189,7 @@ def read_record_at(
         raise DataError(
             f"{where}: index says {size} bytes, the record header says "
             f"{HEADER_BYTES + length + FOOTER_BYTES} (index does not match its file; "
-            f"rebuild with 'largebatch data index')",
+            f"rebuild with `largebatch data index {path}`)",
             path=path,
         )
     data = buf[HEADER_BYTES : HEADER_BYTES + length]
@@ -230,10 +230,8 @@ def read_index(path: str | os.PathLike) -> np.ndarray:
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(
-            "index file missing; create it with 'largebatch data index <shard>'",
-            path=str(path),
-        )
+        shard = os.fspath(path).removesuffix(INDEX_SUFFIX)
+        raise DataError(f"index file missing; create it with `largebatch data index {shard}`", path=str(path))
     text = path.read_text()
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -258,7 +256,7 @@ def check_index_layout(index: np.ndarray, file_size: int, *, path: str, index_pa
         if offset != expected or size < HEADER_BYTES + FOOTER_BYTES:
             raise DataError(
                 f"entry {record} says offset {offset} size {size}, expected a record at byte offset "
-                f"{expected}: index does not match {path}; rebuild with 'largebatch data index {path}'",
+                f"{expected}: index does not match {path}; rebuild with `largebatch data index {path}`",
                 path=index_path,
             )
         expected = offset + size
@@ -266,7 +264,7 @@ def check_index_layout(index: np.ndarray, file_size: int, *, path: str, index_pa
         raise DataError(
             f"index covers {expected} bytes in {len(index)} records but {path} has {file_size} bytes: "
             f"index does not match its file (truncated or rewritten shard?); "
-            f"rebuild with 'largebatch data index {path}'",
+            f"rebuild with `largebatch data index {path}`",
             path=index_path,
         )
 

@@ -52,7 +52,6 @@ class Engine:
         self.train_loader = train_loader
         self.eval_loader = eval_loader
         self._by_event = {event: [h for h in self.hooks if h.overrides(event)] for event in Event}
-        self._last_eval_step: int | None = None
 
     def fire(self, event: Event) -> None:
         """Call every hook that implements ``event``, in priority order (timing each one
@@ -89,7 +88,7 @@ class Engine:
                 if interval > 0 and state.epoch % interval == 0:
                     state.request_eval()
                 self._eval_if_requested()
-            if run.config.eval.at_end and self._last_eval_step != state.step and not state.interrupted:
+            if run.config.eval.at_end and state.last_eval_step != state.step and not state.interrupted:
                 self.evaluate()
             self.fire(Event.AFTER_TRAIN)
             if self.finish is not None and not state.interrupted:
@@ -112,7 +111,7 @@ class Engine:
 
     def _eval_if_requested(self) -> None:
         state = self.state
-        if state.eval_requested and not state.interrupted and self._last_eval_step != state.step:
+        if state.eval_requested and not state.interrupted and state.last_eval_step != state.step:
             self.evaluate()
         state.eval_requested = False
 
@@ -196,6 +195,6 @@ class Engine:
             if name not in run.skip_eval_models:
                 metrics.update(run.task.evaluate(model, self.eval_loader, run.backend, prefix=f"eval_{name}"))
         state.eval_metrics = metrics
-        self._last_eval_step = state.step
+        state.last_eval_step = state.step
         self.fire(Event.AFTER_EVAL)
         return state.eval_metrics

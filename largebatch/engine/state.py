@@ -206,6 +206,8 @@ class TrainState:
         current: the step being taken (``Step``).
         counters: the counters (``Counters``), also readable one by one (``state.step``).
         eval_metrics: results of the last evaluation.
+        last_eval_step: the step the last evaluation ran at (None before one; saved in
+            checkpoints, so a resumed run never evaluates one step twice).
         eval_batch: ``(images, labels, outputs)`` of the current evaluation batch, in
             ``after_eval_batch``; None otherwise.
         eval_requested: set by ``request_eval``; the engine evaluates after the current
@@ -221,6 +223,7 @@ class TrainState:
         self.counters = Counters()
         self.current = Step(lr=0.0, window_size=run.plan.accumulation)
         self.eval_metrics: dict[str, float] = {}
+        self.last_eval_step: int | None = None
         self.eval_batch: tuple[Any, Any, Any] | None = None
         self.eval_requested = False
         self.data_wait_seconds = 0.0
@@ -234,6 +237,12 @@ class TrainState:
     samples_seen = property(lambda self: self.counters.samples_seen)
     epoch = property(lambda self: self.counters.epoch)
     step_in_epoch = property(lambda self: self.counters.step_in_epoch)
+
+    @property
+    def epoch_number(self) -> int:
+        """The 1-based number of the epoch the latest step belongs to (0 before the first),
+        as logs and the console show it."""
+        return self.epoch + 1 if self.step_in_epoch > 0 else self.epoch
 
     @property
     def is_log_step(self) -> bool:

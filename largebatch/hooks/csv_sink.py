@@ -59,4 +59,4 @@ class CsvSink(Hook):
             self._append(state.current.log_record)
 
     def after_eval(self, state) -> None:
-        self._append({"step": state.step, "epoch": state.epoch, **state.eval_metrics})
+        self._append({"step": state.step, "epoch": state.epoch_number, **state.eval_metrics})

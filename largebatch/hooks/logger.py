@@ -7,6 +7,12 @@ least ``step``, ``epoch``, ``loss``, ``lr`` and ``samples_per_sec``; evaluation 
 are written as their own lines, with ``eval/`` keys. The record is also left in
 ``state.current.log_record`` for the other sinks (``progress``, ``csv``, ``tensorboard``), which
 run after this hook and so need no second all-reduce.
+
+``epoch`` is the 1-based number of the epoch the record's step belongs to, as the console
+line shows it (``epoch 1/5``). A resumed run's ``metrics.jsonl`` holds each step once:
+the records written after the checkpoint it resumes from (the steps, and an evaluation
+that ran after that checkpoint) are dropped when it starts, and those steps are logged
+again as they are retrained (exact resume: the same values).
 """
 
 from __future__ import annotations
@@ -36,6 +42,23 @@ def numeric_values(record: dict, skip: tuple[str, ...] = ("step",)) -> dict[str,
     }
 
 
+def drop_replayed(path, step: int, last_eval_step: int | None) -> None:
+    """Keep the records of ``path`` up to the checkpoint a run resumes from (``step``, and
+    its evaluation only when the checkpoint holds it), atomically."""
+    kept = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line) if line.strip() else None
+        if record is None or record.get("step", 0) > step:
+            continue
+        evaluation = any(key.startswith("eval") for key in record)
+        if record.get("step") == step and evaluation and last_eval_step != step:
+            continue
+        kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    tmp.replace(path)
+
+
 class MetricsLogger(ClosingHook):
     """Write metrics to ``metrics.jsonl`` and the console.
 
@@ -60,7 +83,10 @@ class MetricsLogger(ClosingHook):
         self._start_step = state.step  # a resumed run starts past 0
         if state.run.is_main:
             state.run.run_dir.path.mkdir(parents=True, exist_ok=True)
-            self._file = open(state.run.run_dir / self.filename, "a", buffering=1)
+            path = state.run.run_dir / self.filename
+            if path.is_file():
+                drop_replayed(path, state.step, state.last_eval_step)
+            self._file = open(path, "a", buffering=1)
 
     def _write(self, state, record: dict) -> None:
         if self._file is not None:
@@ -74,14 +100,14 @@ class MetricsLogger(ClosingHook):
         if names:
             stacked = torch.stack([state.current.metrics[k].detach().float().reshape(()) for k in names])
             values.update(zip(names, all_reduce_mean(stacked).tolist()))
-        record = {"step": state.step, "epoch": state.epoch, "lr": state.current.lr, "samples_seen": state.samples_seen, **values}
+        record = {"step": state.step, "epoch": state.epoch_number, "lr": state.current.lr, "samples_seen": state.samples_seen, **values}
         state.current.log_record = record
         self._write(state, record)
         if self.console and state.run.is_main:
             print(self._line(state, record), flush=True)
 
     def _line(self, state, record: dict) -> str:
-        parts = [f"step {state.step}/{state.run.total_steps}", f"epoch {state.epoch + 1}/{state.run.config.epochs}"]
+        parts = [f"step {state.step}/{state.run.total_steps}", f"epoch {state.epoch_number}/{state.run.config.epochs}"]
         task_metrics = [k for k in record if k.startswith("train/")]  # the task's (classification: train/top1, train/top5)
         for key in ("loss", *task_metrics, "lr", "samples_per_sec", "grad_norm"):
             if key in record:
@@ -90,7 +116,7 @@ class MetricsLogger(ClosingHook):
         return " | ".join(parts)
 
     def after_eval(self, state) -> None:
-        record = {"step": state.step, "epoch": state.epoch, **state.eval_metrics}
+        record = {"step": state.step, "epoch": state.epoch_number, **state.eval_metrics}
         self._write(state, record)
         if self.console and state.run.is_main:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in state.eval_metrics.items() if not k.endswith("/samples"))

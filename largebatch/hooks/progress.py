@@ -44,7 +44,7 @@ class ProgressBar(ClosingHook):
     def after_step(self, state) -> None:
         if self.bar is None:
             return
-        self.bar.set_description(f"epoch {state.epoch + 1}/{state.run.config.epochs}", refresh=False)
+        self.bar.set_description(f"epoch {state.epoch_number}/{state.run.config.epochs}", refresh=False)
         if state.current.log_record:
             shown = {
                 label: f"{state.current.log_record[key]:.4g}"

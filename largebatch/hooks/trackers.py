@@ -18,11 +18,29 @@ The tracker's run id is saved in checkpoints (the hook's state), so a resumed ru
 (``--resume auto``, a Slurm requeue) logs into the same tracker run. Both need their
 package (``pip install 'largebatch[mlflow]'`` / ``'largebatch[wandb]'``); asking for a
 hook without it is an error before training starts.
+
+A tracker never takes a run down. One that cannot start (a store it cannot open, a server
+it cannot reach, W&B without credentials) is one ``error:`` line in ``before_run``, before
+the first step. One that fails later prints one warning, detaches, and the run goes on:
+``metrics.jsonl`` keeps every value. Their files stay inside the run directory: MLflow
+without a tracking URI (none given, ``MLFLOW_TRACKING_URI`` unset) writes
+``<run_dir>/mlflow.db`` and ``<run_dir>/mlartifacts``, W&B ``<run_dir>/wandb``. Both print
+only what matters (MLflow's INFO lines and W&B's banner and summary are hidden) unless
+``log.verbose`` is set.
+
+MLflow on a file store (``tracking_uri='file:...'``, which MLflow 3 accepts only when asked
+to, as choosing that URI does here) keeps each metric in a file named after it, so a
+metric named like another's folder (``lr`` and ``lr/no_decay``) cannot be stored: there,
+and only there, ``/`` in metric names is written as ``.`` (``lr.no_decay``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 from largebatch.engine.hook import Hook, Priority
@@ -34,6 +52,15 @@ from largebatch.rundir import RunDir
 MLFLOW_PARAMS_PER_BATCH = 100
 MLFLOW_METRICS_PER_BATCH = 1000
 MLFLOW_PARAM_CHARS = 6000
+
+
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    """``Type: the message's first line`` (cut at ``limit`` characters) for one-line reports."""
+    text = str(err).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > limit:
+        first = first[: limit - 3].rstrip() + "..."
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def flat_config(config: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
@@ -53,8 +80,21 @@ def _require(module: str, needed_by: str, extra: str, otherwise: str) -> None:
         ) from None
 
 
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Environment variables set for a block (those already set by the user are kept)."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 class TrackerHook(Hook):
-    """What the trackers share: when to log what, and the run id kept in checkpoints.
+    """What the trackers share: when to log what, the run id kept in checkpoints, and what
+    happens when a tracker fails (the module docstring).
 
     A tracker implements ``_start`` (returns the run id), ``_log_params``,
     ``_log_metrics``, ``_log_files`` and ``_end``.
@@ -62,6 +102,7 @@ class TrackerHook(Hook):
 
     priority = Priority.LOWEST
     package = ""  # the module the tracker needs, also the name of its pip extra
+    loggers: tuple[str, ...] = ()  # the tracker's loggers, quiet unless log.verbose
 
     def __init__(self, artifacts: bool = True, plots: bool = True, priority: int | str | None = None) -> None:
         super().__init__(priority)
@@ -70,6 +111,7 @@ class TrackerHook(Hook):
             _require("matplotlib", f"the {self.package} hook's plots", "plot", "set plots=False in the hook's arguments")
         self.artifacts = artifacts
         self.plots = plots
+        self.verbose = False
         self.run_id: str | None = None
         self._active = False
 
@@ -82,31 +124,71 @@ class TrackerHook(Hook):
     def before_run(self, state) -> None:
         if not state.run.is_main:
             return
-        self.run_id, continued = self._start(state, self.run_id)
+        self.verbose = state.run.config.log.verbose
+        try:
+            with self._quiet():
+                self.run_id, continued = self._start(state, self.run_id)
+                if not continued:  # a continued run's parameters are already there (and may not change)
+                    self._log_params(flat_config(state.run.config.to_dict(), state.run.derived.to_dict()))
+        except UserError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to start is reported the same way
+            raise UserError(f"the {self.package} hook cannot start: {_first_line(err)}; {self._start_hint()}") from err
         self._active = True
-        if not continued:  # a continued run's parameters are already there (and may not change)
-            self._log_params(flat_config(state.run.config.to_dict(), state.run.derived.to_dict()))
 
     def after_step(self, state) -> None:
         if self._active and state.current.log_record is not None:
-            self._log_metrics(numeric_values(state.current.log_record), state.step)
+            self._guarded(state, self._log_metrics, numeric_values(state.current.log_record), state.step)
 
     def after_eval(self, state) -> None:
         if self._active:
-            self._log_metrics(numeric_values({"epoch": state.epoch, **state.eval_metrics}), state.step)
+            self._guarded(state, self._log_metrics, numeric_values({"epoch": state.epoch_number, **state.eval_metrics}), state.step)
 
     def after_run(self, state) -> None:
-        if not self._active:
-            return
-        if self.artifacts:
-            self._log_files(*self._outputs(state.run.run_dir, finished=not state.interrupted))
-        self._end("interrupted" if state.interrupted else "finished")
+        if self._active and self.artifacts:
+            self._guarded(state, lambda: self._log_files(*self._outputs(state.run.run_dir, finished=not state.interrupted)))
+        if self._active:
+            self._guarded(state, self._end, "interrupted" if state.interrupted else "finished")
         self._active = False
 
     def on_exception(self, state, exception: BaseException) -> None:
         if self._active:
             self._active = False
-            self._end("failed")
+            with contextlib.suppress(Exception), self._quiet():
+                self._end("failed")
+
+    def _guarded(self, state, call, *args: Any) -> None:
+        """``call(*args)``; a failure detaches the tracker with one warning, and the run goes on."""
+        try:
+            with self._quiet():
+                call(*args)
+        except Exception as err:  # noqa: BLE001 - a tracker must not end the run
+            self._active = False
+            print(
+                f"warning: the {self.package} hook failed at step {state.step} ({_first_line(err)}); it is detached and the run "
+                f"goes on: {state.run.run_dir / 'metrics.jsonl'} keeps every value",
+                flush=True,
+            )
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Iterator[None]:
+        """The tracker's own log lines hidden (unless ``log.verbose``) while it runs."""
+        if self.verbose:
+            yield
+            return
+        loggers = [logging.getLogger(name) for name in self.loggers]
+        levels = [logger.level for logger in loggers]
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
+
+    def _start_hint(self) -> str:
+        """What to check when the tracker cannot start."""
+        return "check the hook's settings, or drop the hook (metrics.jsonl holds every value anyway)"
 
     def _outputs(self, run_dir: RunDir, finished: bool) -> tuple[list[pathlib.Path], list[pathlib.Path], list[pathlib.Path]]:
         """(run files, plots, model files) that exist."""
@@ -152,9 +234,12 @@ class MlflowHook(TrackerHook):
 
     Artifacts land under ``run/`` (config.yaml, metrics.jsonl), ``plots/`` and ``model/``
     (model.safetensors, config.json). The run carries the tag ``largebatch.run_dir``.
+    Without a URI (here or in ``MLFLOW_TRACKING_URI``) the store is
+    ``sqlite:///<run_dir>/mlflow.db`` with artifacts in ``<run_dir>/mlartifacts``.
     """
 
     package = "mlflow"
+    loggers = ("mlflow", "alembic")
 
     def __init__(
         self,
@@ -172,12 +257,21 @@ class MlflowHook(TrackerHook):
         self.run_name = run_name
         self.tags = dict(tags or {})
         self.client = None
+        self._file_store = False
 
     def _start(self, state, resume_id: str | None) -> tuple[str, bool]:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        run_dir = state.run.run_dir
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{pathlib.Path(run_dir).resolve() / 'mlflow.db'}"
+        artifacts = None if (self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")) else (run_dir / "mlartifacts").resolve().as_uri()
+        self._file_store = uri.startswith("file:") or "://" not in uri  # a plain path is a file store too
+        if self._file_store:
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 asks for this; naming a file: URI is the asking
+        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="20"):  # fail fast at the start
+            self.client = MlflowClient(tracking_uri=uri)
+            self.client.search_experiments(max_results=1)  # opens the store: fails here, not mid-run
         if resume_id is not None:
             try:
                 self.client.update_run(resume_id, status="RUNNING")
@@ -185,7 +279,9 @@ class MlflowHook(TrackerHook):
             except MlflowException as err:  # another server, or the run was deleted
                 print(f"largebatch: MLflow run {resume_id} cannot continue ({err.error_code}); starting a new one", flush=True)
         found = self.client.get_experiment_by_name(self.experiment)
-        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
+        experiment_id = (
+            found.experiment_id if found is not None else self.client.create_experiment(self.experiment, artifact_location=artifacts)
+        )
         tags = {"largebatch.run_dir": str(state.run.run_dir), **self.tags}
         run = self.client.create_run(experiment_id, run_name=self.run_name or state.run.run_dir.name, tags=tags)
         return run.info.run_id, False
@@ -203,7 +299,7 @@ class MlflowHook(TrackerHook):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(key, value, now, step) for key, value in values.items()]
+        items = [Metric(key.replace("/", ".") if self._file_store else key, value, now, step) for key, value in values.items()]
         for i in range(0, len(items), MLFLOW_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i : i + MLFLOW_METRICS_PER_BATCH])
 
@@ -215,6 +311,12 @@ class MlflowHook(TrackerHook):
     def _end(self, outcome: str) -> None:
         status = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}[outcome]
         self.client.set_terminated(self.run_id, status=status)
+
+    def _start_hint(self) -> str:
+        return (
+            "check tracking_uri (an MLflow server http://host:port, sqlite:///path/mlflow.db or file:/path/mlruns) and that the "
+            "server is up, or drop the hook (metrics.jsonl holds every value anyway)"
+        )
 
 
 class WandbHook(TrackerHook):
@@ -237,6 +339,7 @@ class WandbHook(TrackerHook):
     """
 
     package = "wandb"
+    loggers = ("wandb",)
 
     def __init__(
         self,
@@ -272,6 +375,7 @@ class WandbHook(TrackerHook):
             id=resume_id,
             resume="allow" if resume_id is not None else None,
             config={**state.run.config.to_dict(), "derived": state.run.derived.to_dict()},
+            settings=wandb.Settings(silent=not self.verbose),
         )
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
@@ -298,3 +402,12 @@ class WandbHook(TrackerHook):
             self.run.mark_preempting()
         self.run.finish(exit_code=1 if outcome == "failed" else 0)
         self.run = None
+        import wandb
+
+        wandb.teardown()  # waits until W&B's service has written everything (finish alone returns before, when silent)
+
+    def _start_hint(self) -> str:
+        return (
+            "check project and entity, and W&B's credentials (WANDB_API_KEY, or `wandb login`); on a machine without "
+            "network use mode='offline' and `wandb sync` later; or drop the hook (metrics.jsonl holds every value anyway)"
+        )

@@ -169,6 +169,28 @@ def resume_other_optimizer_ignoring_config(tmp_path):
     return train(config, run_dir, "--resume", "auto", "--resume-ignore-config", "--set", "optimizer.type=lamb"), run_dir
 
 
+def tracker_case(hook, **variables: str):
+    """A run with this tracker hook, under these environment variables."""
+
+    def make(tmp_path):
+        spec = hook(tmp_path) if callable(hook) else hook
+        return train(config_with(tmp_path, hooks=[spec]), tmp_path / "run"), tmp_path / "run"
+
+    make.env = variables
+    return make
+
+
+def store_under_a_file(tmp_path: pathlib.Path) -> dict:
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    return {"type": "mlflow", "tracking_uri": f"sqlite:///{tmp_path}/taken/mlflow.db"}
+
+
+def closed_port() -> int:
+    from tests.conftest import free_port
+
+    return free_port()  # bound and released: nothing listens there
+
+
 def launcher_env(**variables: str):
     """A plain launch under these launcher variables (the test sets them, then restores)."""
 
@@ -289,6 +311,18 @@ CASES = [
     ("resume-changed-model", resume_with_another_model, ["model.embed_dim", "--resume-ignore-config"]),
     ("resume-other-model-ignoring-config", resume_other_model_ignoring_config, ["step-"]),
     ("resume-other-optimizer-ignoring-config", resume_other_optimizer_ignoring_config, ["adamw's state", "lamb"]),
+    # trackers that cannot start: one line before the first step
+    (
+        "mlflow-server-unreachable",
+        tracker_case(lambda t: {"type": "mlflow", "tracking_uri": f"http://127.0.0.1:{closed_port()}"}),
+        ["the mlflow hook cannot start", "tracking_uri", "server is up"],
+    ),
+    ("mlflow-store-unopenable", tracker_case(store_under_a_file), ["the mlflow hook cannot start", "taken"]),
+    (
+        "wandb-online-without-credentials",
+        tracker_case({"type": "wandb", "mode": "online", "project": "p"}, HOME="/nonexistent-home", WANDB_API_KEY="", WANDB_MODE="online"),
+        ["the wandb hook cannot start", "API key", "WANDB_API_KEY", "mode='offline'"],
+    ),
     # the launch environment
     ("rank-outside-world", launcher_env(RANK="3", WORLD_SIZE="2", LOCAL_RANK="0"), ["RANK=3", "outside 0..1"]),
     ("world-size-not-a-number", launcher_env(RANK="0", WORLD_SIZE="two", LOCAL_RANK="0"), ["WORLD_SIZE", "not integers"]),

@@ -33,7 +33,7 @@ def finished_run(tmp_path_factory, fmnist_shards):  # noqa: F811 - the fixture
     work = tmp_path_factory.mktemp("export")
     cfg = tiny_config(data={**FMNIST_DATA, "root": str(fmnist_shards)})
     cfg["model"].update(patch_size=7)
-    cfg["eval"] = {"interval_epochs": 0, "at_end": False}
+    cfg["eval"] = {"interval_epochs": 0, "at_end": True}
     result = run_cli("train", "--config", str(write_config(work, cfg)), "--run-dir", str(work / "run"))
     assert result.returncode == 0, result.stderr
     return work / "run"
@@ -73,8 +73,40 @@ def test_run_directory_loads_in_timm(finished_run):
 def test_export_writes_a_folder_timm_loads(finished_run, tmp_path):
     result = run_cli("export", str(finished_run), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert_loads_as_the_run(tmp_path / "out", finished_run)
+
+
+def test_config_json_alone_rebuilds_the_trained_model(finished_run):
+    # Only config.json: its architecture and model_args, through timm's public create_model,
+    # give the trained shapes (patch 7 on 28 px, 1 channel, width 32), not the registered
+    # vit_tiny_patch16_224's; with the weights loaded, the run's outputs.
+    hub = json.loads((finished_run / "config.json").read_text())
+    rebuilt = timm.create_model(hub["architecture"], pretrained=False, **hub["model_args"]).eval()
+    reference = reference_model(finished_run)
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in reference.state_dict().items()}
+    assert rebuilt.patch_embed.proj.weight.shape == (32, 1, 7, 7)
+    rebuilt.load_state_dict(load_file(str(finished_run / "model.safetensors")))
+    x = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(rebuilt(x), reference(x))
+
+
+def test_the_model_card_holds_the_hubs_front_matter_and_the_runs_summary(finished_run, tmp_path):
+    run_cli("export", str(finished_run), "--out", str(tmp_path / "out"))
+    card = (tmp_path / "out" / "README.md").read_text()
+    _, front, body = card.split("---\n", 2)
+    meta = yaml.safe_load(front)
+    assert meta["library_name"] == "timm" and meta["pipeline_tag"] == "image-classification"
+    assert "timm" in meta["tags"] and meta["datasets"] == ["fashion-mnist"]  # the shards' dataset.json source
+    last_eval = [r for r in map(json.loads, (finished_run / "metrics.jsonl").read_text().splitlines()) if "eval/top1" in r][-1]
+    (result,) = meta["model-index"][0]["results"]
+    top1 = next(m for m in result["metrics"] if m["name"] == "top-1 accuracy")
+    assert top1["value"] == round(100 * last_eval["eval/top1"], 2) and result["dataset"]["split"] == "validation"
+    derived = yaml.safe_load((finished_run / "config.yaml").read_text())["derived"]
+    assert f"| steps | {derived['total_steps']} (1 epochs) |" in body
+    assert "`vit_tiny_patch16_224` with `patch_size=7, embed_dim=32, depth=1" in body
+    assert 'timm.create_model("local-dir:' in body
 
 
 def test_export_of_an_unfinished_run_is_one_error_line(finished_run, tmp_path):

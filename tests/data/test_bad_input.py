@@ -95,7 +95,7 @@ def test_truncated_file(shards, capsys):
 def test_missing_index(shards, capsys):
     index_path_for(shards / SHARD).unlink()
     assert f"{SHARD}.idx: index file missing" in verify(shards, capsys)
-    with pytest.raises(DataError, match="index file missing; create it with 'largebatch data index"):
+    with pytest.raises(DataError, match="index file missing; create it with `largebatch data index"):
         load_all(shards)
 
 

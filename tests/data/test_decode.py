@@ -60,11 +60,12 @@ def header(jpeg: bytes) -> tuple[int, int]:
     return tuple(simplejpeg.decode_jpeg_header(jpeg)[:2])
 
 
-def reference(jpeg: bytes, box, size: int, mode: str = "RGB") -> torch.Tensor:
-    """Full-size Pillow decode, exact (fractional) crop box, antialiased bilinear resize."""
+def reference(jpeg: bytes, box, size: int, mode: str = "RGB", resample=Image.BILINEAR) -> torch.Tensor:
+    """Full-size Pillow decode, exact (fractional) crop box, antialiased resize (bilinear
+    unless ``resample`` says otherwise)."""
     left, top, width, height = box
     image = Image.open(io.BytesIO(jpeg)).convert(mode)
-    resized = image.resize((size, size), Image.BILINEAR, box=(left, top, left + width, top + height))
+    resized = image.resize((size, size), resample, box=(left, top, left + width, top + height))
     pixels = torch.from_numpy(np.array(resized))
     return pixels[None] if mode == "L" else pixels.permute(2, 0, 1)
 
@@ -118,19 +119,40 @@ def test_output_is_contiguous_uint8_chw(photos):
     assert mean_abs_diff(gray, ref) < 1.0
 
 
-def test_full_scale_decode_matches_pillow(photos):
-    """Integer training boxes too small for a reduced-scale decode: torch's filter = Pillow's."""
-    rng = np.random.default_rng(1)
-    checked = 0
+def full_scale_boxes(photos: list[bytes], seed: int, per_photo: int = 8) -> list[tuple[bytes, tuple]]:
+    """(jpeg, box) for random training boxes too small for a reduced-scale decode at 224 px."""
+    rng = np.random.default_rng(seed)
+    found = []
     for jpeg in photos:
         height, width = header(jpeg)
-        for _ in range(8):
+        for _ in range(per_photo):
             box = random_resized_crop_box(height, width, rng.random(AUGMENTATION_DRAWS))
-            if dct_scale(box, 224) != 1:
-                continue
-            checked += 1
-            assert mean_abs_diff(decode_crop_resize(jpeg, box, 224, 3), reference(jpeg, box, 224)) < 0.5  # measured <= 0.09
-    assert checked >= 10
+            if dct_scale(box, 224) == 1:
+                found.append((jpeg, box))
+    return found
+
+
+def test_full_scale_decode_matches_pillow(photos):
+    """Integer training boxes too small for a reduced-scale decode: torch's filter = Pillow's."""
+    boxes = full_scale_boxes(photos, seed=1)
+    assert len(boxes) >= 10
+    for jpeg, box in boxes:
+        assert mean_abs_diff(decode_crop_resize(jpeg, box, 224, 3), reference(jpeg, box, 224)) < 0.5  # measured <= 0.09
+
+
+def test_bicubic_matches_pillows_bicubic_and_differs_from_bilinear(photos):
+    """``data.interpolation: bicubic`` (DeiT's resize): Pillow's antialiased bicubic filter,
+    not the bilinear one: on full-scale boxes it is much closer to Pillow's bicubic than
+    the bilinear output is."""
+    boxes = full_scale_boxes(photos, seed=3)
+    assert len(boxes) >= 10
+    to_bicubic, bilinear_to_bicubic = [], []
+    for jpeg, box in boxes:
+        ref = reference(jpeg, box, 224, resample=Image.BICUBIC)
+        to_bicubic.append(mean_abs_diff(decode_crop_resize(jpeg, box, 224, 3, mode="bicubic"), ref))
+        bilinear_to_bicubic.append(mean_abs_diff(decode_crop_resize(jpeg, box, 224, 3), ref))
+    assert max(to_bicubic) < 0.3  # measured <= 0.03: within rounding of Pillow's
+    assert np.mean(bilinear_to_bicubic) > 3 * np.mean(to_bicubic)  # measured 1.19 against 0.011
 
 
 @pytest.mark.parametrize("size", [64, 112])

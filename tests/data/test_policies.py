@@ -158,8 +158,22 @@ def test_repeated_augmentation_spreads_copies_over_ranks_and_augments_each_diffe
     assert not torch.equal(images[0], images[1]) and not torch.equal(images[1], images[2])  # three different crops
 
 
+def test_the_native_loader_resizes_with_the_configured_filter(unique_shards):
+    # The same crops (same seeds) resized bicubic: every image a little different from the
+    # bilinear one, never a different crop (tests/data/test_decode.py checks the filter
+    # against Pillow's bicubic).
+    bilinear = data_cfg(unique_shards, 48)
+    bicubic = data_cfg(unique_shards, 48, interpolation="bicubic")
+    for (a, labels_a), (b, labels_b) in zip(epoch_batches(bilinear), epoch_batches(bicubic)):
+        assert torch.equal(labels_a, labels_b)
+        diff = np.abs(to_uint8(a, bilinear).astype(int) - to_uint8(b, bicubic).astype(int)).mean(axis=(1, 2, 3))
+        assert (diff > 0).all() and (diff < 8).all()
+
+
 @pytest.mark.parametrize("loader", ["dali", "mediapipe", "synthetic"])
-@pytest.mark.parametrize("key,value", [("auto_augment", POLICY), ("color_jitter", 0.4), ("reprob", 0.25), ("repeated_aug", 3)])
+@pytest.mark.parametrize(
+    "key,value", [("auto_augment", POLICY), ("color_jitter", 0.4), ("reprob", 0.25), ("repeated_aug", 3), ("interpolation", "bicubic")]
+)
 def test_a_loader_without_a_policy_refuses_it_naming_the_key(unique_shards, loader, key, value):
     if loader == "synthetic" and key == "repeated_aug":
         return  # the synthetic loader repeats samples (it has no augmentation to vary)

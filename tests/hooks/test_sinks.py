@@ -104,6 +104,34 @@ def test_plot_writes_parseable_pngs(tmp_path):
             assert image.format == "PNG" and image.size[0] > 300
 
 
+def test_plot_writes_into_out_and_draws_identical_series_once(tmp_path):
+    # A run with one unscaled group: lr, lr/decay and lr/no_decay are one series, drawn
+    # as one labelled line; the loss panel keeps train and eval apart.
+    (tmp_path / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"step": 1, "lr": 0.1, "lr/decay": 0.1, "lr/no_decay": 0.1, "loss": 2.0},
+                {"step": 2, "lr": 0.2, "lr/decay": 0.2, "lr/no_decay": 0.2, "loss": 1.5},
+                {"step": 2, "eval/loss": 1.7},
+            )
+        )
+        + "\n"
+    )
+    out = tmp_path / "figures" / "here"
+    written = plot_run(tmp_path, out)
+    assert {p.parent for p in written} == {out} and not list(tmp_path.glob("*.png"))
+    from largebatch.plot import distinct_curves, read_metrics
+
+    series = read_metrics(tmp_path / "metrics.jsonl")
+    (curve,) = distinct_curves(series, ["lr", "lr/decay", "lr/no_decay"])
+    assert curve == ("lr = lr/decay = lr/no_decay", [(1, 0.1), (2, 0.2)])
+    assert [name for name, _ in distinct_curves(series, ["loss", "eval/loss"])] == ["loss", "eval/loss"]
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="--out names a file"):
+        plot_run(tmp_path, tmp_path / "file")
+
+
 def test_plot_errors(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="no metrics.jsonl here"):
         plot_run(tmp_path)

@@ -8,11 +8,13 @@ hold every numeric value of the one at its step and every key of the other."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import math
 import os
 import pathlib
+import signal
 import socket
 import struct
 import subprocess
@@ -37,7 +39,7 @@ wandb = pytest.importorskip("wandb")
 STOP_AT = 5  # the interrupted run stops mid-epoch 2, past its last logged step
 
 
-def run(tmp_path: pathlib.Path, run_dir: pathlib.Path, *hooks, resume: str | None = None, **overrides):
+def run(tmp_path: pathlib.Path, run_dir: pathlib.Path, *hooks, resume: str | None = None, sets=(), **overrides):
     cfg = tiny_config(
         **{
             "epochs": 2,
@@ -50,7 +52,7 @@ def run(tmp_path: pathlib.Path, run_dir: pathlib.Path, *hooks, resume: str | Non
     )
     path = write_config(tmp_path, cfg, name=f"{run_dir.name}-{resume or 'new'}.yaml")
     preemption.clear()
-    return train(TrainArgs(config=str(path), run_dir=str(run_dir), resume=resume))
+    return train(TrainArgs(config=str(path), overrides=list(sets), run_dir=str(run_dir), resume=resume))
 
 
 def logged_series(run_dir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
@@ -95,38 +97,48 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """``mlflow server`` on a free loopback port, SQLite backend, artifacts in a local folder."""
-    root = tmp_path_factory.mktemp("mlflow")
+def start_mlflow_server(root: pathlib.Path) -> tuple[subprocess.Popen, str]:
+    """``mlflow server`` on a free loopback port, SQLite backend, artifacts in a local
+    folder, answering; returns the process and its URI."""
     port = free_port()
     mlflow_cli = pathlib.Path(sys.executable).with_name("mlflow")
-    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [str(mlflow_cli), "server", "--backend-store-uri", f"sqlite:///{root / 'db.sqlite'}"]
-        + ["--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "MLFLOW_TRACKING_URI": ""},
-    )
+    with open(root / "server.log", "w") as log:
+        proc = subprocess.Popen(
+            [str(mlflow_cli), "server", "--backend-store-uri", f"sqlite:///{root / 'db.sqlite'}"]
+            + ["--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+            start_new_session=True,  # its own process group: the server and its workers end together
+        )
     uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return proc, uri
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            stop_mlflow_server(proc)
+            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+
+
+def stop_mlflow_server(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    proc, uri = start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
         yield uri
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+        stop_mlflow_server(proc)
 
 
 @pytest.mark.slow
@@ -224,14 +236,15 @@ def wandb_records(path: pathlib.Path) -> list:
 
 
 @pytest.mark.slow
-def test_wandb_offline_files_hold_the_config_every_metric_and_the_outputs_and_a_resume_keeps_the_id(tmp_path, monkeypatch):
+def test_wandb_offline_files_hold_the_config_every_metric_and_the_outputs_and_a_resume_keeps_the_id(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
     hook = {"type": "wandb", "project": "largebatch-test", "mode": "offline", "tags": ["t"]}
     run_dir = tmp_path / "run"
     run(tmp_path, run_dir, hook, max_steps=STOP_AT)
-    run(tmp_path, run_dir, hook, resume="auto")
+    run(tmp_path, run_dir, hook, resume="auto", sets=["max_steps=null"])  # a resume keeps the saved max_steps unless told
+    out = capfd.readouterr()
+    assert not [line for line in (out.out + out.err).splitlines() if line.startswith("wandb:")]  # no banner: log.verbose is off
 
     files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 2  # one per process, both with the same run id: `wandb sync` joins them
@@ -282,7 +295,7 @@ def test_mlflow_starts_a_new_run_when_the_saved_one_is_unknown_to_the_server(tmp
     run = SimpleNamespace(
         is_main=True,
         run_dir=RunDir(tmp_path / "run"),
-        config=SimpleNamespace(to_dict=lambda: {"seed": 0}),
+        config=SimpleNamespace(to_dict=lambda: {"seed": 0}, log=SimpleNamespace(verbose=False)),
         derived=SimpleNamespace(to_dict=lambda: {"world_size": 1}),
     )
     state = SimpleNamespace(run=run)
@@ -290,3 +303,79 @@ def test_mlflow_starts_a_new_run_when_the_saved_one_is_unknown_to_the_server(tmp
     assert "cannot continue" in capsys.readouterr().out
     run = MlflowClient(tracking_uri=mlflow_server).get_run(hook.run_id)
     assert hook.run_id != "0" * 32 and run.data.params == {"seed": "0", "derived.world_size": "1"}
+
+
+@pytest.mark.slow
+def test_mlflow_without_a_uri_writes_inside_the_run_directory_and_says_nothing(tmp_path, monkeypatch, capfd):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)  # where a user runs from: nothing may appear here
+    run_dir = tmp_path / "run"
+    run(tmp_path, run_dir, {"type": "mlflow", "plots": False})
+    assert list(work.iterdir()) == []
+    assert (run_dir / "mlflow.db").is_file() and (run_dir / "mlartifacts").is_dir()
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    (tracked,) = client.search_runs([client.get_experiment_by_name("largebatch").experiment_id])
+    assert set(tracked.data.metrics) == set(logged_series(run_dir))
+    assert "model/model.safetensors" in {a.path for a in client.list_artifacts(tracked.info.run_id, "model")}
+    out = capfd.readouterr()
+    assert " INFO " not in out.out + out.err  # MLflow's and alembic's INFO lines: only with log.verbose
+
+
+@pytest.mark.slow
+def test_mlflow_on_a_file_store_maps_metric_names_that_would_collide(tmp_path, monkeypatch):
+    # lr and lr/no_decay: a file and a folder of the same name in a file store; there they
+    # are stored as lr and lr.no_decay, every point of metrics.jsonl kept.
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = (tmp_path / "mlruns").as_uri()
+    run_dir = tmp_path / "run"
+    run(tmp_path, run_dir, {"type": "mlflow", "tracking_uri": uri, "plots": False})
+    assert (run_dir / "model.safetensors").is_file()
+    client = MlflowClient(tracking_uri=uri)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("largebatch").experiment_id])
+    expected = logged_series(run_dir)
+    assert {"lr/no_decay", "grad_norm/decay"} & set(expected)
+    assert set(tracked.data.metrics) == {key.replace("/", ".") for key in expected}
+    for key, points in expected.items():
+        history = client.get_metric_history(tracked.info.run_id, key.replace("/", "."))
+        assert_same_points([(m.step, m.value) for m in history], points, key)
+
+
+STOP_PROCESS = """
+import os
+import signal
+
+from largebatch.engine.hook import Hook
+
+
+class StopProcess(Hook):
+    def __init__(self, pid: int, step: int):
+        super().__init__()
+        self.pid, self.step = pid, step
+
+    def after_step(self, state):  # before the trackers (they run last)
+        if state.step == self.step:
+            os.killpg(self.pid, signal.SIGKILL)  # the server and its workers
+"""
+
+
+@pytest.mark.slow
+def test_a_tracker_that_fails_mid_run_detaches_with_one_warning_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    proc, uri = start_mlflow_server(tmp_path)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the user's setting: no minutes of retries here
+    (tmp_path / "stop.py").write_text(STOP_PROCESS)
+    stop = {"type": f"{tmp_path / 'stop.py'}:StopProcess", "pid": proc.pid, "step": 3}  # the server dies after step 3
+    try:
+        state = run(tmp_path, tmp_path / "run", {"type": "mlflow", "tracking_uri": uri, "plots": False}, stop, **{"log.interval": 1})
+    finally:
+        stop_mlflow_server(proc)
+    assert state.step == 8 and not state.interrupted  # two epochs of 4 steps: the run went on
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: the mlflow hook failed")]
+    assert len(warnings) == 1 and "at step 3" in warnings[0] and "metrics.jsonl keeps every value" in warnings[0]
+    assert [step for step, _ in logged_series(tmp_path / "run")["loss"]] == list(range(1, 9))
+    assert (tmp_path / "run" / "model.safetensors").is_file()
