@@ -174,15 +174,23 @@ def test_what_it_cannot_do_is_one_error_with_the_fix(tmp_path, change, kwargs, f
         assert fragment in str(info.value)
 
 
-def test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it(tmp_path, capsys):
-    config, train = shapes.data_parallel(tmp_path)
-    out = tmp_path / "vit-b16-largebatch.py"
-    argv = ["config", "import", "colossalai", str(config), "--train-script", str(train), "--world-size", "8", "--out", str(out)]
+@pytest.mark.parametrize(
+    ("shape", "world_size", "global_batch", "accumulation"),
+    [(shapes.data_parallel, 8, 4096, 4), (shapes.hybrid_parallel, 64, 2048, 1)],
+    ids=["data-parallel", "hybrid-parallel"],
+)
+def test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it(
+    tmp_path, capsys, shape, world_size, global_batch, accumulation
+):
+    """The commands of docs/coming-from.md, on configs of the examples' two shapes."""
+    config, train = shape(tmp_path)
+    out = tmp_path / "imported.py"
+    argv = ["config", "import", "colossalai", str(config), "--train-script", str(train), "--world-size", str(world_size), "--out", str(out)]
     assert cli.main(argv) == 0
-    assert f"largebatch config show {out} --world-size 8" in capsys.readouterr().out
-    assert cli.main(["config", "show", str(out), "--world-size", "8"]) == 0
+    assert f"largebatch config show {out} --world-size {world_size}" in capsys.readouterr().out
+    assert cli.main(["config", "show", str(out), "--world-size", str(world_size)]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
-    assert shown["global_batch_size"] == 4096 and shown["derived"]["accumulation"] == 4
+    assert shown["global_batch_size"] == global_batch and shown["derived"]["accumulation"] == accumulation
     written = out.read_text()
     assert cli.main(argv) == 2
     assert "--force" in capsys.readouterr().err and out.read_text() == written
