@@ -29,7 +29,6 @@ from typing import Any
 
 import yaml
 
-from largebatch.config.colossal.detect import refuse_colossalai_imports, refuse_colossalai_shape
 from largebatch.errors import ConfigError
 
 SCALARS = (str, int, float, bool, type(None))
@@ -57,6 +56,8 @@ def load_config(path: str | pathlib.Path, overrides: list[str] | None = None) ->
     for override in overrides or []:
         apply_override(config, override)
     if pathlib.Path(path).suffix == ".py":
+        from largebatch.config.colossal.detect import refuse_colossalai_shape  # only when a config is read: --help stays fast
+
         refuse_colossalai_shape(pathlib.Path(path), config)
     return config
 
@@ -89,6 +90,8 @@ def _load_file(path: pathlib.Path, chain: tuple[pathlib.Path, ...]) -> dict[str,
 
 
 def _read_python(path: pathlib.Path) -> dict[str, Any]:
+    from largebatch.config.colossal.detect import refuse_colossalai_imports
+
     try:
         refuse_colossalai_imports(path, ast.parse(path.read_text(), filename=str(path)))
     except SyntaxError:
