@@ -104,7 +104,7 @@ def fill_data(b: Builder, script: TrainScript | None) -> None:
     """What a config needs that the source does not say."""
     b.fill("data.loader", "native", "no DALI settings in the source: the PyTorch TFRecord reader")
     reads = re.findall(r"environ\[['\"](\w+)['\"]\]|environ\.get\(['\"](\w+)['\"]", script.path.read_text()) if script else []
-    variables = sorted({a or b_ for a, b_ in reads})
+    variables = sorted({subscript or call for subscript, call in reads})
     where = f"the train script reads ${', $'.join(variables)}" if variables else "not in the source"
     b.fill("data.root", "data/imagenet", f"{where}: set the folder of your TFRecord shards (docs/data.md)")
     if b.get("data.num_classes", 1000) == 1000:

@@ -22,8 +22,9 @@ NEEDED = {
     "epochs": "no NUM_EPOCHS in the config: --set epochs=N",
     "global_batch_size": "no BATCH_SIZE in the config: --set global_batch_size=N",
     "micro_batch_size": "no BATCH_SIZE in the config: --set micro_batch_size=N",
-    "model.name": "the model is built in the train script: give --train-script, or --set model.name=NAME (a timm model)",
-    "optimizer.lr": "no LEARNING_RATE in the config and no optimizer found: give --train-script, or --set optimizer.lr=X",
+    "model.name": "not found: the model is built in the train script; give --train-script, or --set model.name=NAME (a timm model)",
+    "optimizer.lr": "not found in the config or the train script, or known only when the script runs; give --train-script, or "
+    "--set optimizer.lr=X",
 }
 
 

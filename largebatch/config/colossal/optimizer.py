@@ -45,7 +45,7 @@ OPTIMIZERS = {
         ("lr", "momentum", "eeta", "weight_decay", "epsilon"),
         renames={"eeta": "eta", "epsilon": "eps"},
         defaults={"momentum": 0.0, "eps": 0.0},
-        note="Colossal-AI's Lars defaults: momentum 0, epsilon 0",
+        note="Colossal-AI's Lars defaults: momentum 0, epsilon 0 (its clamps, trust ratio at 50 and gradients at 10, are not offered)",
     ),
     "AdamW": OptimizerSpec(
         "adamw", ("lr", "betas", "eps", "weight_decay", "amsgrad"), defaults={"weight_decay": 0.01}, note="torch's AdamW default"

@@ -203,3 +203,66 @@ def test_without_out_it_prints_the_config(tmp_path, capsys):
     assert cli.main(["config", "import", "colossalai", str(config), "--train-script", str(train), "--world-size", "8"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("# Imported from a Colossal-AI config") and "global_batch_size = 4096" in printed
+
+
+SMALL_CONFIG = "BATCH_SIZE = 32\nNUM_EPOCHS = 10\nclip_grad_norm = 1.0\n"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (
+            "opt = colossalai.nn.optimizer.Lars(model.parameters(), lr=0.1, eeta=0.02)\n",
+            {"optimizer.type": "lars", "optimizer.eta": 0.02, "optimizer.momentum": 0.0, "optimizer.eps": 0.0},
+        ),
+        ("opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n", {"optimizer.type": "adamw", "optimizer.weight_decay": 0.01}),
+        ("opt = torch.optim.SGD(model.parameters(), 0.5, 0.9, nesterov=True)\n", {"optimizer.lr": 0.5, "optimizer.momentum": 0.9}),
+        (
+            "opt = Lamb(params, lr=1e-2)\nsched = PolynomialWarmupLR(opt, 1000, warmup_steps=100, power=2.0)\n",
+            {"lr_schedule.type": "polynomial", "lr_schedule.warmup_steps": 100, "lr_schedule.power": 2.0, "lr_schedule.min_lr": 0.0001},
+        ),
+        (
+            "opt = Lamb(params, lr=1e-2)\nsched = CosineAnnealingLR(opt, total_steps=gpc.config.NUM_EPOCHS, eta_min=1e-5)\n",
+            {"lr_schedule.type": "cosine", "lr_schedule.min_lr": 1e-5},
+        ),
+        ("opt = Lamb(params, lr=1e-2)\n", {"lr_schedule.type": "constant"}),
+    ],
+)
+def test_the_train_script_s_optimizer_and_schedule(tmp_path, lines, expected):
+    config = shapes.write(tmp_path, "config.py", SMALL_CONFIG)
+    train = shapes.write(
+        tmp_path, "train.py", "import timm\nmodel = timm.create_model('vit_tiny_patch16_224', drop_path_rate=0.1)\n" + lines
+    )
+    cfg = imported(tmp_path, import_colossalai(config, train, world_size=2)).to_dict()
+    assert cfg["model"]["name"] == "vit_tiny_patch16_224" and cfg["model"]["drop_path_rate"] == 0.1
+    for key, value in expected.items():
+        section, name = key.split(".")
+        assert cfg[section][name] == value, key
+
+
+def test_what_the_script_knows_only_when_it_runs_is_listed_and_asked_for(tmp_path):
+    config = shapes.write(tmp_path, "config.py", SMALL_CONFIG)
+    train = shapes.write(
+        tmp_path,
+        "train.py",
+        "from timm.models import vit_tiny_patch16_224\nmodel = vit_tiny_patch16_224()\nopt = Lamb(model.parameters(), lr=args.lr)\n"
+        "sched = MultiStepLR(opt, milestones=[30, 60])\n",
+    )
+    with pytest.raises(ConfigError, match="optimizer.lr .not found in the config or the train script, or known only when the script runs"):
+        import_colossalai(config, train, world_size=2)
+    text = import_colossalai(config, train, world_size=2, overrides=["optimizer.lr=0.01"])
+    header = " ".join(line.lstrip("# ").strip() for line in text.split("\n\n")[0].splitlines())
+    assert "Lamb(lr=args.lr) at train.py:3 known only when the script runs; give it with --set optimizer.lr=VALUE" in header
+    assert "MultiStepLR at train.py:4 no equivalent" in header
+
+
+def test_an_early_style_optimizer_dict_in_the_config(tmp_path):
+    config = shapes.write(
+        tmp_path,
+        "config.py",
+        SMALL_CONFIG + "from colossalai.nn.optimizer import Lamb\noptimizer = dict(type=Lamb, lr=0.02, weight_decay=0.1, foo=1)\n",
+    )
+    text = import_colossalai(config, world_size=2, overrides=["model.name=vit_tiny_patch16_224"])
+    cfg = imported(tmp_path, text)
+    assert (cfg.optimizer.type, cfg.optimizer.lr, cfg.optimizer.weight_decay) == ("lamb", 0.02, 0.1)
+    assert "optimizer (config.py:5) foo=1" in text and "no equivalent in optimizer type 'lamb'" in text
