@@ -1,4 +1,4 @@
-"""The ``largebatch`` command line: ``train``, ``config show``, ``config keys``, ``data ...``, ``plot``.
+"""The ``largebatch`` command line: ``train``, ``config show|keys|import``, ``data ...``, ``export``, ``plot``.
 
 A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
 status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1, SIGUSR2 or
@@ -137,6 +137,23 @@ def cmd_config_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_import_colossalai(args: argparse.Namespace) -> int:
+    from largebatch.config.colossal.importer import import_colossalai
+
+    out = pathlib.Path(args.out) if args.out else None
+    if out is not None and out.exists() and not args.force:
+        raise UserError(f"{out} exists; give another --out, or --force to overwrite it", key="--out")
+    text = import_colossalai(args.config, args.train_script, args.world_size, args.overrides, args.out)
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    world = f" --world-size {args.world_size}" if args.world_size else ""
+    print(f"{out}: written; its header lists where each value came from and what was not mapped (largebatch config show {out}{world})")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from largebatch.export import export_run
 
@@ -162,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(train)
     train.set_defaults(func=cmd_train)
 
-    config = commands.add_parser("config", help="inspect configs")
+    config = commands.add_parser("config", help="inspect and import configs")
     config_commands = config.add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser("show", help="print the resolved config and its derived numbers as YAML")
     show.add_argument("config")
@@ -177,6 +194,20 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--write", metavar="PAGE", help="replace the generated key reference in PAGE (docs/configs.md)")
     keys.add_argument("--debug", action="store_true")
     keys.set_defaults(func=cmd_config_keys)
+
+    imports = config_commands.add_parser("import", help="write a largebatch config from another framework's config")
+    import_from = imports.add_subparsers(dest="import_from", required=True)
+    colossal = import_from.add_parser(
+        "colossalai", help="from a Colossal-AI legacy config (colossalai need not be installed) and, optionally, its train script"
+    )
+    colossal.add_argument("config", help="the Colossal-AI config file (BATCH_SIZE, NUM_EPOCHS, fp16, gradient_accumulation, ...)")
+    colossal.add_argument("--train-script", help="its train script, read (not run) for the optimizer, schedule, model and loss")
+    colossal.add_argument("--world-size", type=int, help="the number of devices it ran on (the global batch depends on it)")
+    colossal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="set a value of the result")
+    colossal.add_argument("--out", help="the config file to write (default: print it)")
+    colossal.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    colossal.add_argument("--debug", action="store_true")
+    colossal.set_defaults(func=cmd_config_import_colossalai)
 
     export = commands.add_parser("export", help="write a finished run's weights with timm's config.json into a folder")
     export.add_argument("run_dir", help="the run directory (holds config.yaml and model.safetensors)")

@@ -10,7 +10,9 @@ classes are ignored, so a config may compute its values::
     global_batch_size = GLOBAL
     optimizer = dict(type='lamb', lr=1.8e-2, weight_decay=0.1)
 
-A YAML file of the same shape is accepted. ``_base_`` (a path or a list of paths,
+A file shaped like a Colossal-AI config (it imports ``colossalai``, or sets its keys
+and constants) is refused with the command that converts it
+(``largebatch.config.colossal.detect``). A YAML file of the same shape is accepted. ``_base_`` (a path or a list of paths,
 relative to the file) is merged first, in order; this file's values are merged over it.
 Dicts merge key by key; a dict holding ``_delete_=True`` replaces its base instead.
 Lists and scalars replace.
@@ -18,6 +20,7 @@ Lists and scalars replace.
 
 from __future__ import annotations
 
+import ast
 import copy
 import pathlib
 import runpy
@@ -46,11 +49,16 @@ def load_config(path: str | pathlib.Path, overrides: list[str] | None = None) ->
 
     Raises:
         ConfigError: the file is missing or unreadable, a value is not plain data, a
-            ``_base_`` cycles, or an override is malformed.
+            ``_base_`` cycles, an override is malformed, or the file is a Colossal-AI
+            config (naming the command that converts it).
     """
     config = _load_file(pathlib.Path(path), chain=())
     for override in overrides or []:
         apply_override(config, override)
+    if pathlib.Path(path).suffix == ".py":
+        from largebatch.config.colossal.detect import refuse_colossalai_shape  # only when a config is read: --help stays fast
+
+        refuse_colossalai_shape(pathlib.Path(path), config)
     return config
 
 
@@ -82,6 +90,12 @@ def _load_file(path: pathlib.Path, chain: tuple[pathlib.Path, ...]) -> dict[str,
 
 
 def _read_python(path: pathlib.Path) -> dict[str, Any]:
+    from largebatch.config.colossal.detect import refuse_colossalai_imports
+
+    try:
+        refuse_colossalai_imports(path, ast.parse(path.read_text(), filename=str(path)))
+    except SyntaxError:
+        pass  # running it names the line
     try:
         namespace = runpy.run_path(str(path), run_name="largebatch_config")
     except Exception as exc:  # a config that raises is the user's to fix: show where

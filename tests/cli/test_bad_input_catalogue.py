@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from largebatch import cli
+from tests.config.colossal import shapes
 from tests.conftest import tiny_config, write_config
 from tests.data.conftest import write_unique_label_shards
 
@@ -249,6 +250,38 @@ def hook_with_typed_argument(tmp_path):
     return {"type": f"{path}:Every", "every": "often"}
 
 
+def colossalai_config(tmp_path):
+    config, _ = shapes.data_parallel(tmp_path)
+    return train(str(config), tmp_path / "run"), tmp_path / "run"
+
+
+def python_config_with(tmp_path, text: str, drop: str | None = None):
+    """The tiny config as a Python file, ``text`` before it, the key ``drop`` left out."""
+    cfg = tiny_config()
+    cfg.pop(drop, None)
+    path = tmp_path / "config.py"
+    path.write_text(text + "".join(f"{key} = {value!r}\n" for key, value in cfg.items()))
+    return train(str(path), tmp_path / "run"), tmp_path / "run"
+
+
+def importing(*extra: str, script: bool = True, hybrid: bool = False):
+    """``largebatch config import colossalai`` on an example-shaped config (and its train script)."""
+
+    def make(tmp_path):
+        config, train_script = (shapes.hybrid_parallel if hybrid else shapes.data_parallel)(tmp_path)
+        argv = ["config", "import", "colossalai", str(config), *(["--train-script", str(train_script)] if script else []), *extra]
+        return argv, tmp_path / "out"
+
+    return make
+
+
+def import_over_an_existing_file(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.py").write_text("keep me\n")
+    argv, _ = importing("--world-size", "8", "--out", str(tmp_path / "out" / "mine.py"))(tmp_path)
+    return argv, tmp_path / "out"
+
+
 CASES = [
     # the command line
     ("flag-misspelt", case_argparse(TRAIN, "--config", "x.py", "--resum", "auto"), ["--resum", "did you mean --resume?"]),
@@ -265,6 +298,31 @@ CASES = [
     ("config-yaml-syntax", case_file("epochs: [1,\n", "bad.yaml"), ["bad.yaml"]),
     ("config-yaml-not-a-mapping", case_file("- 1\n- 2\n", "list.yaml"), ["list.yaml"]),
     ("config-extension", case_file("epochs: 1\n", "config.txt"), ["config.txt"]),
+    # a Colossal-AI config where a largebatch config belongs, and its import
+    ("colossalai-config-to-train-py", colossalai_config, ["config.py", "imports colossalai", "largebatch config import colossalai"]),
+    (
+        "colossalai-keys-without-the-import",
+        case_file("BATCH_SIZE = 256\nNUM_EPOCHS = 300\nfp16 = dict(mode='torch')\ngradient_accumulation = 16\n", "colossal.py"),
+        ["colossal.py", "looks like a Colossal-AI config", "BATCH_SIZE, NUM_EPOCHS", "largebatch config import colossalai"],
+    ),
+    (
+        "uppercase-name-ignored",
+        lambda t: python_config_with(t, "NUM_EPOCHS = 3\n", drop="epochs"),
+        ["NUM_EPOCHS is upper-case", "NUM_EPOCHS -> epochs"],
+    ),
+    ("import-source-misspelt", case_argparse("config", "import", "colossal", "x.py"), ["colossal", "did you mean 'colossalai'?"]),
+    ("import-config-missing", case_argparse("config", "import", "colossalai", "nope.py"), ["nope.py", "does not exist"]),
+    ("import-world-size-word", importing("--world-size", "eight"), ["--world-size", "eight"]),
+    ("import-needs-world-size", importing(), ["config.py", "give --world-size N"]),
+    ("import-world-size-indivisible", importing("--world-size", "6", hybrid=True), ["--world-size", "tensor 2 x pipeline 2"]),
+    (
+        "import-train-script-missing",
+        importing("--train-script", "nope.py", "--world-size", "8", script=False),
+        ["nope.py", "does not exist"],
+    ),
+    ("import-without-the-model", importing("--world-size", "8", script=False), ["model.name", "--train-script"]),
+    ("import-set-invalid", importing("--world-size", "8", "--set", "optimizer.lr=-1"), ["optimizer.lr", "must be > 0"]),
+    ("import-out-exists", import_over_an_existing_file, ["--out", "mine.py", "--force"]),
     # --set
     ("set-unclosed-list", case_set("optimizer.betas=[0.9, 0.99"), ["optimizer.betas", "not valid YAML"]),
     ("set-without-equals", case_set("optimizer.lr"), ["--set", "key.path=value"]),

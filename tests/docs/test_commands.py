@@ -66,6 +66,14 @@ COVERED = {
     "largebatch data index data/other/train-00000-of-00004": "tests/data/test_convert.py::test_cli_convert_index_verify",
     "largebatch data verify data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
     "largebatch config keys --write docs/configs.md": "tests/config/test_reference.py::test_docs_configs_page_matches_the_schema",
+    "largebatch config import colossalai config.py --train-script train.py --world-size 8 --out vit-b16-largebatch.py": (
+        "tests/config/colossal/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
+        "  # on a config and train script in the shape of Colossal-AI's data-parallel ViT example, then config show on the result"
+    ),
+    "largebatch config import colossalai vit_1d_tp2_pp2.py --train-script train_with_engine.py --world-size 64 --out vit-hybrid.py": (
+        "tests/config/colossal/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
+        "  # on a config and engine script in the shape of Colossal-AI's hybrid-parallel ViT example"
+    ),
     "torchrun --standalone --nproc_per_node=2 train.py --config configs/demo/finetune-vit-tiny-fmnist.py": (
         "tests/test_finetune.py::test_the_shipped_fine_tune_config_starts_from_the_run_the_readmes_first_command_writes"
         "  # this config after setup.sh's demo command, both shortened to two steps on a small shard set"
@@ -246,7 +254,8 @@ def _argv_after_train_py(words: list[str]) -> list[str] | None:
             inner = _argv_after_train_py(_words(word))
             if inner is not None:
                 return inner
-        if word.endswith("train.py") or (word == "train" and i and words[i - 1] == "largebatch"):
+        script_argument = i and words[i - 1] == "--train-script"  # a file the command reads, not the program it runs
+        if (word.endswith("train.py") and not script_argument) or (word == "train" and i and words[i - 1] == "largebatch"):
             rest = words[i + 1 :]
             stop = [j for j, w in enumerate(rest) if w in ("|", "&&", ";", "||", ">")]
             return rest[: stop[0]] if stop else rest
