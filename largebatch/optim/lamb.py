@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from largebatch.errors import UserError
-from largebatch.optim import lamb_cpu, lamb_triton, lamb_update, sharded
+from largebatch.optim import lamb_cpu, lamb_habana, lamb_triton, lamb_update, sharded
 from largebatch.optim.lamb_update import Kernel, Settings, Tensors
 from largebatch.optim.layerwise import Collected, LayerwiseOptimizer, Stats, in_order
 
@@ -51,17 +51,22 @@ def choose(
     chunk_elements: int | None = None,
     scratch: lamb_cpu.Scratch | None = None,
     sharded: bool = False,
+    habana: type | None = None,
 ) -> Kernel:
     """LAMB's implementation for a bucket ``(params, grads, exp_avgs, exp_avg_sqs)`` of one
     device, dtype and step count, decided here only: the first that applies of
 
-    1. the per-tensor reference (``lamb_update.Reference``) when not ``foreach``;
-    2. ``lamb_cpu``'s chunks of ``chunk_elements`` (``None``: ``CPU_CHUNK_ELEMENTS``; 0: off) in
+    1. Habana's FusedLamb (``lamb_habana``), a whole optimizer that replaces ``Lamb``, when the
+       HPU backend asks with ``habana``, the bridge's class (``tensors``: the model's parameters);
+    2. the per-tensor reference (``lamb_update.Reference``) when not ``foreach``;
+    3. ``lamb_cpu``'s chunks of ``chunk_elements`` (``None``: ``CPU_CHUNK_ELEMENTS``; 0: off) in
        ``scratch``'s buffers, for whole tensors (not ``sharded`` slices);
-    3. the Triton kernel (``lamb_triton``), then torch's fused Adam kernel (``lamb_update.FusedAdam``);
-    4. plain multi-tensor ops (``lamb_update.MultiTensor``), which take anything (dividing in
+    4. the Triton kernel (``lamb_triton``), then torch's fused Adam kernel (``lamb_update.FusedAdam``);
+    5. plain multi-tensor ops (``lamb_update.MultiTensor``), which take anything (dividing in
        place on ``sharded`` slices: one parameter-sized temporary instead of two).
     """
+    if habana is not None and lamb_habana.FusedLamb(habana).applies(tensors):
+        return lamb_habana.FusedLamb(habana)
     if not foreach or not tensors[0]:
         return REFERENCE
     limit = lamb_cpu.CPU_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
