@@ -114,7 +114,7 @@ def _step_window(settings: Settings, window: _Window, buffer: Tensor, clip: Tens
         updates.append(us)
     if not settings.needs_norms:
         return None
-    # in float64, so that the Python floats of the step sizes are exact
+    # in float64, the precision of the Python floats the step sizes become
     stats = trust(settings, *(_whole(torch.stack(parts).double(), window) for parts in (x_parts, u_parts)))
     sizes = (stats[0] * -settings.lr)[window.owner].tolist() if settings.bounds is not None else None
     # Backwards: the pieces touched last are the ones still in cache.

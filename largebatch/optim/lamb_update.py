@@ -12,13 +12,12 @@ with ``phi`` the identity (``largebatch.optim.lamb`` has the variants' switches)
 kernel takes its scalars from ``Settings``, its moments from ``advance_moments`` or from
 torch's fused Adam kernel (``fused_directions``), its ratios from ``trust`` and its step
 from ``apply``; the Triton kernel (``lamb_triton``) computes the same lines per element
-from the same ``Settings``. A ``Kernel`` takes a bucket, ``(params, grads, exp_avgs,
-exp_avg_sqs)`` of one device, dtype and step count: ``begin`` advances the moments and
-returns the step's second half (``Pending``), which gives the norms, then ``finish``es
-with the trust ratios; the sharded step sums every bucket's norms across ranks between
-the two. On a GPU the step is bound by memory traffic: in parameter-sized streams per
-element (reads + writes), ``AdamW(fused=True)`` takes 7, ``MultiTensor`` about 26,
-``FusedAdam`` 14 and the Triton kernel 10.
+from the same ``Settings``. A ``Kernel`` takes a bucket (tensors of one device, dtype and
+step count): ``begin`` advances the moments and returns the step's second half
+(``Pending``), which gives the norms and ``finish``es with the trust ratios; the sharded
+step sums every bucket's norms across ranks in between. On a GPU the step is bound by
+memory traffic: ``AdamW(fused=True)`` moves 7 parameter-sized streams per element,
+``MultiTensor`` about 26, ``FusedAdam`` 14, the Triton kernel 10.
 """
 
 from __future__ import annotations
