@@ -113,7 +113,6 @@ class Lamb(LayerwiseOptimizer):
         UserError: an option is out of range.
     """
 
-    ALGORITHM = "LAMB"
     SWITCHES = ("adam", "no_decay_adapt", "max_grad_norm", "foreach", "chunk_elements")
 
     def __init__(

@@ -63,6 +63,8 @@ class Lars(LayerwiseOptimizer):
         UserError: an option is out of range.
     """
 
+    SWITCHES = ("no_decay_adapt", "foreach")
+
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],

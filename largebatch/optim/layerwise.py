@@ -44,7 +44,6 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
     and deepcopy), checks its own group options in ``_check`` and implements ``_step_group``
     and ``_step_sharded``."""
 
-    ALGORITHM = ""  # for messages
     SWITCHES: tuple[str, ...] = ()
     foreach: bool
 
@@ -133,7 +132,7 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
             name = given[i] if given is not None else f"group{index}.{i}"
             if p.grad.is_sparse:
                 raise UserError(
-                    f"{type(self).__name__} got a sparse gradient for parameter {name!r}; {self.ALGORITHM} needs dense "
+                    f"{type(self).__name__} got a sparse gradient for parameter {name!r}; {type(self).__name__.upper()} needs dense "
                     "gradients (e.g. nn.Embedding(..., sparse=False))"
                 )
             self._init_state(p, self.state[p])
