@@ -16,6 +16,7 @@ paper's update, and against the multi-tensor kernel), timed by ``bench/lamb_step
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -77,7 +78,8 @@ class CpuChunks(Kernel):
         dtype = tensors[0][0].dtype
         buffer = self.scratch.get(dtype, max(w.numel for w in windows))
         clip_buffer = self.scratch.get(dtype, self.limit, slot=1) if clip is not None else None
-        results = [_step_window(settings, window, buffer, clip, clip_buffer) for window in windows]
+        count = torch.tensor(settings.step)  # the fused kernel's step count, made once
+        results = [_step_window(settings, window, buffer, clip, clip_buffer, count) for window in windows]
         if not settings.record:
             return None
         return tuple(torch.cat([r[k] for r in results]).to(dtype) for k in range(3))  # type: ignore[index,return-value]
@@ -92,7 +94,9 @@ class _Window(NamedTuple):
     numel: int
 
 
-def _step_window(settings: Settings, window: _Window, buffer: Tensor, clip: Tensor | None, clip_buffer: Tensor | None) -> Stats | None:
+def _step_window(
+    settings: Settings, window: _Window, buffer: Tensor, clip: Tensor | None, clip_buffer: Tensor | None, count: Tensor
+) -> Stats | None:
     """Per chunk, the kernel and the norms while the chunk is in cache; then the step,
     backwards. Returns the window's statistics (float64), or None when no norms were needed."""
     offset = 0
@@ -104,7 +108,7 @@ def _step_window(settings: Settings, window: _Window, buffer: Tensor, clip: Tens
         offset += sum(u.numel() for u in us)
         if clip is not None:
             gs = _clipped(gs, clip, clip_buffer)
-        fused_directions(settings, ps, gs, ms, vs, us)
+        fused_directions(settings, ps, gs, ms, vs, us, count)
         if not settings.needs_norms:
             apply(ps, us, None, settings.decay, -settings.lr)  # no ratio to wait for: one pass
             continue
@@ -115,8 +119,9 @@ def _step_window(settings: Settings, window: _Window, buffer: Tensor, clip: Tens
     if not settings.needs_norms:
         return None
     # in float64, the precision of the Python floats the step sizes become
-    stats = trust(settings, *(_whole(torch.stack(parts).double(), window) for parts in (x_parts, u_parts)))
-    sizes = (stats[0] * -settings.lr)[window.owner].tolist() if settings.bounds is not None else None
+    stats = trust(settings, *(_whole(parts, window) for parts in (x_parts, u_parts)))
+    ratios = stats[0].tolist() if settings.bounds is not None else None
+    sizes = [ratios[i] * -settings.lr for i in window.owner] if ratios is not None else None
     # Backwards: the pieces touched last are the ones still in cache.
     end = len(window.owner)
     for (ps, *_), us in reversed(list(zip(window.chunks, updates))):
@@ -125,12 +130,12 @@ def _step_window(settings: Settings, window: _Window, buffer: Tensor, clip: Tens
     return stats
 
 
-def _whole(norms: Tensor, window: _Window) -> Tensor:
-    """Whole tensors' norms from their pieces'."""
+def _whole(norms: list[Tensor], window: _Window) -> Tensor:
+    """Whole tensors' norms from their pieces', in float64."""
     if len(norms) == window.count:
-        return norms
-    squares = torch.zeros(window.count, dtype=norms.dtype).index_add_(0, torch.tensor(window.owner), norms.square())
-    return squares.sqrt()
+        return torch.stack(norms).double()
+    # one tensor in pieces (``plan_windows``): the squares added in order, as Python floats
+    return torch.tensor([math.sqrt(sum(n * n for n in torch.stack(norms).tolist()))], dtype=torch.float64)
 
 
 def _clipped(grads: list[Tensor], clip: Tensor, buffer: Tensor) -> list[Tensor]:

@@ -76,13 +76,13 @@ def ratio(bounds: tuple[float | None, float | None] | None, w_norm: Tensor, u_no
     if bounds is None:
         return torch.ones_like(w_norm)
     out = w_norm / u_norm if bounds == (None, None) else (w_norm / u_norm).clamp(*bounds)
-    return torch.where((w_norm > 0) & (u_norm > 0), out, torch.ones_like(out))
+    return torch.where(torch.minimum(w_norm, u_norm) > 0, out, 1.0)  # false for a NaN norm too
 
 
 def trust(settings: Settings, x_norm: Tensor, u_norm: Tensor) -> Stats:
     """``(ratio, ||x||, ||u||)`` from the norms of the weights before decoupled decay (a
     scalar factor: ``||decay * x|| = |decay| ||x||``) and of the updates."""
-    w_norm = x_norm * abs(settings.decay)
+    w_norm = x_norm if settings.decay == 1.0 else x_norm * abs(settings.decay)
     return ratio(settings.bounds, w_norm, u_norm), w_norm, u_norm
 
 
@@ -113,12 +113,18 @@ def directions(ms: list[Tensor], vs: list[Tensor], eps: float, ps: list[Tensor],
 
 
 def fused_directions(
-    settings: Settings, ps: list[Tensor], gs: list[Tensor], ms: list[Tensor], vs: list[Tensor], us: list[Tensor] | None = None
+    settings: Settings,
+    ps: list[Tensor],
+    gs: list[Tensor],
+    ms: list[Tensor],
+    vs: list[Tensor],
+    us: list[Tensor] | None = None,
+    count: Tensor | None = None,
 ) -> list[Tensor]:
     """Advance the moments and return ``u = r + coupled_wd * x`` (into ``us`` if given) from
     torch's fused Adam kernel (``torch.optim.Adam(fused=True)``'s): given ``coupled_wd * x``
     as its "parameter" and ``lr = -1`` it adds ``r``, in one pass with the moments. Its step
-    count is a tensor filled on the device: nothing is read back to the host."""
+    count is a 0-dim float32 tensor (``count``, else filled on the device): nothing is read back."""
     wd = settings.coupled_wd
     if us is None:
         us = [torch.empty_like(p) for p in ps] if wd == 0 else list(torch._foreach_mul(ps, wd))
@@ -127,7 +133,8 @@ def fused_directions(
             torch.mul(p, wd, out=u)
     if wd == 0:
         torch._foreach_zero_(us)
-    steps = [torch.full((), settings.step, dtype=torch.float32, device=ps[0].device)] * len(us)
+    count = torch.full((), settings.step, dtype=torch.float32, device=ps[0].device) if count is None else count
+    steps = [count] * len(us)
     torch._fused_adam_(
         us, gs, ms, vs, [], steps, lr=-1.0, beta1=settings.beta1, beta2=settings.beta2, weight_decay=0.0,
         eps=settings.eps, amsgrad=False, maximize=False,
