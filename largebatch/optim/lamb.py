@@ -65,8 +65,8 @@ def choose(
     5. plain multi-tensor ops (``lamb_update.MultiTensor``), which take anything (dividing in
        place on ``sharded`` slices: one parameter-sized temporary instead of two).
     """
-    if habana is not None and lamb_habana.FusedLamb(habana).applies(tensors):
-        return lamb_habana.FusedLamb(habana)
+    if habana is not None and (fused := lamb_habana.FusedLamb(habana)).applies(tensors):
+        return fused
     if not foreach or not tensors[0]:
         return REFERENCE
     limit = lamb_cpu.CPU_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
