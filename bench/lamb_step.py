@@ -32,7 +32,7 @@ from typing import Any
 import timm
 import torch
 
-from largebatch.optim import lamb_fused, lamb_triton
+from largebatch.optim import lamb_triton, lamb_update
 from largebatch.optim.lamb import Lamb
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
@@ -69,8 +69,8 @@ AA_LABEL = "A/A control: ours foreach, second instance"
 
 
 class FusedPathOn:
-    """Ours with ``lamb_fused``'s path (torch's fused Adam kernel over whole tensors)
-    taken on exactly ``devices`` during its steps, and ``lamb_triton``'s on exactly
+    """Ours with the ``lamb_update.FusedAdam`` kernel (torch's fused Adam kernel over whole
+    tensors) taken on exactly ``devices`` during its steps, and ``lamb_triton``'s on exactly
     ``triton_devices`` when given: ``("cpu",)`` runs the fused path on CPU tensors, the
     stand-in here for the ratio to the fused Adam floor that ``python -m bench --device
     cuda`` measures; ``devices=("cuda",), triton_devices=()`` gives CUDA's previous path
@@ -82,14 +82,14 @@ class FusedPathOn:
         self.triton_devices = triton_devices
 
     def step(self) -> None:
-        saved, lamb_fused.FUSED_DEVICES = lamb_fused.FUSED_DEVICES, self.devices
+        saved, lamb_update.FUSED_DEVICES = lamb_update.FUSED_DEVICES, self.devices
         saved_triton = lamb_triton.DEVICES
         if self.triton_devices is not None:
             lamb_triton.DEVICES = self.triton_devices
         try:
             self.inner.step()
         finally:
-            lamb_fused.FUSED_DEVICES, lamb_triton.DEVICES = saved, saved_triton
+            lamb_update.FUSED_DEVICES, lamb_triton.DEVICES = saved, saved_triton
 
 
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:

@@ -29,9 +29,10 @@ is imported before ``init_process_group``, with the rank variables already in th
 environment (the bridge maps processes to Gaudis from them). DDP runs with
 ``broadcast_buffers=False`` as in Habana's references (a ViT has no buffers that change).
 
-**Fused kernels** (used when the bridge provides them): ``hpu.fused_optimizer`` swaps
-``optimizer.type='lamb'`` for ``habana_frameworks.torch.hpex.optimizers.FusedLamb``, and
-``hpu.fused_clip_norm`` clips with ``hpex.normalization.FusedClipNorm``.
+**Fused kernels** (used when the bridge provides them): ``hpu.fused_optimizer`` lets LAMB's
+choice of implementation (``largebatch.optim.lamb.choose``) run ``optimizer.type='lamb'`` as
+``habana_frameworks.torch.hpex.optimizers.FusedLamb`` (``largebatch.optim.lamb_habana``),
+and ``hpu.fused_clip_norm`` clips with ``hpex.normalization.FusedClipNorm``.
 
 Nothing here has run on a Gaudi: the logic is tested against a recording stand-in for
 ``habana_frameworks`` (``tests/backends/fake_habana``).
@@ -50,7 +51,6 @@ from typing import Any
 import torch
 
 from largebatch.backends.base import Backend
-from largebatch.config.frozen import thaw
 from largebatch.config.sections import DistConfig, HpuConfig, OptimizerConfig
 from largebatch.errors import UserError
 
@@ -182,13 +182,16 @@ class HpuBackend(Backend):
         return model
 
     def build_optimizer(self, section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-        # Habana's fused kernels see whole tensors; sharded (DTensor) parameters take
-        # largebatch's sharded LAMB and clipping instead.
-        if self.options.fused_optimizer and section.type == "lamb" and not _any_sharded(model.parameters()):
-            optimizers = _optional("habana_frameworks.torch.hpex.optimizers")
-            fused = getattr(optimizers, "FusedLamb", None)
-            if fused is not None:
-                return fused_lamb(fused, section, model)
+        # LAMB's implementation is chosen in one place, which may pick the bridge's FusedLamb
+        # in place of largebatch's Lamb (not for sharded parameters: its kernels see whole tensors).
+        if self.options.fused_optimizer and section.type == "lamb":
+            from largebatch.optim.lamb import choose
+            from largebatch.optim.lamb_habana import FusedLamb
+
+            fused = getattr(_optional("habana_frameworks.torch.hpex.optimizers"), "FusedLamb", None)
+            kernel = choose((list(model.parameters()), [], [], []), habana=fused)
+            if isinstance(kernel, FusedLamb):
+                return kernel.optimizer(section, model)
         return super().build_optimizer(section, model)
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
@@ -231,60 +234,6 @@ class HpuBackend(Backend):
 
     def describe(self) -> str:
         return f"{self.name} ({self.device}, {self.precision}, {self.mode} mode)"
-
-
-# LAMB settings of ``optimizer`` that Habana's FusedLamb can reproduce, by our name.
-_FUSED_LAMB_SAME = ("betas", "eps", "bias_correction")  # besides lr and weight_decay
-# Defaults of largebatch's Lamb that FusedLamb cannot change; any other value is refused.
-_FUSED_LAMB_FIXED = {"decoupled_weight_decay": False, "adapt": True, "max_trust_ratio": None, "min_trust_ratio": None, "adam": False}
-
-
-def fused_lamb(fused_cls: type, section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """Habana's ``FusedLamb`` over the config's parameter groups, set up as the paper's LAMB.
-
-    ``adam_w_mode=True`` is the paper's update ``u = r + wd * x``; ``use_lamb=True`` applies
-    the trust ratio to groups without weight decay too (as largebatch's Lamb does by
-    default; ``optimizer.no_decay_adapt=False`` maps to ``use_lamb=False``);
-    ``max_grad_norm=None`` leaves clipping to ``clip_grad_norm`` once per step.
-
-    Raises:
-        UserError: an ``optimizer`` setting FusedLamb cannot reproduce.
-    """
-    from largebatch.optim.param_groups import build_param_groups
-
-    extra = thaw(section.extra)  # Lamb's own arguments
-    for key, default in _FUSED_LAMB_FIXED.items():
-        if key in extra and extra[key] != default:
-            raise UserError(
-                f"Habana's FusedLamb cannot reproduce optimizer.{key}={extra[key]!r}; "
-                f"set hpu.fused_optimizer=False to use largebatch's Lamb",
-                key=f"optimizer.{key}",
-            )
-    groups = build_param_groups(
-        model,
-        weight_decay=section.weight_decay,
-        no_weight_decay=list(section.no_weight_decay),
-        exclude_1d=section.exclude_1d,
-        layer_decay=section.layer_decay,
-    )
-    kwargs = {"lr": section.lr, "weight_decay": section.weight_decay}
-    kwargs.update((key, extra[key]) for key in _FUSED_LAMB_SAME if key in extra)
-    if isinstance(kwargs.get("betas"), list):
-        kwargs["betas"] = tuple(kwargs["betas"])
-    kwargs["max_grad_norm"] = extra.get("max_grad_norm")
-
-    class LargebatchFusedLamb(fused_cls):
-        # Some FusedLamb releases define zero_grad() without set_to_none; the engine passes it.
-        def zero_grad(self, set_to_none: bool = True) -> None:
-            for group in self.param_groups:
-                for param in group["params"]:
-                    if set_to_none:
-                        param.grad = None
-                    elif param.grad is not None:
-                        param.grad.detach_().zero_()
-
-    use_lamb = bool(extra.get("no_decay_adapt", True))  # Lamb's default
-    return LargebatchFusedLamb(groups, adam_w_mode=True, use_lamb=use_lamb, **kwargs)
 
 
 def _any_sharded(parameters) -> bool:

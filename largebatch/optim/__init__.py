@@ -11,7 +11,7 @@ import torch
 from largebatch.config.sections import OptimizerConfig
 from largebatch.config.signature import check_call
 from largebatch.errors import ConfigError
-from largebatch.optim.param_groups import build_param_groups
+from largebatch.optim.param_groups import section_param_groups
 
 GROUP_KEYS = ("no_weight_decay", "exclude_1d", "layer_decay")
 
@@ -57,11 +57,5 @@ def optimizer_kwargs(section: dict[str, Any]) -> dict[str, Any]:
 def build_optimizer(section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The ``optimizer`` section's optimizer over the model's parameter groups (weight-decay
     exclusion, optional layer-wise lr decay). The learning rate is set by the schedule each step."""
-    groups = build_param_groups(
-        model,
-        weight_decay=section.weight_decay,
-        no_weight_decay=list(section.no_weight_decay),
-        exclude_1d=section.exclude_1d,
-        layer_decay=section.layer_decay,
-    )
+    groups = section_param_groups(section, model)
     return optimizer_class(section.type)(groups, **optimizer_kwargs(section.to_dict()))

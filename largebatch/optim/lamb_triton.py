@@ -1,47 +1,36 @@
-"""LAMB's step on CUDA in two passes of one Triton kernel that never writes the update.
+"""LAMB's kernel for CUDA float32: two passes of one Triton kernel that never writes ``u``.
 
-On a GPU the step is bound by memory traffic. Counting parameter-sized streams per
-element (reads + writes):
+Pass 1 reads ``x, g, m, v``, writes ``m, v`` and sums ``||u||^2`` and ``||x||^2`` per chunk
+without storing ``u``; pass 2 reads ``x, m, v``, computes ``u`` again and writes ``x``: 10
+parameter-sized streams per element, about 1.43x ``AdamW(fused=True)``'s 7. Without ratios
+or statistics to wait for, one pass does it all (7). Both passes are one kernel with
+compile-time switches; a program takes one chunk of one tensor (``CHUNK_ELEMENTS``), so one
+launch covers a bucket, the tensors' addresses in a small int64 table made each step. The
+per-tensor sums are added up from the chunks' in chunk order (a gather, no atomics: a step
+is deterministic), and the ratios come from ``lamb_update.trust`` on the device: nothing is
+read back. Per element, with ``lamb_update.Settings``' scalars (``scale``, ``eps'``: folded
+bias corrections; ``wd * x`` only without decoupled decay)::
 
-* ``torch.optim.AdamW(fused=True)``, the floor: 7.
-* ``lamb_fused`` (torch's fused Adam kernel writing ``u``, then the norms and the step): 14.
-* this path: pass 1 reads ``x, g, m, v``, writes ``m, v`` and sums ``||u||^2`` and
-  ``||x||^2`` per chunk without storing ``u`` (6); pass 2 reads ``x, m, v``, computes ``u``
-  again and writes ``x`` (4): 10, so about 1.43x the floor by traffic. Without trust
-  ratios or statistics to wait for, one pass does it all (7, like Adam).
+    m = b1 * m + (1 - b1) * clip * g             v = b2 * v + (1 - b2) * (clip * g)^2
+    u = scale * m / (sqrt(v) + eps') + wd * x    x = decay * x - lr * ratio * u
 
-Both passes are one kernel with compile-time switches. A program takes one chunk of one
-tensor (``CHUNK_ELEMENTS``), so one launch covers a whole bucket: the tensors' addresses
-travel in a small int64 table made from their ``data_ptr`` each step. Per-tensor sums are
-added up from the chunks' partial sums in chunk order (a gather and a sum, no atomics),
-so a step is deterministic. The trust ratios and their clamps are
-``largebatch.optim.lamb.Lamb._ratio`` on the per-tensor norms, on the device: nothing is
-read back to the host.
-
-Arithmetic, per element, with the bias corrections as ``lamb.bias_scalars``' two scalars::
-
-    g = clip * g                                  (when clipping inside the step)
-    m = b1 * m + (1 - b1) * g                     v = b2 * v + (1 - b2) * g * g
-    u = scale * m / (sqrt(v) + eps') + wd * x     (the ``wd * x`` term without decoupled decay)
-    x = decay * x + size * u                      (size = -lr * ratio, decay = 1 - lr * wd decoupled)
-
-Taken for float32 buckets on ``DEVICES`` whose tensors are contiguous when Triton imports
-(it comes with torch's CUDA wheels), FSDP2's local slices included: there the norms of
-every bucket are summed across the shard group between the two passes (``Bucket``), in
-the sharded step's one collective. Run on an H200 (``pytest -m gpu``: equal to the
-fused-Adam path and the paper's update; 1.62x ``AdamW(fused=True)``'s step on ViT-B/16).
-The tests also run the same kernel on the CPU through Triton's interpreter, against the
-paper's update, and compile it for sm_80 and sm_90 with Triton's compiler.
+Taken for float32 contiguous buckets on ``DEVICES`` when Triton imports (torch's CUDA
+wheels bring it), FSDP2's slices included (their norms summed across ranks between the
+passes). Ran on an NVIDIA H200 (torch 2.11, Triton 3.6, 2026-11-26): ``pytest -m gpu``
+passed (equal to the fused-Adam kernel and the paper's update on ViT-B-sized tensors), the
+step at 1.62x ``AdamW(fused=True)``'s on ViT-B/16. The tests run it on the CPU through
+Triton's interpreter against the paper's update, and compile it for sm_80 and sm_90.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
 
 import torch
 from torch import Tensor
+
+from largebatch.optim.lamb_update import Kernel, Pending, Settings, Tensors
 
 try:
     import triton
@@ -173,18 +162,6 @@ def _interpreting() -> bool:
     return triton is not None and bool(triton.knobs.runtime.interpret)
 
 
-def applies(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor]) -> bool:
-    """Whether a bucket (one device, dtype and step) takes this path: Triton imports, the
-    tensors are float32 and contiguous on a device of ``DEVICES``. Nothing here depends on
-    a rank's own slices (their addresses, say), so under FSDP2 every rank of the shard
-    group takes the same path and adds the same kind of norm to the step's collective."""
-    device = params[0].device.type
-    if triton is None or device not in DEVICES or (device == "cpu" and not _interpreting()):
-        return False
-    tensors = [t for group in (params, grads, exp_avgs, exp_avg_sqs) for t in group]
-    return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
-
-
 class _Layout:
     """A bucket's chunks on the device: each chunk's tensor and first element, the
     tensors' sizes, a ``[tensors, most chunks]`` gather of the chunk rows (the padding
@@ -214,42 +191,40 @@ def _layout(numels: tuple[int, ...], chunk: int, device: torch.device) -> _Layou
     return _Layout(numels, chunk, device)
 
 
-class Bucket:
-    """One bucket's step (``applies`` holds) in its two halves: ``first_pass`` advances the
-    moments and returns each tensor's local ``(sum u^2, sum x^2)``; once the norms are
-    known (summed across ranks for FSDP2's slices) and the trust ratios with them
-    (``largebatch.optim.lamb.Lamb``), ``finish`` takes the step. Without ratios or
-    statistics to wait for, ``one_pass`` does both.
+class Triton(Kernel):
+    """The kernel; ``Bucket`` holds a step between its halves."""
 
-    Args:
-        group: the parameter group (betas, eps, weight decay, bias correction, lr).
-        step_count: the bucket's step count, from 1.
-        tensors: ``(params, grads, exp_avgs, exp_avg_sqs)``.
-        clip: the gradients' clipping coefficient (a 0-dim tensor on the device), or None.
-    """
+    def applies(self, tensors: Tensors) -> bool:
+        """Triton imports, and the tensors are float32, contiguous, on a device of ``DEVICES``.
+        Nothing here depends on a rank's own slices (their addresses, say): under FSDP2 every
+        rank takes the same kernel and the same collective."""
+        device = tensors[0][0].device.type
+        if triton is None or device not in DEVICES or (device == "cpu" and not _interpreting()):
+            return False
+        return all(t.dtype == torch.float32 and t.is_contiguous() for ts in tensors for t in ts)
 
-    def __init__(
-        self,
-        group: dict[str, Any],
-        step_count: int,
-        tensors: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]],
-        clip: Tensor | None,
-    ) -> None:
-        from largebatch.optim.lamb import bias_scalars
+    def begin(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> Pending:
+        return Bucket(settings, tensors, clip)
 
+
+class Bucket(Pending):
+    """A bucket's step: ``squares`` runs ``first_pass`` (the moments, each tensor's local sums
+    of ``u^2`` and ``x^2``), ``finish`` the second pass with the ratios, or ``one_pass`` for
+    everything when no norms were asked for. ``clip``: a 0-dim tensor on the device, or None."""
+
+    def __init__(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> None:
         params = tensors[0]
         self.device = params[0].device
         self.layout = _layout(tuple(p.numel() for p in params), CHUNK_ELEMENTS, self.device)
-        self.lr, wd, decoupled = group["lr"], group["weight_decay"], group["decoupled_weight_decay"]
-        self.decay = 1 - self.lr * wd if decoupled else 1.0  # decoupled decay's factor on the weights
-        scale, eps = bias_scalars(group, step_count)
+        self.lr, self.passed = settings.lr, False
+        scale, eps = settings.folded
         # as floats: Triton would compile a Python int (a weight decay of 0, say) as an integer argument
-        self.scalars = tuple(float(value) for value in (*group["betas"], scale, eps, wd, self.decay))
+        self.scalars = tuple(float(v) for v in (settings.beta1, settings.beta2, scale, eps, settings.coupled_wd, settings.decay))
         table = [[t.data_ptr() for t in ts] for ts in tensors]
         self.flags = {
             "CHUNK": CHUNK_ELEMENTS,
             "BLOCK": BLOCK_ELEMENTS,
-            "COUPLED": not decoupled and wd != 0,
+            "COUPLED": settings.coupled_wd != 0,
             "ALIGNED": all(address % 16 == 0 for row in table for address in row),
         }
         self.addresses = torch.tensor(table, dtype=torch.int64).to(self.device, non_blocking=True)
@@ -275,12 +250,19 @@ class Bucket:
     def first_pass(self) -> Tensor:
         """Advance the moments; returns ``[tensors, 2]``: each tensor's ``sum u^2`` and
         ``sum x^2`` (weights before decoupled decay) over the elements held here."""
+        self.passed = True
         partial = torch.zeros((self.layout.chunks + 1, 2), dtype=torch.float32, device=self.device)  # last row: 0
         self._launch(None, partial, 0.0, MOMENTS=True, NORMS=True, APPLY=False)
         return partial[self.layout.gather].sum(dim=1)
 
-    def finish(self, ratio: Tensor | None) -> None:
-        """The step ``x = decay * x - lr * ratio * u``, ``u`` computed again from the moments
-        (``ratio`` per tensor on the device, or None for 1)."""
-        sizes = None if ratio is None else (ratio.to(torch.float32) * -self.lr).contiguous()
+    def squares(self) -> tuple[Tensor, Tensor]:
+        sums = self.first_pass()
+        return sums[:, 1], sums[:, 0]
+
+    def finish(self, ratios: Tensor | None) -> None:
+        """The step ``x = decay * x - lr * ratio * u``, ``u`` computed again from the moments."""
+        if not self.passed:
+            self.one_pass()
+            return
+        sizes = None if ratios is None else (ratios.to(torch.float32) * -self.lr).contiguous()
         self._launch(sizes, None, -float(self.lr), MOMENTS=False, NORMS=False, APPLY=True)

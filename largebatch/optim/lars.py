@@ -25,14 +25,14 @@ update with ``torch._foreach_*`` ops, never reading a value back to the host; th
 per-tensor path (``foreach=False``) writes the algorithm out literally and is the
 reference the foreach path is tested against.
 
-Statistics API (for the ``trust_ratio`` hook), as ``Lamb``'s: ``request_stats()`` makes
-the next ``step()`` record per group the trust ratios, weight norms and gradient norms
-(``update_norm``) in ``last_stats``.
+Statistics API (for the ``trust_ratio`` hook) and the step's skeleton are ``Lamb``'s
+(``largebatch.optim.layerwise``): ``request_stats()`` makes the next ``step()`` record per
+group the trust ratios, weight norms and gradient norms (``update_norm``) in ``last_stats``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -40,9 +40,10 @@ from torch import Tensor
 
 from largebatch.errors import UserError
 from largebatch.optim import sharded
+from largebatch.optim.layerwise import Collected, LayerwiseOptimizer, Stats, in_order
 
 
-class Lars(torch.optim.Optimizer):
+class Lars(LayerwiseOptimizer):
     """LARS (You et al. 2017) over momentum SGD, multi-tensor.
 
     Args:
@@ -62,6 +63,8 @@ class Lars(torch.optim.Optimizer):
         UserError: an option is out of range.
     """
 
+    SWITCHES = ("no_decay_adapt", "foreach")
+
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
@@ -76,10 +79,6 @@ class Lars(torch.optim.Optimizer):
         no_decay_adapt: bool = False,
         foreach: bool = True,
     ) -> None:
-        self.no_decay_adapt = no_decay_adapt
-        self.foreach = foreach
-        self.last_stats: dict[str, dict[str, Any]] = {}
-        self._stats_requested = False
         defaults = {
             "lr": lr,
             "momentum": momentum,
@@ -89,99 +88,36 @@ class Lars(torch.optim.Optimizer):
             "nesterov": nesterov,
             "adapt": adapt,
         }
+        self.no_decay_adapt, self.foreach = no_decay_adapt, foreach
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group and check its options (``UserError`` when one is out of range)."""
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        where = f"param group {group.get('name', len(self.param_groups) - 1)!r}"
-        for key in ("lr", "weight_decay", "eps"):
-            if not group[key] >= 0:
-                raise UserError(f"{where}: {key} must be >= 0, got {group[key]!r}")
+    def _check(self, group: dict[str, Any], where: str) -> None:
         if not 0 <= group["momentum"] < 1:
             raise UserError(f"{where}: momentum must be in [0, 1), got {group['momentum']!r}")
         if not group["eta"] > 0:
             raise UserError(f"{where}: eta must be > 0, got {group['eta']!r}")
         if group["nesterov"] and group["momentum"] == 0:
             raise UserError(f"{where}: nesterov needs momentum > 0; set optimizer.momentum (e.g. 0.9) or nesterov=False")
-        names = group.get("param_names")
-        if names is not None and len(names) != len(group["params"]):
-            raise UserError(f"{where}: param_names has {len(names)} names for {len(group['params'])} parameters")
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["no_decay_adapt"], state["foreach"] = self.no_decay_adapt, self.foreach
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self.__dict__.setdefault("last_stats", {})
-        self.__dict__.setdefault("_stats_requested", False)
-
-    def request_stats(self) -> None:
-        """Record trust ratios and norms during the next ``step()`` into ``last_stats``."""
-        self._stats_requested = True
 
     def _adapts(self, group: dict[str, Any]) -> bool:
         return group["adapt"] and (self.no_decay_adapt or group["weight_decay"] != 0)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Take one LARS step on every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        record, self._stats_requested = self._stats_requested, False
-        stats: dict[str, dict[str, Any]] = {}
-        collected = []
-        for index, group in enumerate(self.param_groups):
-            given = group.get("param_names")
-            pairs = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
-            for i, p in pairs:
-                if p.grad.is_sparse:
-                    name = given[i] if given is not None else f"group{index}.{i}"
-                    raise UserError(f"Lars got a sparse gradient for parameter {name!r}; LARS needs dense gradients")
-            collected.append((index, group, pairs))
-        shard_group = sharded.reduction_group([p for _, _, pairs in collected for _, p in pairs])
-        if shard_group is not None and self.foreach:
-            results = self._step_sharded([(group, [p for _, p in pairs]) for _, group, pairs in collected], shard_group, record)
-        else:
-            fn = self._group_foreach if self.foreach else self._group_per_tensor
-            results = [
-                fn(group, [p for _, p in pairs], [p.grad for _, p in pairs], record) if pairs else None for _, group, pairs in collected
-            ]
-        for (index, group, pairs), result in zip(collected, results):
-            if not pairs:
-                continue
-            given = group.get("param_names")
-            ratio, w_norm, g_norm = result
-            if record:
-                names = [given[i] if given is not None else f"group{index}.{i}" for i, _ in pairs]
-                stats[group.get("name", f"group{index}")] = {
-                    "param_names": names,
-                    "trust_ratio": ratio,
-                    "weight_norm": w_norm,
-                    "update_norm": g_norm,
-                }
-        if record:
-            self.last_stats = stats
-        return loss
+    def _step_group(self, entry: Collected, context: Any, record: bool) -> Stats | None:
+        fn = self._group_foreach if self.foreach else self._group_per_tensor
+        return fn(entry.group, entry.params, entry.grads, record)
 
-    def _step_sharded(self, groups: list[tuple[dict[str, Any], list[Tensor]]], shard_group, record: bool) -> list:
+    def _step_sharded(self, groups: list[Collected], shard_group: Any, context: Any, record: bool) -> list[Stats | None]:
         """The foreach step on FSDP2-sharded parameters: the weight and gradient norms
         of every group are summed across the shard group in one collective
         (``largebatch.optim.sharded``), then each rank updates its slices."""
         reduction = sharded.NormReduction(shard_group)
         handles = [
-            (reduction.add(params), reduction.add([p.grad for p in params])) if params and (self._adapts(group) or record) else None
-            for group, params in groups
+            (reduction.add(e.params), reduction.add(e.grads)) if e.params and (self._adapts(e.group) or record) else None for e in groups
         ]
         if any(h is not None for h in handles):
             reduction.reduce()
-        results = []
-        for (group, params), handle in zip(groups, handles):
+        results: list[Stats | None] = []
+        for (group, params, grads, _), handle in zip(groups, handles):
             if not params:
                 results.append(None)
                 continue
@@ -190,9 +126,8 @@ class Lars(torch.optim.Optimizer):
                 w_norm, g_norm = reduction.norms(handle[0]), reduction.norms(handle[1])
                 ratio = self._ratios(group, w_norm, g_norm) if self._adapts(group) else torch.ones_like(w_norm)
             ratios = list(ratio.to(params[0].dtype).unbind()) if self._adapts(group) else None
-            local_params = sharded.locals_of(params)
-            self._update_foreach(group, local_params, sharded.locals_of(p.grad for p in params), ratios, keys=params)
-            results.append((ratio, w_norm, g_norm))
+            self._update_foreach(group, sharded.locals_of(params), sharded.locals_of(grads), ratios, keys=params)
+            results.append((ratio, w_norm, g_norm))  # type: ignore[arg-type]
         return results
 
     def _ratios(self, group: dict[str, Any], w_norm: Tensor, g_norm: Tensor) -> Tensor:
@@ -224,9 +159,7 @@ class Lars(torch.optim.Optimizer):
                 b = state["momentum_buffer"]
                 d = d + momentum * b if group["nesterov"] else b
             p.add_(d, alpha=-lr)
-        if not record:
-            return None, None, None
-        return torch.stack(ratios), torch.stack(w_norms), torch.stack(g_norms)
+        return (torch.stack(ratios), torch.stack(w_norms), torch.stack(g_norms)) if record else None
 
     def _group_foreach(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], record: bool):
         """Multi-tensor step; buckets tensors by device and dtype."""
@@ -234,13 +167,7 @@ class Lars(torch.optim.Optimizer):
         for i, p in enumerate(params):
             buckets.setdefault((p.device, p.dtype), []).append(i)
         parts = [(idx, self._bucket_foreach(group, [params[i] for i in idx], [grads[i] for i in idx], record)) for idx in buckets.values()]
-        if not record:
-            return None, None, None
-        if len(parts) == 1:
-            return parts[0][1]
-        device = params[0].device
-        order = torch.tensor([i for idx, _ in parts for i in idx]).argsort().to(device)
-        return tuple(torch.cat([r[k].to(device) for _, r in parts])[order] for k in range(3))
+        return in_order(parts) if record else None  # type: ignore[arg-type]
 
     def _bucket_foreach(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], record: bool):
         adapt = self._adapts(group)

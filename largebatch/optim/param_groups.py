@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from largebatch.config.schema import DEFAULT_NO_WEIGHT_DECAY
+from largebatch.config.sections import OptimizerConfig
 from largebatch.errors import UserError
 
 _EMBEDDING_PREFIXES = ("patch_embed", "cls_token", "pos_embed", "reg_token", "dist_token")
@@ -110,6 +111,17 @@ def build_param_groups(
         group["params"].append(param)
         group["param_names"].append(name)
     return list(groups.values())
+
+
+def section_param_groups(section: OptimizerConfig, model: nn.Module) -> list[dict[str, Any]]:
+    """``build_param_groups`` with the ``optimizer`` section's settings."""
+    return build_param_groups(
+        model,
+        weight_decay=section.weight_decay,
+        no_weight_decay=list(section.no_weight_decay),
+        exclude_1d=section.exclude_1d,
+        layer_decay=section.layer_decay,
+    )
 
 
 def _check_decay_options(weight_decay: float, no_weight_decay: Sequence[str]) -> None:

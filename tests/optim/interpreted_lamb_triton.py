@@ -133,10 +133,10 @@ def test_zero_sized_and_zero_valued_tensors_take_ratio_one(interpreted):
 
 def test_taken_before_the_fused_adam_path(interpreted, monkeypatch):
     """On CUDA both paths apply to a float32 bucket; the Triton one is chosen."""
-    from largebatch.optim import lamb_fused
+    from largebatch.optim import lamb_update
 
-    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
-    fused = count_calls(monkeypatch, lamb_fused, "directions")
+    monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",))
+    fused = count_calls(monkeypatch, lamb_update.FusedAdam, "begin")
     weights, _ = run_against_reference(True, False, None, True)
     assert weights < TOLERANCE
     assert len(interpreted) == 2 * STEPS and not fused
@@ -177,8 +177,8 @@ def test_the_step_reads_nothing_back(interpreted, clip, stats):
 @pytest.mark.parametrize("decoupled", [False, True])
 def test_matches_the_fused_adam_path_on_misaligned_and_multi_chunk_tensors(interpreted, monkeypatch, decoupled):
     """What ``pytest -m gpu`` checks on a GPU, here with the CPU standing in for both paths."""
-    from largebatch.optim import lamb_fused
+    from largebatch.optim import lamb_update
     from tests.optim.test_lamb_triton import compare_paths
 
-    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
+    monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",))
     compare_paths(monkeypatch, "cpu", [(24, 40), (40,), (24,), (50, 24), (5,)], decoupled)

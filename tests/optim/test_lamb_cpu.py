@@ -16,10 +16,14 @@ from tests.optim.test_lamb import MODES, assert_matches_paper_update, make_grads
 OPTIONS = list(itertools.product([True, False], [False, True], [None, (0.01, 0.5)], [True, False]))
 
 
+def cpu_applies(*tensors):
+    return lamb_cpu.CpuChunks(16, lamb_cpu.Scratch()).applies(tensors)
+
+
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """How many buckets went through the CPU kernel path."""
-    return count_calls(monkeypatch, lamb_cpu, "step")
+    return count_calls(monkeypatch, lamb_cpu.CpuChunks, "step")
 
 
 @pytest.mark.skipif(not lamb_cpu.kernel_usable(torch.float64), reason="this torch has no usable CPU fused Adam kernel")
@@ -81,11 +85,11 @@ def test_capability_is_probed_once_per_dtype_and_refuses_what_it_cannot_do(monke
 def test_the_kernel_path_applies_only_to_contiguous_cpu_tensors(monkeypatch):
     monkeypatch.setattr(lamb_cpu, "kernel_usable", lambda dtype: True)
     tensors = [[torch.zeros(3, 4)] for _ in range(4)]
-    assert lamb_cpu.applies(*tensors)
+    assert cpu_applies(*tensors)
     tensors[2] = [torch.zeros(4, 3).t()]
-    assert not lamb_cpu.applies(*tensors)
+    assert not cpu_applies(*tensors)
     meta = [[torch.zeros(3, 4, device="meta")] for _ in range(4)]
-    assert not lamb_cpu.applies(*meta)
+    assert not cpu_applies(*meta)
 
 
 def test_windows_cover_every_element_once():

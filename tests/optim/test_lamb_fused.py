@@ -1,5 +1,5 @@
-"""LAMB's accelerator path (largebatch.optim.lamb_fused): torch's fused Adam kernel for the
-moments, then the norms and the step of the multi-tensor path. No GPU here: the same code
+"""LAMB's accelerator kernel (largebatch.optim.lamb_update.FusedAdam): torch's fused Adam
+kernel for the moments, then the norms and the step of the multi-tensor kernel. No GPU here: the same code
 runs on the CPU, where the kernel also exists, with the CPU's own chunked path turned off
 (``chunk_elements=0``) and the CPU counted among the fused devices."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from largebatch.optim import lamb_cpu, lamb_fused
+from largebatch.optim import lamb_cpu, lamb_update
 from largebatch.optim.lamb import Lamb
 from tests.optim.conftest import count_calls
 from tests.optim.test_lamb import MODES, assert_matches_paper_update, make_grads, make_params
@@ -18,11 +18,15 @@ from tests.optim.test_no_host_sync import groups, model, steps_read_back
 pytestmark = pytest.mark.skipif(not lamb_cpu.kernel_usable(torch.float64), reason="this torch has no CPU fused Adam kernel")
 
 
+def fused_applies(*tensors):
+    return lamb_update.FusedAdam().applies(tensors)
+
+
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
     """The path on CPU tensors; returns how many buckets took it."""
-    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
-    return count_calls(monkeypatch, lamb_fused, "directions")
+    monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",))
+    return count_calls(monkeypatch, lamb_update.FusedAdam, "begin")
 
 
 @pytest.mark.parametrize("bias_correction,decoupled,clamp,adapt_second", OPTIONS)
@@ -33,7 +37,7 @@ def test_fused_path_matches_paper_update(fused_on_cpu, bias_correction, decouple
 
 def test_fused_and_foreach_paths_take_the_same_steps_and_statistics_with_clipping(monkeypatch):
     def run(fused):
-        monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",) if fused else ("cuda",))
+        monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",) if fused else ("cuda",))
         params = make_params()
         groups = [{"params": params[:3], "name": "decay"}, {"params": params[3:], "name": "no_decay", "weight_decay": 0.0}]
         optimizer = Lamb(groups, lr=0.01, weight_decay=0.1, max_grad_norm=0.5, chunk_elements=0)
@@ -57,7 +61,7 @@ def test_fused_and_foreach_paths_take_the_same_steps_and_statistics_with_clippin
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lower_precision_tensors_stay_close_to_the_float64_steps(monkeypatch, dtype):
-    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
+    monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",))
     exact, low = make_params(), [p.detach().to(dtype).requires_grad_() for p in make_params()]
     optimizers = [Lamb([{"params": ps}], lr=0.01, weight_decay=0.1, chunk_elements=0) for ps in (exact, low)]
     for t in range(1, 4):
@@ -82,11 +86,11 @@ def test_fused_path_reads_nothing_back(fused_on_cpu, clip, stats):
 
 def test_the_path_takes_only_its_devices_one_dtype_and_contiguous_tensors(monkeypatch):
     cpu = [torch.zeros(4) for _ in range(4)]
-    assert not lamb_fused.applies(*[[t] for t in cpu])  # the CPU is not a fused device by default
+    assert not fused_applies(*[[t] for t in cpu])  # the CPU is not a fused device by default
     meta = [torch.empty(4, device="meta") for _ in range(4)]
-    assert not lamb_fused.applies(*[[t] for t in meta])
-    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
-    assert lamb_fused.applies(*[[t] for t in cpu])
-    assert not lamb_fused.applies([torch.zeros(4, 4).t()], *[[t] for t in cpu[1:]])  # a transposed view
-    assert not lamb_fused.applies([cpu[0]], [cpu[1].double()], [cpu[2]], [cpu[3]])  # mixed dtypes
-    assert not lamb_fused.applies(*[[t.int()] for t in cpu])
+    assert not fused_applies(*[[t] for t in meta])
+    monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",))
+    assert fused_applies(*[[t] for t in cpu])
+    assert not fused_applies([torch.zeros(4, 4).t()], *[[t] for t in cpu[1:]])  # a transposed view
+    assert not fused_applies([cpu[0]], [cpu[1].double()], [cpu[2]], [cpu[3]])  # mixed dtypes
+    assert not fused_applies(*[[t.int()] for t in cpu])

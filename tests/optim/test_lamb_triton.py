@@ -36,17 +36,17 @@ def test_taken_only_for_float32_contiguous_tensors_on_its_devices(monkeypatch):
         t = t.t() if transpose else t
         return [t], [t], [t], [t]
 
-    assert not lamb_triton.applies(*bucket())  # meta is not among its devices
+    assert not lamb_triton.Triton().applies(bucket())  # meta is not among its devices
     monkeypatch.setattr(lamb_triton, "DEVICES", ("meta", "cpu"))
-    assert lamb_triton.applies(*bucket())
-    assert not lamb_triton.applies(*bucket(dtype=torch.bfloat16))  # to lamb_fused
-    assert not lamb_triton.applies(*bucket(dtype=torch.float64))
-    assert not lamb_triton.applies(*bucket(transpose=True))
+    assert lamb_triton.Triton().applies(bucket())
+    assert not lamb_triton.Triton().applies(bucket(dtype=torch.bfloat16))  # to lamb_update.FusedAdam
+    assert not lamb_triton.Triton().applies(bucket(dtype=torch.float64))
+    assert not lamb_triton.Triton().applies(bucket(transpose=True))
     offset = torch.empty(13, device="meta")[1:]  # misaligned: still taken, without the vector hints
-    assert lamb_triton.applies([offset], [offset], [offset], [offset])
+    assert lamb_triton.Triton().applies(([offset], [offset], [offset], [offset]))
     # the CPU only through the interpreter, which is off in this process
     assert not lamb_triton._interpreting()
-    assert not lamb_triton.applies(*bucket(device="cpu"))
+    assert not lamb_triton.Triton().applies(bucket(device="cpu"))
 
 
 def test_chunk_layout_sums_each_tensor_in_chunk_order():
@@ -107,7 +107,7 @@ def compare_paths(monkeypatch, device: str, shapes: list[tuple[int, ...]], decou
     variants run), 5 steps with clipping and a no-decay group, against the fused-Adam path
     on the same device and the per-tensor reference in float64 on the CPU; the caller has
     put ``device`` in both paths' device lists."""
-    from largebatch.optim import lamb_fused
+    from largebatch.optim import lamb_update
     from largebatch.optim.lamb import Lamb
     from tests.optim.conftest import count_calls
 
@@ -135,10 +135,10 @@ def compare_paths(monkeypatch, device: str, shapes: list[tuple[int, ...]], decou
     triton_weights, triton_stats = run(device, torch.float32)
     assert len(taken) == 10  # both groups, every step
     monkeypatch.setattr(lamb_triton, "DEVICES", ())
-    fused = count_calls(monkeypatch, lamb_fused, "directions")
+    fused = count_calls(monkeypatch, lamb_update.FusedAdam, "begin")
     fused_weights, fused_stats = run(device, torch.float32)
     assert fused
-    monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ())
+    monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ())
     reference, _ = run("cpu", torch.float64, foreach=False)
     assert len(taken) == 10
     for ours, other, exact in zip(triton_weights, fused_weights, reference):
@@ -161,7 +161,9 @@ def test_scalar_arguments_reach_the_kernel_as_floats():
     """Triton compiles a Python int argument as an integer: a weight decay given as 0 or
     betas given as ints must still arrive as floats."""
     group = {"lr": 1, "betas": (0, 1), "eps": 1e-6, "weight_decay": 0, "decoupled_weight_decay": True, "bias_correction": False}
+    from largebatch.optim.lamb_update import Settings
+
     t = [torch.zeros(3)]
-    bucket = lamb_triton.Bucket(group, 1, (t, t, t, t), None)
+    bucket = lamb_triton.Bucket(Settings.of(group, 1, adapt=False, record=False), (t, t, t, t), None)
     assert all(type(value) is float for value in bucket.scalars)
     assert bucket.flags["COUPLED"] is False

@@ -193,3 +193,16 @@ def test_state_survives_a_state_dict_round_trip():
     resumed.load_state_dict(copy.deepcopy(first.state_dict()))
     for a, b in zip(run(resumed, again, steps[2:]), expected):
         assert torch.equal(a, b)
+
+
+def test_deepcopy_keeps_optimizer_wide_switches_and_sparse_gradients_are_refused():
+    params = make_params()
+    clone = copy.deepcopy(Lars(params, lr=LR, no_decay_adapt=True, foreach=False))
+    assert (clone.no_decay_adapt, clone.foreach) == (True, False)
+    clone_params = clone.param_groups[0]["params"]
+    for p, g in zip(clone_params, make_grads(1)):
+        p.grad = g
+    clone.step()
+    clone_params[0].grad = clone_params[0].grad.to_sparse()
+    with pytest.raises(UserError, match="Lars got a sparse gradient for parameter 'group0.0'; LARS needs dense"):
+        clone.step()

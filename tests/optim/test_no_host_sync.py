@@ -3,9 +3,9 @@
 On CUDA or an HPU a read-back (``.item()``, ``float(t)``, ``if t:``, ``torch.equal``,
 ``nonzero``) waits for the queued kernels, and once per tensor it costs more than the
 update. On accelerators other than CUDA LAMB takes its multi-tensor path (the CPU kernel
-of ``lamb_cpu`` applies to CPU tensors only), so that path runs here on the CPU, with the
+of ``lamb_cpu`` takes CPU tensors only), so that path runs here on the CPU, with the
 CPU kernel turned off (``chunk_elements=0``), under a dispatch mode that records every
-operator that materialises a tensor's value on the host. CUDA's path (``lamb_fused``) is
+operator that materialises a tensor's value on the host. CUDA's kernel (``lamb_update.FusedAdam``) is
 checked the same way in ``test_lamb_fused.py``.
 """
 
@@ -83,4 +83,6 @@ def test_the_detector_sees_a_read_back_and_the_cpu_kernel_never_takes_accelerato
         bool(torch.ones(()) > 0)
     assert len(mode.seen) == 2  # the check above can fail
     on_meta = [torch.empty(4, device="meta") for _ in range(4)]
-    assert not lamb_cpu.applies(on_meta[:1], on_meta[1:2], on_meta[2:3], on_meta[3:])  # other devices: multi-tensor path
+    assert not lamb_cpu.CpuChunks(16, lamb_cpu.Scratch()).applies(
+        (on_meta[:1], on_meta[1:2], on_meta[2:3], on_meta[3:])
+    )  # other devices: multi-tensor path

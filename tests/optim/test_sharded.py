@@ -69,12 +69,12 @@ def _worker(rank: int, world: int, port: int, kind: str, mesh_shape: tuple[int, 
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     fused_calls, dtype, tolerance, eps = None, torch.float64, {"rtol": 1e-10, "atol": 1e-12}, 1e-6
     if kind == "lamb-fused":  # CUDA's path (torch's fused Adam kernel) on the slices, the CPU standing in
-        from largebatch.optim import lamb_fused
+        from largebatch.optim import lamb_update
         from tests.optim.conftest import count_calls
 
         monkeypatch = pytest.MonkeyPatch()
-        monkeypatch.setattr(lamb_fused, "FUSED_DEVICES", ("cpu",))
-        fused_calls, kind = count_calls(monkeypatch, lamb_fused, "directions"), "lamb"
+        monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",))
+        fused_calls, kind = count_calls(monkeypatch, lamb_update.FusedAdam, "begin"), "lamb"
     if kind == "lamb-triton":  # CUDA's float32 path (two Triton passes) on the slices, through Triton's interpreter
         from largebatch.optim import lamb_triton
         from tests.optim.conftest import count_calls
