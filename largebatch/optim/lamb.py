@@ -29,6 +29,7 @@ shard group in one collective (``largebatch.optim.sharded``): the unsharded trus
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,12 +37,20 @@ import torch
 from torch import Tensor
 
 from largebatch.errors import UserError
-from largebatch.optim import lamb_cpu, lamb_habana, lamb_triton, lamb_update, sharded
+from largebatch.optim import lamb_cpu, lamb_habana, lamb_update, sharded
 from largebatch.optim.lamb_update import Kernel, Settings, Tensors
 from largebatch.optim.layerwise import Collected, LayerwiseOptimizer, Stats, in_order
 
-REFERENCE, FUSED_ADAM, TRITON = lamb_update.Reference(), lamb_update.FusedAdam(), lamb_triton.Triton()
+REFERENCE, FUSED_ADAM = lamb_update.Reference(), lamb_update.FusedAdam()
 MULTI_TENSOR, MULTI_TENSOR_IN_PLACE = lamb_update.MultiTensor(), lamb_update.MultiTensor(in_place=True)
+
+
+@functools.cache
+def _triton() -> Kernel:
+    # Imported at the first step, not with the package: Triton takes ~0.15 s to import.
+    from largebatch.optim import lamb_triton
+
+    return lamb_triton.Triton()
 
 
 def choose(
@@ -71,7 +80,7 @@ def choose(
         return REFERENCE
     limit = lamb_cpu.CPU_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     chunks = [lamb_cpu.CpuChunks(limit, scratch)] if limit and scratch is not None and not sharded else []
-    for kernel in (*chunks, TRITON, FUSED_ADAM):
+    for kernel in (*chunks, _triton(), FUSED_ADAM):
         if kernel.applies(tensors):
             return kernel
     return MULTI_TENSOR_IN_PLACE if sharded else MULTI_TENSOR
