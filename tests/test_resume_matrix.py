@@ -96,7 +96,9 @@ def matrix_config(shards: pathlib.Path, loader: str, dropout: str) -> dict:
 def run(tmp_path: pathlib.Path, cfg: dict, run_dir: pathlib.Path, resume: str | None = None):
     path = write_config(tmp_path, cfg, name=f"{run_dir.name}.yaml")
     preemption.clear()  # a fresh process has received no signal
-    return train(TrainArgs(config=str(path), run_dir=str(run_dir), resume=resume))
+    # A resumed run keeps its saved config: a stop at max_steps is lifted as a user would.
+    overrides = ["max_steps=null"] if resume else []
+    return train(TrainArgs(config=str(path), overrides=overrides, run_dir=str(run_dir), resume=resume))
 
 
 @pytest.fixture(scope="module")

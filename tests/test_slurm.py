@@ -61,7 +61,7 @@ def test_srun_fsdp_run_stopped_and_resumed_matches_torchrun(slurm, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = tmp_path / "run"
     srun = ["srun", "-n2", "-N1", "--kill-on-bad-exit=1", PYTHON, str(REPO / "train.py"), "--config", config, "--run-dir", str(run_dir)]
-    for extra in (["--set", "max_steps=3"], ["--resume", "auto"]):
+    for extra in (["--set", "max_steps=3"], ["--resume", "auto", "--set", "max_steps=null"]):
         result = subprocess.run(srun + extra, cwd=REPO, capture_output=True, text=True, timeout=300, env=slurm.env(clean_env()))
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "world size 2" in result.stdout and "at step 3" in result.stdout

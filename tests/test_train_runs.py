@@ -71,7 +71,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, stop_at):
     stopped = tmp_path / "stopped"
     _train(tmp_path, {**cfg, "max_steps": stop_at}, stopped)
     assert (stopped / "checkpoints" / f"step-{stop_at:08d}.pt").exists()
-    result = _train(tmp_path, cfg, stopped, "--resume", "auto")
+    result = _train(tmp_path, cfg, stopped, "--resume", "auto", "--set", "max_steps=null")
     assert "resumed from" in result.stdout and f"at step {stop_at}" in result.stdout
     a, b = load_file(tmp_path / "straight/model.safetensors"), load_file(stopped / "model.safetensors")
     for key in a:
@@ -79,15 +79,22 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, stop_at):
 
 
 @pytest.mark.slow
-def test_resume_with_a_different_config_is_refused(tmp_path):
+def test_resume_keeps_the_saved_config_and_refuses_a_set_that_changes_the_maths(tmp_path):
     cfg = tiny_config(**{"checkpoint.at_end": True})
     _train(tmp_path, {**cfg, "max_steps": 2}, tmp_path / "run")
-    changed = tiny_config(**{"optimizer.lr": 5e-3, "checkpoint.at_end": True})
-    path = write_config(tmp_path, changed)
-    result = run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    changed = write_config(tmp_path, tiny_config(**{"optimizer.lr": 5e-3, "checkpoint.at_end": True}), "changed.yaml")
+    # another --config is reported and not used: the run goes on with what it started with
+    kept = run_cli("train.py", "--config", str(changed), "--run-dir", str(tmp_path / "run"), "--resume", "auto", "--set", "max_steps=3")
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    note = next(line for line in kept.stdout.splitlines() if "differs from the saved config in" in line)
+    assert "optimizer.lr (0.001 -> 0.005)" in note and "the saved values are kept" in note
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["optimizer"]["lr"] == 0.001
+    # a --set that changes the maths is refused unless asked for
+    run = ["train.py", "--run-dir", str(tmp_path / "run"), "--resume", "auto", "--set", "max_steps=4", "--set", "optimizer.lr=5e-3"]
+    result = run_cli(*run)
     assert result.returncode == 2
     assert "optimizer.lr (0.001 -> 0.005)" in result.stderr and "--resume-ignore-config" in result.stderr
-    ok = run_cli("train.py", "--config", str(path), "--run-dir", str(tmp_path / "run"), "--resume", "auto", "--resume-ignore-config")
+    ok = run_cli(*run, "--resume-ignore-config")
     assert ok.returncode == 0, ok.stderr[-2000:]
 
 
@@ -102,10 +109,19 @@ def test_checkpoint_older_than_a_new_config_key_resumes_while_the_key_keeps_its_
     del payload["config"]["task"], payload["config"]["model"]["init_from"]  # as written before the keys existed
     torch.save(payload, checkpoint)
     shutil.copytree(tmp_path / "run", tmp_path / "other")
-    ok = run_cli("train.py", "--config", str(write_config(tmp_path, cfg)), "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    ok = run_cli(
+        "train.py",
+        "--config",
+        str(write_config(tmp_path, cfg)),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--resume",
+        "auto",
+        "--set",
+        "max_steps=null",
+    )
     assert ok.returncode == 0 and "resumed from" in ok.stdout, ok.stderr[-2000:]
-    changed = write_config(tmp_path, tiny_config(**{"checkpoint.at_end": True, "model.init_from": str(tmp_path / "run")}), "changed.yaml")
-    result = run_cli("train.py", "--config", str(changed), "--run-dir", str(tmp_path / "other"), "--resume", "auto")
+    result = run_cli("train.py", "--run-dir", str(tmp_path / "other"), "--resume", "auto", "--set", f"model.init_from={tmp_path / 'run'}")
     assert result.returncode == 2 and "model.init_from (None -> " in result.stderr, result.stderr
 
 

@@ -124,7 +124,9 @@ def test_sharded_parameters_are_refused_at_the_start():
 def run_in_process(tmp_path: pathlib.Path, cfg: dict, run_dir: pathlib.Path, resume: str | None = None):
     path = write_config(tmp_path, cfg, name=f"{run_dir.name}.yaml")
     preemption.clear()
-    return train(TrainArgs(config=str(path), run_dir=str(run_dir), resume=resume))
+    # A resumed run keeps its saved config: the stop at max_steps is lifted as a user would.
+    overrides = ["max_steps=null"] if resume else []
+    return train(TrainArgs(config=str(path), overrides=overrides, run_dir=str(run_dir), resume=resume))
 
 
 @pytest.mark.slow
@@ -181,7 +183,8 @@ def test_ema_eval_off_skips_the_evaluation_but_keeps_the_weights(tmp_path):
 def test_export_ema_writes_a_folder_timm_loads_with_the_ema_weights(ema_run, tmp_path):
     result = run_cli("export", str(ema_run), "--out", str(tmp_path / "out"), "--ema")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert "the EMA of its weights" in (tmp_path / "out" / "README.md").read_text()  # the model card says which
     loaded = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True)
     ema = load_file(ema_run / EMA_WEIGHTS)
     assert loaded.state_dict().keys() == ema.keys()

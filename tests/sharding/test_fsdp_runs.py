@@ -100,7 +100,7 @@ def test_sharded_checkpoints_resume_exactly_and_at_another_world_size(tmp_path):
     assert (folder / "meta.pt").is_file() and (folder / ".metadata").is_file()
     assert len(list(folder.glob("*.distcp"))) == 2  # one file of slices per rank
     assert not list((stopped / "checkpoints").glob(".*.tmp"))
-    result = ok(torchrun(tmp_path, cfg, stopped, "--resume", "auto"))
+    result = ok(torchrun(tmp_path, cfg, stopped, "--resume", "auto", "--set", "max_steps=null"))
     assert "resumed from" in result.stdout and "at step 3" in result.stdout
     resumed = load_file(stopped / "model.safetensors")
     for key in reference:
@@ -109,14 +109,14 @@ def test_sharded_checkpoints_resume_exactly_and_at_another_world_size(tmp_path):
     # 2 -> 1: the same checkpoint resumed by one process (accumulation 4 instead of 2)
     shrunk = tmp_path / "shrunk"
     ok(torchrun(tmp_path, {**cfg, "max_steps": 3}, shrunk))
-    result = ok(single(tmp_path, cfg, shrunk, "--resume", "auto"))
+    result = ok(single(tmp_path, cfg, shrunk, "--resume", "auto", "--set", "max_steps=null"))
     assert "at step 3" in result.stdout
     one = load_file(shrunk / "model.safetensors")
     # 1 -> 2: a one-process run's checkpoint resumed by two ranks
     grown = tmp_path / "grown"
     ok(single(tmp_path, {**cfg, "max_steps": 3}, grown))
     assert (grown / "checkpoints" / "step-00000003" / "meta.pt").is_file()
-    ok(torchrun(tmp_path, cfg, grown, "--resume", "auto"))
+    ok(torchrun(tmp_path, cfg, grown, "--resume", "auto", "--set", "max_steps=null"))
     two = load_file(grown / "model.safetensors")
     for key in reference:  # exact up to the order of floating-point reductions
         torch.testing.assert_close(one[key], reference[key], rtol=1e-5, atol=1e-6, msg=key)
