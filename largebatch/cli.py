@@ -1,4 +1,4 @@
-"""The ``largebatch`` command line: ``train``, ``config show|keys|import``, ``data ...``, ``export``, ``plot``.
+"""The ``largebatch`` command line: ``train``, ``config show|keys|import``, ``data ...``, ``export``, ``plot``, ``study ...``.
 
 A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
 status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1, SIGUSR2 or
@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="DIR", help="write the PNGs into DIR (default: the run directory)")
     plot.add_argument("--debug", action="store_true")
     plot.set_defaults(func=cmd_plot)
+
+    from largebatch.study import cli as study_cli  # imports nothing heavy: optuna loads inside the commands
+
+    study_cli.register(commands)
 
     try:
         from largebatch.data import cli as data_cli

@@ -195,3 +195,32 @@ def derived_of(cfg, world_size: int, num_samples: int) -> dict:
     from largebatch.config.typed import typed
 
     return derive(typed(cfg), world_size, num_samples).to_dict()
+
+
+def wait_until(predicate, timeout: float, what: str, every: float = 0.5):
+    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real one-node Slurm cluster for the session (``tests/support/slurm_cluster.py``)."""
+    from tests.support.slurm_cluster import BINARIES, PACKAGES, SlurmCluster, ensure_installed
+
+    reason = ensure_installed(PACKAGES, BINARIES)
+    if reason:
+        pytest.skip(f"no Slurm: {reason}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

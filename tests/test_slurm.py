@@ -4,7 +4,6 @@ requeues itself, resumes and ends with the weights of an uninterrupted run."""
 
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -18,24 +17,11 @@ from tests.conftest import (
     clean_env,
     hooks_override,
     resume_config,
+    wait_until,
     write_config,
 )
-from tests.support.slurm_cluster import BINARIES, PACKAGES, SlurmCluster, ensure_installed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    reason = ensure_installed(PACKAGES, BINARIES)
-    if reason:
-        pytest.skip(f"no Slurm: {reason}")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_srun_two_tasks_match_torchrun(slurm, tmp_path, two_rank_reference):
@@ -69,15 +55,6 @@ def test_srun_fsdp_run_stopped_and_resumed_matches_torchrun(slurm, tmp_path):
     assert_same_weights(reference / "model.safetensors", run_dir / "model.safetensors")
 
 
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly(slurm, tmp_path, two_rank_reference):
     config = str(write_config(tmp_path, resume_config()))
     run_dir = tmp_path / "run"
@@ -91,16 +68,16 @@ def test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly(slurm, tmp_
     job = submitted.stdout.strip().split(";")[0]
 
     metrics = run_dir / "metrics.jsonl"
-    _wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 180, f"job {job} to train two steps")
+    wait_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 180, f"job {job} to train two steps")
     signalled = slurm.run("scancel", "--signal=USR1", job)
     assert signalled.returncode == 0, signalled.stderr
     # Rank 0 checkpoints and runs `scontrol requeue`; Slurm holds a requeued job ~120 s
     # before it may start again, so release it as an operator would.
-    _wait(lambda: slurm.job_field(job, "Restarts") == "1", 120, f"job {job} to be requeued")
-    _wait(lambda: slurm.job_field(job, "JobState") in ("PENDING", "RUNNING", "COMPLETED"), 60, "the requeued job to settle")
+    wait_until(lambda: slurm.job_field(job, "Restarts") == "1", 120, f"job {job} to be requeued")
+    wait_until(lambda: slurm.job_field(job, "JobState") in ("PENDING", "RUNNING", "COMPLETED"), 60, "the requeued job to settle")
     if slurm.job_field(job, "JobState") == "PENDING":
         slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    _wait(lambda: slurm.job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, f"job {job} to end")
+    wait_until(lambda: slurm.job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, f"job {job} to end")
     text = log.read_text()
     assert slurm.job_field(job, "JobState") == "COMPLETED", text[-4000:]
     assert "restart 0" in text and "restart 1" in text

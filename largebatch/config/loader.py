@@ -62,6 +62,17 @@ def load_config(path: str | pathlib.Path, overrides: list[str] | None = None) ->
     return config
 
 
+def read_plain_file(path: str | pathlib.Path) -> dict[str, Any]:
+    """A ``.py`` or ``.yaml`` file of a config's shape (with its ``_base_`` files) as plain
+    dicts, for files that are not configs: nothing checks it against the schema
+    (``largebatch.study`` reads study files with it).
+
+    Raises:
+        ConfigError: as ``load_config`` for the file itself.
+    """
+    return _load_file(pathlib.Path(path), chain=())
+
+
 def _load_file(path: pathlib.Path, chain: tuple[pathlib.Path, ...]) -> dict[str, Any]:
     if not path.is_file():
         hint = "check the path" if path.suffix in CONFIG_SUFFIXES else f"a config file ends in {', '.join(CONFIG_SUFFIXES)}"

@@ -141,6 +141,22 @@ def decode_crop_resize(
     else:
         height, width = header
     pixels = decode_at_scale(jpeg, dct_scale(box, image_size), channels, (height, width))
+    return crop_resize(pixels, (height, width), box, image_size, flip, out, mode)
+
+
+def crop_resize(
+    pixels: np.ndarray,
+    header: tuple[int, int],
+    box: Box,
+    image_size: int,
+    flip: bool = False,
+    out: np.ndarray | None = None,
+    mode: str = "bilinear",
+) -> torch.Tensor | np.ndarray:
+    """Crop ``box`` from ``pixels``, an image of full size ``header`` decoded at any DCT
+    scale, resize to ``image_size``, flip; the rest as ``decode_crop_resize`` (``pixels``
+    is only read)."""
+    height, width = header
     # The decoded size is ceil(full / k); map the box through the actual ratio.
     sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
     left, top, crop_w, crop_h = box

@@ -53,7 +53,9 @@ from largebatch.data.base import (
 )
 from largebatch.data.decode import (
     center_crop_box,
-    decode_crop_resize,
+    crop_resize,
+    dct_scale,
+    decode_at_scale,
     random_resized_crop_box,
 )
 from largebatch.data.policies import apply_policy, erase, image_policy, random_eraser
@@ -85,6 +87,8 @@ class _MicroBatchDataset(Dataset):
         self.crop_ratio = cfg.eval_crop_ratio
         self.interpolation = cfg.interpolation
         self.policy = image_policy(cfg) if batches.train else None
+        # data.cache_decoded: record -> (full-size pixels, label), kept from its first decode
+        self.decoded: dict[int, tuple[np.ndarray, int]] | None = {} if cfg.cache_decoded else None
         self._epoch: int | None = None
         self._batches: list[np.ndarray] = []
 
@@ -93,18 +97,33 @@ class _MicroBatchDataset(Dataset):
 
     def _load(self, index: int, draws: np.ndarray | None, out: np.ndarray) -> int:
         """Decode sample ``index`` (a virtual index under repeated augmentation) into
-        ``out`` (uint8 CHW) and return its label."""
+        ``out`` (uint8 CHW) and return its label. With ``data.cache_decoded``, a record's
+        full-size pixels are kept from its first decode and cropped again from there
+        whenever its crop needs them at full size (the same bytes as decoding again)."""
         index %= len(self.shards)  # a repeated sample reads its record
-        jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
+        cached = None if self.decoded is None else self.decoded.get(index)
+        jpeg = None
         try:
-            height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+            if cached is None:
+                jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
+                height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+            else:
+                pixels, label = cached
+                height, width = pixels.shape[:2]
             flip = False
             if draws is not None:
                 box = random_resized_crop_box(height, width, draws, self.scale, self.ratio)
                 flip = bool(draws[AUGMENTATION_DRAWS - 1] < self.hflip)
             else:
                 box = center_crop_box(height, width, self.size, self.crop_ratio)
-            decode_crop_resize(jpeg, box, self.size, self.channels, (height, width), flip, out, self.interpolation)
+            k = dct_scale(box, self.size)
+            if cached is None or k != 1:
+                if jpeg is None:
+                    jpeg, _ = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
+                pixels = decode_at_scale(jpeg, k, self.channels, (height, width))
+                if k == 1 and self.decoded is not None:
+                    self.decoded[index] = (pixels, label)
+            crop_resize(pixels, (height, width), box, self.size, flip, out, self.interpolation)
         except ValueError as err:
             raise DataError(f"{self.shards.where(index)}: JPEG does not decode ({err})") from err
         return label

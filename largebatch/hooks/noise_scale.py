@@ -34,10 +34,20 @@ ratio is B_simple. Logged on logging steps: ``noise_scale/grad_sq``,
 ``noise_scale/trace_sigma`` and ``noise_scale/b_simple`` (NaN until the smoothed
 ``|G|^2`` is positive; single-step estimates are noisy and may be negative).
 
-Unavailable, a ``UserError`` at the start, when ``B_small == B_big``: accumulation 1
-(micro-batch = global batch / world size), where the first micro-batch's gradient is
-the step's. A step whose window has a single micro-batch (a trailing partial window)
-is left out of the averages, as is a step with non-finite gradients.
+Unavailable, a ``UserError`` at the start, when ``B_big / B_small`` is below
+``min_ratio`` (default 2; at 1, accumulation 1 with micro-batch = global batch / world
+size, the first micro-batch's gradient is the step's). The estimator's variance falls as
+the two batch sizes move apart: ``min_ratio=8`` asks for a micro-batch at most an eighth
+of the step's batch, as the studies' runs use (``largebatch.study``). A step whose window
+has a single micro-batch (a trailing partial window) is left out of the averages, as is
+a step with non-finite gradients.
+
+**At a fixed held-out loss** (``at_eval_loss``). B_simple grows as the loss falls, so values
+read at the same step of two runs (at two batch sizes, or with two optimizers) are not
+comparable. With ``at_eval_loss`` set, the first evaluation whose ``eval/loss`` is at or
+below it adds the smoothed estimates of that moment to its own record:
+``noise_scale/at_loss/b_simple``, ``.../grad_sq``, ``.../trace_sigma``, ``.../step`` and
+``.../batch_ratio`` (``B_big / B_small``), once per run (kept in checkpoints).
 
 Cost: one ``torch._foreach_norm`` over the gradients per step (reading them once), no
 host sync; measured in ``bench/hook_cost.py``. The smoothed values are saved in
@@ -62,15 +72,25 @@ class NoiseScaleHook(Hook):
 
     Args:
         beta: EMA coefficient of the two estimates (0: no smoothing).
+        min_ratio: the smallest ``B_big / B_small`` accepted (at least 2).
+        at_eval_loss: record the estimates at the first evaluation whose ``eval/loss`` is
+            at most this (None: off).
     """
 
-    priority = Priority.ABOVE_NORMAL  # before clipping (NORMAL): the norms before clipping
+    priority = Priority.ABOVE_NORMAL  # before clipping (NORMAL): the norms before clipping; before the sinks write an evaluation
 
-    def __init__(self, beta: float = 0.99, priority: int | str | None = None) -> None:
+    def __init__(
+        self, beta: float = 0.99, min_ratio: int = 2, at_eval_loss: float | None = None, priority: int | str | None = None
+    ) -> None:
         super().__init__(priority)
         if not 0 <= beta < 1:
             raise ValueError(f"beta must be in [0, 1), got {beta}")
+        if min_ratio < 2:
+            raise ValueError(f"min_ratio must be at least 2, got {min_ratio}")
         self.beta = float(beta)
+        self.min_ratio = int(min_ratio)
+        self.at_eval_loss = None if at_eval_loss is None else float(at_eval_loss)
+        self.at_loss: dict[str, float] | None = None  # what was recorded at at_eval_loss
         # sums (|G|^2, tr(Sigma), weight): the averages are the first two over the third,
         # which is 1 - beta^n after n finite steps (Adam's bias correction)
         self._ema: torch.Tensor | None = None
@@ -80,17 +100,26 @@ class NoiseScaleHook(Hook):
         self._sharded = False
 
     def before_run(self, state) -> None:
-        if state.run.plan.accumulation < 2:
-            raise UserError(
-                f"the noise_scale hook compares the first micro-batch's gradient with the step's, which are the same with "
-                f"accumulation 1 (micro_batch_size {state.run.config.micro_batch_size} x {state.run.world_size} rank(s) = "
-                f"global_batch_size {state.run.config.global_batch_size}); set micro_batch_size to at most half of "
-                f"{state.run.config.global_batch_size // state.run.world_size}, or drop the hook",
-                key="hooks",
-            )
         # Sharded gradients exist only once reduced: ask for a reduction after the first
         # micro-batch too, so g_small is the ranks' mean first micro-batch gradient.
         self._sharded = state.run.sharded
+        accumulation, world = state.run.plan.accumulation, state.run.world_size
+        ratio = accumulation * (1 if self._sharded else world)
+        if accumulation < 2 or ratio < self.min_ratio:
+            cfg = state.run.config
+            needed = max(2, self.min_ratio if self._sharded else -(-self.min_ratio // world))  # the accumulation it takes
+            largest = cfg.global_batch_size // (world * needed)
+            same = (
+                "which are the same with accumulation 1"
+                if accumulation < 2
+                else f"B_big / B_small = {ratio}, below min_ratio {self.min_ratio}"
+            )
+            raise UserError(
+                f"the noise_scale hook compares the first micro-batch's gradient with the step's, {same} (micro_batch_size "
+                f"{cfg.micro_batch_size} x {world} rank(s), global_batch_size {cfg.global_batch_size}); set micro_batch_size "
+                f"to at most {max(largest, 1)}, or drop the hook",
+                key="hooks",
+            )
         if self._sharded:
             state.run.sync_first_micro = True
         self._ema = torch.zeros(3, dtype=torch.float64, device=state.run.backend.device)
@@ -142,6 +171,16 @@ class NoiseScaleHook(Hook):
         state.current.metrics["noise_scale/trace_sigma"] = trace
         state.current.metrics["noise_scale/b_simple"] = _ratio(trace, grad_sq)
 
+    def after_eval(self, state) -> None:
+        loss = state.eval_metrics.get("eval/loss")
+        if self.at_eval_loss is None or self.at_loss is not None or loss is None or not float(loss) <= self.at_eval_loss:
+            return
+        self.at_loss = {**self.estimates(), "step": float(state.step), "batch_ratio": self._ratio(state)}
+        state.eval_metrics = {**state.eval_metrics, **{f"noise_scale/at_loss/{k}": v for k, v in self.at_loss.items()}}
+
+    def _ratio(self, state) -> float:
+        return float(state.run.plan.accumulation * (1 if self._sharded else state.run.world_size))
+
     def estimates(self) -> dict[str, float]:
         """The current bias-corrected averages as floats (one host sync): grad_sq,
         trace_sigma, b_simple."""
@@ -151,10 +190,11 @@ class NoiseScaleHook(Hook):
         return {"grad_sq": float(grad_sq), "trace_sigma": float(trace), "b_simple": float(_ratio(trace, grad_sq))}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ema": self._ema.tolist() if self._ema is not None else [0.0, 0.0, 0.0], "beta": self.beta}
+        return {"ema": self._ema.tolist() if self._ema is not None else [0.0, 0.0, 0.0], "beta": self.beta, "at_loss": self.at_loss}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._loaded = dict(state)
+        self.at_loss = state.get("at_loss")
         if self._ema is not None:
             self._ema.copy_(torch.tensor(state["ema"], dtype=torch.float64))
 

@@ -282,6 +282,18 @@ def import_over_an_existing_file(tmp_path):
     return argv, tmp_path / "out"
 
 
+def study_case(*extra: str, **changes):
+    """``largebatch study run`` on the tests' tiny study with ``changes`` to its file; nothing
+    may train (its trials would land in ``trials/``)."""
+
+    def make(tmp_path):
+        from tests.study.helpers import write_study
+
+        return ["study", "run", str(write_study(tmp_path, **changes)), *extra], tmp_path / "trials"
+
+    return make
+
+
 CASES = [
     # the command line
     ("flag-misspelt", case_argparse(TRAIN, "--config", "x.py", "--resum", "auto"), ["--resum", "did you mean --resume?"]),
@@ -391,6 +403,29 @@ CASES = [
     ("eval-split-missing", native_eval_split_missing, ["validation"]),
     ("labels-beyond-num-classes", native_labels_beyond_num_classes, ["data.num_classes"]),
     ("corrupt-record", native_corrupt_record, ["train-", "record", "offset"]),
+    # studies: every mistake before the first trial
+    (
+        "study-unknown-optimizer",
+        study_case(optimizers={"lamb": {}, "adafactor": {}}),
+        ["optimizers.adafactor", "unknown optimizer 'adafactor'"],
+    ),
+    ("study-empty-range", study_case(search={"lr": {"low": 0.03, "high": 0.003}}), ["search.lr", "the range [0.03, 0.003] is empty"]),
+    (
+        "study-target-not-measured",
+        study_case(target={"metric": "auc", "value": 0.9}),
+        ["target.metric", "does not measure 'auc'", "top1"],
+    ),
+    (
+        "study-test-split-without-shards",
+        study_case(data={"test": "validation"}),
+        ["data.test", "the synthetic loader has one evaluation set"],
+    ),
+    (
+        "study-storage-unopenable",
+        study_case("--storage", "postgresql://nobody@127.0.0.1:9/none"),
+        ["storage", "'postgresql://nobody@127.0.0.1:9/none' cannot be opened"],
+    ),
+    ("study-storage-folder-missing", study_case("--storage", "journal:/no/such/folder/study.log"), ["storage", "does not exist"]),
 ]
 
 

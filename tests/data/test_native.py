@@ -193,6 +193,31 @@ def test_cached_eval_replays_the_first_pass_without_decoding(unique_shards, monk
     cached.close()
 
 
+def test_cached_decodes_give_the_same_batches_and_decode_each_record_once_at_full_size(unique_shards, monkeypatch):
+    """data.cache_decoded: three epochs of random crops and flips, byte for byte the
+    uncached loader's; a record is decoded at full size once, crops that want a reduced
+    DCT scale (large crops of the 96 px images) still decode at that scale."""
+    p = plan(world=1, micro=8, global_batch=16)
+    cfg = data_cfg(unique_shards, 48, scale=(0.08, 1.0))
+
+    def epochs(loader):
+        out = []
+        for epoch in (1, 2, 3):
+            loader.set_epoch(epoch)
+            out += list(loader)
+        return out
+
+    reference = epochs(native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU))
+    scales: list[int] = []
+    original = native.decode_at_scale
+    monkeypatch.setattr(native, "decode_at_scale", lambda jpeg, k, *rest: scales.append(k) or original(jpeg, k, *rest))
+    cached = epochs(native.build_train_loader(dataclasses.replace(cfg, cache_decoded=True), p, rank=0, seed=SEED, device=CPU))
+    for (images, labels), (ref_images, ref_labels) in zip(cached, reference, strict=True):
+        assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
+    assert scales.count(1) <= 48 and len(scales) < 3 * 48  # full size once per record; fewer decodes than the 144 reads
+    assert any(k > 1 for k in scales)  # the test exercised both paths
+
+
 def _slow_first_worker(monkeypatch):
     """Worker 0 decodes slowly, so worker 1's batches arrive first and wait."""
     import time

@@ -101,6 +101,25 @@ COVERED = {
         "tests/bench/test_critical_batch.py::test_a_follow_up_study_measures_efficiency_against_its_references_base_and_centres_on_its_rates"
         "  # the follow-up's arithmetic; the trials it starts are the study's, run by test_quick_study_runs_every_optimizer"
     ),
+    "largebatch study run studies/fashion-mnist/study.py --jobs 2": (
+        "tests/study/test_study_runs.py::test_a_tiny_study_reports_its_cells_seeds_fit_and_edge_marks"
+        "  # `study run --jobs 2` on the tests' tiny study (2 optimizers x 2 batches x 3 trials x 2 seeds)"
+    ),
+    "OMP_NUM_THREADS=1 largebatch study run studies/fashion-mnist/study.py --jobs 2": (
+        "tests/study/test_study_runs.py::test_a_tiny_study_reports_its_cells_seeds_fit_and_edge_marks"
+        "  # the same command on the tests' tiny study; the shipped study takes hours"
+    ),
+    "largebatch study status studies/fashion-mnist/study.py": "tests/study/test_study_runs.py::test_status_lists_every_cell",
+    "largebatch study report studies/fashion-mnist/study.py": (
+        "tests/study/test_study_runs.py::test_the_report_is_written_again_from_the_storage_alone"
+    ),
+    "largebatch study run studies/fashion-mnist/study.py --retry-failed": (
+        "tests/study/test_study_runs.py::test_a_failed_trial_is_recorded_and_waits_for_the_users_choice"
+    ),
+    "sbatch --array=0-3 slurm/study-array.sbatch studies/fashion-mnist/study.py --storage journal:studies/fashion-mnist/study.journal": (
+        "tests/study/test_study_slurm.py::test_two_array_tasks_finish_one_study_together_and_no_trial_runs_twice"
+        "  # two array tasks of the same script on the tests' small study, on a real one-node cluster"
+    ),
 }
 
 # Command -> why it cannot run on a CPU machine (it still has to parse).
@@ -262,6 +281,10 @@ def _argv_after_train_py(words: list[str]) -> list[str] | None:
     return None
 
 
+# Batch scripts that run a ``largebatch`` command (the rest run train.py): script -> its subcommand.
+SBATCH_LARGEBATCH = {"slurm/study-array.sbatch": ["study", "run"]}
+
+
 def _placeholder(path: str) -> bool:
     return "$" in path or path.isupper() or "<" in path
 
@@ -275,6 +298,9 @@ def check_parses(command: markdown.Command) -> None:
     if sbatch_script is not None:
         assert (REPO / sbatch_script).is_file(), f"{command.where}: no script {sbatch_script}"
         rest = words[words.index(sbatch_script) + 1 :]
+        if sbatch_script in SBATCH_LARGEBATCH:  # the script runs a largebatch command with its arguments
+            words = ["largebatch", *SBATCH_LARGEBATCH[sbatch_script], *rest]
+            rest = []
         argv = ["--config", *rest] if rest else None
     if argv is not None:
         parser = cli.ArgumentParser(prog="train.py")

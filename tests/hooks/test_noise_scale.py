@@ -54,9 +54,9 @@ def with_replacement(x, y, count: int, micro: int, seed: int = 1):
     return out
 
 
-def run(tmp_path, *, steps: int, micro: int, accumulation: int, beta: float, log_interval: int = 10):
+def run(tmp_path, *, steps: int, micro: int, accumulation: int, beta: float, log_interval: int = 10, min_ratio: int = 2):
     x, y, model = problem()
-    hook = NoiseScaleHook(beta=beta)
+    hook = NoiseScaleHook(beta=beta, min_ratio=min_ratio)
     records = Records()
     engine = make_engine(
         model,
@@ -100,7 +100,41 @@ def test_accumulation_one_is_refused_with_the_fix(tmp_path):
         run(tmp_path, steps=2, micro=8, accumulation=1, beta=0.9)
     cause = error.value.__cause__ if not isinstance(error.value, UserError) else error.value
     assert isinstance(cause, UserError)
-    assert "accumulation 1" in str(cause) and "set micro_batch_size to at most half of 8" in str(cause)
+    assert "accumulation 1" in str(cause) and "set micro_batch_size to at most 4" in str(cause)
+
+
+def test_a_smaller_ratio_than_asked_for_is_refused_with_the_largest_micro_batch_that_gives_it(tmp_path):
+    with pytest.raises(Exception) as error:
+        run(tmp_path, steps=2, micro=8, accumulation=4, beta=0.9, min_ratio=8)
+    cause = error.value.__cause__ if not isinstance(error.value, UserError) else error.value
+    assert isinstance(cause, UserError)
+    assert "B_big / B_small = 4, below min_ratio 8" in str(cause) and "set micro_batch_size to at most 4" in str(cause)
+    hook, _, _ = run(tmp_path / "eight", steps=2, micro=4, accumulation=8, beta=0.9, min_ratio=8)  # 32 / 4 = 8: accepted
+    assert all(math.isfinite(v) for v in hook.estimates().values())
+
+
+def test_at_a_fixed_held_out_loss_the_estimates_of_that_moment_join_that_evaluation_once(tmp_path, preemption_handlers_restored):
+    """B_simple read at the first evaluation whose eval/loss is at most ``at_eval_loss``: the
+    smoothed estimates logged at that step, in that evaluation's record and no other."""
+    import json
+
+    from largebatch.launch import TrainArgs, train
+    from tests.conftest import hooks_override, tiny_config, write_config
+
+    loss = 1.25
+    cfg = tiny_config(**{"epochs": 6, "micro_batch_size": 4, "data.train_samples": 256, "data.signal": 2.0, "optimizer.lr": 0.002})
+    noise = {"type": "noise_scale", "beta": 0.5, "min_ratio": 8, "at_eval_loss": loss}
+    sets = ["eval.interval_epochs=0", "eval.at_end=false", hooks_override(noise, {"type": "eval", "interval_steps": 2})]
+    train(TrainArgs(str(write_config(tmp_path, cfg)), sets, str(tmp_path / "run"), None, False))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/loss" in r]
+    first = next(r for r in evals if r["eval/loss"] <= loss)
+    assert evals[0]["eval/loss"] > loss and first is not evals[-1]  # reached mid-run, evaluated after it too
+    assert [r for r in evals if "noise_scale/at_loss/b_simple" in r] == [first]
+    logged = next(r for r in records if r["step"] == first["step"] and "noise_scale/b_simple" in r)
+    for name in ("b_simple", "grad_sq", "trace_sigma"):
+        assert first[f"noise_scale/at_loss/{name}"] == pytest.approx(logged[f"noise_scale/{name}"], rel=1e-6)
+    assert first["noise_scale/at_loss/step"] == first["step"] and first["noise_scale/at_loss/batch_ratio"] == 8
 
 
 def test_averages_survive_a_checkpoint(tmp_path):
