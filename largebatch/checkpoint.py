@@ -23,6 +23,11 @@ before saving and the save is refused with an error naming the tensors (the prev
 a hint for people and tools; when it names a missing or unreadable file, or an older one
 than the newest on disk, a one-line warning says which file is used instead.
 
+Checkpoints are read as data, never as code (``largebatch.safe_load``): ``weights_only=True``
+everywhere, a checkpoint holding anything else refused unless ``--trust-checkpoint`` says to
+trust it, and a hook whose state could not be read back that way named when it is saved. The
+config a checkpoint holds is the redacted one (``largebatch.config.redact``), as in ``config.yaml``.
+
 Model weights at the end of a run go to ``model.safetensors`` (timm's ``load_state_dict``
 accepts them). ``read_model_weights`` reads a model's weights from any of these (a run
 directory, an export folder, a ``.safetensors`` file, a checkpoint file or a sharded
@@ -42,6 +47,8 @@ from typing import Any
 
 import torch
 
+from largebatch import safe_load
+from largebatch.config.redact import redact
 from largebatch.config.schema import default_of
 from largebatch.config.sections import Config
 from largebatch.errors import UserError
@@ -64,6 +71,7 @@ RESUME_FREE_KEYS = (
     "data.root",
     "slurm.",
     "nan_guard.",
+    "data.max_pixels",
 )
 
 
@@ -86,13 +94,19 @@ def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_torch_save(obj: Any, path: pathlib.Path) -> None:
-    """``torch.save`` to ``path`` so readers see the old file or the whole new one."""
+def atomic_torch_save(obj: Any, path: pathlib.Path, what: str) -> None:
+    """``torch.save`` to ``path`` so readers see the old file or the whole new one, and only
+    when it reads back as data (``weights_only=True``).
+
+    Raises:
+        UserError: ``obj`` holds more than tensors and plain values (naming ``what`` is saved).
+    """
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as handle:
         torch.save(obj, handle)
         handle.flush()
         os.fsync(handle.fileno())
+    safe_load.refuse_unsafe_file(tmp, what)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -248,15 +262,16 @@ def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | N
         return save_sharded_checkpoint(state, hooks, keep)
     if not run.is_main:
         return None
+    record = _run_record(state, hooks)  # first: a hook state it refuses leaves nothing behind
     _checkpoint_folder(run.run_dir)
     path = run.run_dir.checkpoint(state.step)
     payload = {
         "format": 1,
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
-        **_run_record(state, hooks),
+        **record,
     }
-    atomic_torch_save(payload, path)
+    atomic_torch_save(payload, path, f"the checkpoint of step {state.step}")
     _publish(path, run.run_dir, keep)
     return path
 
@@ -272,15 +287,22 @@ def _checkpoint_folder(run_dir: RunDir) -> pathlib.Path:
 
 
 def _run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
-    """What every checkpoint holds besides the tensors of the model and optimizer."""
+    """What every checkpoint holds besides the tensors of the model and optimizer: plain
+    values only, the config redacted.
+
+    Raises:
+        UserError: a hook's state holds something a checkpoint does not store (named).
+    """
     run = state.run
-    config = run.config.to_dict()
+    config = redact(run.config.to_dict())
+    states = hook_states(hooks)
+    safe_load.check_hook_states(states)
     return {
         "scaler": run.scaler.state_dict() if run.scaler else None,
         "counters": state.counters.state_dict(),
         "nan_guard": run.guard.state_dict(),
         "last_eval_step": state.last_eval_step,
-        "hooks": hook_states(hooks),
+        "hooks": states,
         "world_size": run.world_size,
         "config": config,
         "config_hash": config_hash(config),
@@ -294,20 +316,17 @@ def _publish(path: pathlib.Path, run_dir: RunDir, keep: int) -> None:
         remove_checkpoint(old)
 
 
-def read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
-    """The payload of one checkpoint file.
+def read_checkpoint(path: pathlib.Path, *, trust: bool = False) -> dict[str, Any]:
+    """The payload of one checkpoint file (or sharded checkpoint's folder), read as data
+    (``weights_only=True``) unless ``trust``.
 
     Raises:
+        UntrustedCheckpoint: it holds more than tensors and plain values (``--trust-checkpoint``).
         UserError: the file is unreadable or not a largebatch checkpoint.
     """
     if path.is_dir():
-        return _read_sharded_meta(path)
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        first = first if len(first) <= 160 else first[:157] + "..."
-        raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {first}); resume from an earlier one", path=str(path)) from exc
+        return _read_sharded_meta(path, trust=trust)
+    payload = safe_load.load_file(path, trust=trust)
     if not isinstance(payload, dict) or payload.get("format") != 1 or "model" not in payload:
         raise UserError("not a largebatch checkpoint (no format-1 payload); resume from a step-*.pt file", path=str(path))
     return payload
@@ -320,31 +339,36 @@ def _latest_pointer(run_dir: RunDir) -> str | None:
         return None
 
 
-def read_resume_checkpoint(resume: str, run_dir: RunDir | pathlib.Path, *, warn: bool = True) -> tuple[pathlib.Path, dict[str, Any]] | None:
-    """The checkpoint ``--resume`` names, read.
+def read_resume_checkpoint(
+    resume: str, run_dir: RunDir | pathlib.Path, *, warn: bool = True, trust: bool = False
+) -> tuple[pathlib.Path, dict[str, Any]] | None:
+    """The checkpoint ``--resume`` names, read (as data unless ``trust``).
 
     ``auto``: the newest checkpoint in ``run_dir`` that loads (None when there is none:
     a fresh start). Unreadable ones are skipped with a one-line warning each, as is a
-    ``latest`` pointer naming a missing or unreadable file. Anything else is a file path.
-    Only rank 0 should ``warn``.
+    ``latest`` pointer naming a missing or unreadable file; one that holds more than data
+    is not skipped but refused. Anything else is a file path. Only rank 0 should ``warn``.
 
     Returns:
         ``(path, payload)``, or None.
 
     Raises:
+        UntrustedCheckpoint: the checkpoint holds more than tensors and plain values.
         UserError: a named file is missing or unreadable, or no checkpoint of several loads.
     """
     if resume != "auto":
         path = pathlib.Path(resume)
         if not (path.is_file() or (path / SHARDED_META).is_file()):
             raise UserError("checkpoint not found; give a step-* file or folder, or --resume auto", path=str(path))
-        return path, read_checkpoint(path)
+        return path, read_checkpoint(path, trust=trust)
     run_dir = RunDir(run_dir)
     latest = _latest_pointer(run_dir)
     candidates = list_checkpoints(run_dir)
     for path in reversed(candidates):
         try:
-            payload = read_checkpoint(path)
+            payload = read_checkpoint(path, trust=trust)
+        except safe_load.UntrustedCheckpoint:
+            raise  # not damaged: falling back to an older one would hide it
         except UserError as exc:
             if warn:
                 print(f"warning: skipping unreadable checkpoint: {exc}", flush=True)
@@ -415,21 +439,22 @@ def load_checkpoint(
     *,
     ignore_config: bool = False,
     payload: dict[str, Any] | None = None,
+    trust: bool = False,
 ) -> None:
     """Restore a run from ``path`` (or its already read ``payload``) into ``state``, the
-    hooks and the loader.
+    hooks and the loader; read as data unless ``trust``.
 
     Raises:
-        UserError: the file is unreadable, or its config differs from this run's in keys
-            that change the maths (listed) and ``ignore_config`` is false.
+        UserError: the file is unreadable or holds more than data, or its config differs
+            from this run's in keys that change the maths (listed) and ``ignore_config`` is false.
     """
     if payload is None:
-        payload = read_checkpoint(path)
+        payload = read_checkpoint(path, trust=trust)
     run = state.run
     sharded_file = check_resumable(path, payload, state, ignore_config=ignore_config)
     try:
         if sharded_file:
-            load_sharded_tensors(path, run)
+            load_sharded_tensors(path, run, trust=trust)
         else:
             run.model.load_state_dict(payload["model"])
             run.optimizer.load_state_dict(payload["optimizer"])
@@ -463,8 +488,8 @@ def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, 
         UserError: naming what does not fit and how to resume.
     """
     config = state.run.config
-    if not ignore_config:
-        check_same_config(payload["config"], config.to_dict(), path)
+    if not ignore_config:  # both redacted: the checkpoint's is, and an older one's is compared as it
+        check_same_config(redact(payload["config"]), redact(config.to_dict()), path)
     sharded_file = payload.get("sharded", False)
     if sharded_file != uses_sharded_format(config):
         made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"
@@ -553,6 +578,7 @@ def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.
     final = run.run_dir.checkpoint(state.step, sharded=True)
     folder = final.parent
     tmp = folder / f".{final.name}.tmp"
+    record = _agreed_run_record(state, hooks)  # before any file: a refused hook state leaves none
     if run.is_main:
         _checkpoint_folder(run.run_dir)
         tmp.mkdir()
@@ -560,7 +586,7 @@ def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.
     model_state, optimizer_state = get_state_dict(run.model, run.optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp))
     if run.is_main:
-        atomic_torch_save({"format": 2, "sharded": True, **_run_record(state, hooks)}, tmp / SHARDED_META)
+        atomic_torch_save({"format": 2, "sharded": True, **record}, tmp / SHARDED_META, f"the checkpoint of step {state.step}")
         if final.exists():
             remove_checkpoint(final)
         os.replace(tmp, final)
@@ -570,16 +596,33 @@ def save_sharded_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.
     return final if run.is_main else None
 
 
-def _read_sharded_meta(path: pathlib.Path) -> dict[str, Any]:
-    """A sharded checkpoint's ``meta.pt``, with the saved tensors' shapes under ``model``."""
-    import torch.distributed.checkpoint as dcp
+def _agreed_run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
+    """Rank 0's ``_run_record`` (empty elsewhere), refused on every rank when rank 0
+    refuses it, so that no rank is left waiting in the collective save.
 
-    try:
-        meta = torch.load(path / SHARDED_META, map_location="cpu", weights_only=False)
-        metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    except Exception as exc:  # noqa: BLE001 - any unreadable folder is reported the same way
-        first = (str(exc).strip().splitlines() or [""])[0][:160]
-        raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {first}); resume from an earlier one", path=str(path)) from exc
+    Raises:
+        UserError: rank 0's reason on rank 0, a pointer to it elsewhere.
+    """
+    from largebatch.dist import any_rank
+
+    run = state.run
+    record: dict[str, Any] = {}
+    refused: UserError | None = None
+    if run.is_main:
+        try:
+            record = _run_record(state, hooks)
+        except UserError as exc:
+            refused = exc
+    if any_rank(refused is not None, run.backend.device):
+        raise refused or UserError(f"rank 0 refused to save the checkpoint of step {state.step} (its error says why)")
+    return record
+
+
+def _read_sharded_meta(path: pathlib.Path, *, trust: bool = False) -> dict[str, Any]:
+    """A sharded checkpoint's ``meta.pt``, with the saved tensors' shapes under ``model``
+    (both read as data unless ``trust``)."""
+    meta = safe_load.load_file(path / SHARDED_META, trust=trust)
+    metadata = _dcp_metadata(path, trust=trust)
     if not isinstance(meta, dict) or meta.get("format") != 2:
         raise UserError("not a largebatch sharded checkpoint (no format-2 meta.pt); resume from a step-* folder", path=str(path))
     shapes = {
@@ -590,48 +633,67 @@ def _read_sharded_meta(path: pathlib.Path) -> dict[str, Any]:
     return {**meta, "model": shapes}
 
 
-def load_sharded_tensors(path: pathlib.Path, run: Any) -> None:
+def _dcp_metadata(path: pathlib.Path, *, trust: bool = False) -> Any:
+    """DCP's metadata of a sharded checkpoint's folder, read as data unless ``trust``.
+
+    Raises:
+        UntrustedCheckpoint: it names classes outside ``safe_load.DCP_METADATA_GLOBALS``.
+        UserError: it cannot be read.
+    """
+    try:
+        return safe_load.storage_reader(path, trust=trust).read_metadata()
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unreadable folder is reported the same way
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {first}); resume from an earlier one", path=str(path)) from exc
+
+
+def load_sharded_tensors(path: pathlib.Path, run: Any, *, trust: bool = False) -> None:
     """Load a sharded checkpoint's model and optimizer state into this run's model,
-    sharded or not, at any world size (DCP reads the slices each rank needs)."""
-    import torch.distributed.checkpoint as dcp
+    sharded or not, at any world size (DCP reads the slices each rank needs), as data
+    unless ``trust``."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(run.model, run.optimizer)
     loaded = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(loaded, checkpoint_id=str(path))
+    safe_load.load_dcp(loaded, path, trust=trust)
     set_state_dict(run.model, run.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
 
 
 # --------------------------------------------------------------------------- model weights for init_from
 
 
-def read_model_weights(path: pathlib.Path) -> pathlib.Path | dict[str, torch.Tensor] | None:
+def read_model_weights(path: pathlib.Path, *, trust: bool = False) -> pathlib.Path | dict[str, torch.Tensor] | None:
     """A model's weights from what ``model.init_from`` may name: the ``.safetensors`` file
     of a run directory or export folder (or the file itself), returned as its path; the
     model's tensors of a checkpoint file or of a sharded checkpoint's folder (gathered
     without a process group); None when ``path`` holds none of these.
 
+    Checkpoints are read as data unless ``trust``.
+
     Raises:
-        UserError: a checkpoint that cannot be read.
+        UserError: a checkpoint that cannot be read, or holds more than data.
     """
     if path.is_dir() and RunDir(path).finished:
         return RunDir(path).weights()
     if path.is_file() and path.suffix == ".safetensors":
         return path
     if path.is_dir() and (path / ".metadata").is_file():
-        return _sharded_model_state(path)
+        return _sharded_model_state(path, trust=trust)
     if path.is_file():
-        return read_checkpoint(path)["model"]
+        return read_checkpoint(path, trust=trust)["model"]
     return None
 
 
-def _sharded_model_state(folder: pathlib.Path) -> dict[str, torch.Tensor]:
-    """The full model weights of a sharded (DCP) checkpoint, read without a process group."""
-    import tempfile
-
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory(prefix="largebatch-dcp-") as scratch:
-        whole = pathlib.Path(scratch) / "checkpoint.pt"
-        dcp_to_torch_save(str(folder), str(whole))
-        return torch.load(whole, map_location="cpu", weights_only=True)["model"]
+def _sharded_model_state(folder: pathlib.Path, *, trust: bool = False) -> dict[str, torch.Tensor]:
+    """The full model weights of a sharded (DCP) checkpoint, read without a process group:
+    the metadata names each weight's full shape and dtype, DCP fills tensors of those."""
+    metadata = _dcp_metadata(folder, trust=trust)
+    model = {
+        key.removeprefix("model."): torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+        for key, entry in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and hasattr(entry, "size")
+    }
+    safe_load.load_dcp({"model": model}, folder, trust=trust, no_dist=True)
+    return model

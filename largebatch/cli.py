@@ -84,6 +84,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "and any --set on top",
     )
     parser.add_argument("--resume-ignore-config", action="store_true", help="resume even if the config differs from the checkpoint's")
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load a checkpoint (--resume, model.init_from) that holds more than tensors and plain values; loading it may "
+        "run code it carries, so only for files you trust",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
 
 
@@ -92,7 +98,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     preemption.install_signal_handlers()  # before torch is imported: a signal before it would kill us
     from largebatch.launch import TrainArgs, train
 
-    state = train(TrainArgs(args.config, args.overrides, args.run_dir, args.resume, args.resume_ignore_config))
+    state = train(
+        TrainArgs(args.config, args.overrides, args.run_dir, args.resume, args.resume_ignore_config, trust_checkpoint=args.trust_checkpoint)
+    )
     return preemption.EXIT_REQUEUE if state.interrupted else 0
 
 
@@ -111,6 +119,7 @@ def train_sample_count(cfg: typing.Any) -> tuple[int, str]:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     from largebatch.config import derive, dump_yaml, resolve_config
+    from largebatch.config.redact import redact
     from largebatch.dist import discover
     from largebatch.footprint import estimate_memory
     from largebatch.hooks import build_hooks
@@ -123,7 +132,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     samples, source = train_sample_count(cfg)
     derived = derive(cfg, world_size, samples)
     shown = {**derived.to_dict(), "train_samples_from": source, "memory_estimate": estimate_memory(cfg, derived)}
-    sys.stdout.write(dump_yaml({**cfg.to_dict(), "derived": shown}))
+    sys.stdout.write(dump_yaml(redact({**cfg.to_dict(), "derived": shown})))
     return 0
 
 
@@ -238,20 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(func, args: argparse.Namespace) -> int:
-    """Call ``func(args)``, turning user errors into one ``error:`` line and status 2."""
+    """Call ``func(args)``, turning user errors into one ``error:`` line and status 2
+    (credentials in URIs redacted: ``largebatch.config.redact``)."""
+    from largebatch.config.redact import redact_text
+
     try:
         return func(args)
     except UserError as exc:
         if getattr(args, "debug", False):
             traceback.print_exc()
-        print(f"error: {exc.render()}", file=sys.stderr)
+        print(f"error: {redact_text(exc.render())}", file=sys.stderr)
         return 2
     except Exception as exc:  # a hook failing on a user mistake is still a user mistake
         cause = exc.__cause__
         if isinstance(cause, UserError):
             if getattr(args, "debug", False):
                 traceback.print_exc()
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact_text(str(exc))}", file=sys.stderr)
             return 2
         raise
 

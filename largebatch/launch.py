@@ -20,7 +20,8 @@ from largebatch import checkpoint as ckpt
 from largebatch import data as data_mod
 from largebatch import preemption
 from largebatch.backends import create_backend
-from largebatch.config import Config, Derived, derive, dump_yaml, resolve_config
+from largebatch.config import Config, Derived, derive, dump_yaml, resolve_config, restore_secrets
+from largebatch.config.redact import REDACTED, redact, unresolved
 from largebatch.data.mixup import MixupCutmix
 from largebatch.dist import barrier, broadcast_object, destroy_process_group, discover
 from largebatch.engine.engine import Engine
@@ -46,6 +47,7 @@ class TrainArgs:
     run_dir: str | None = None
     resume: str | None = None
     resume_ignore_config: bool = False
+    trust_checkpoint: bool = False
 
 
 def seed_everything(seed: int) -> None:
@@ -101,10 +103,14 @@ def starting_config(args: TrainArgs, is_main: bool) -> tuple[str, Config]:
     """The config file a run trains with, and the config: ``--config`` for a new run; for
     a resumed one, the run's saved ``config.yaml`` (what it was started with, ``--set``
     values included), with this command's ``--set`` values applied on top, each change
-    printed once (rank 0).
+    printed once (rank 0, redacted).
+
+    ``config.yaml`` holds credentials redacted (``largebatch.config.redact``): a resumed
+    run takes them from ``--config`` where its values redact to the saved ones.
 
     Raises:
-        UserError: neither ``--config`` nor a run to resume with a saved config.
+        UserError: neither ``--config`` nor a run to resume with a saved config; or a
+            config that still holds a redacted value.
     """
     if args.config is None and not args.resume:
         raise UserError(
@@ -119,15 +125,18 @@ def starting_config(args: TrainArgs, is_main: bool) -> tuple[str, Config]:
                 f"no run to resume{where} (no checkpoint with its config.yaml); give --config CONFIG to start one",
                 path=args.resume if args.resume != "auto" else None,
             )
-        return args.config, resolve_config(args.config, args.overrides)
+        return args.config, refuse_redacted(resolve_config(args.config, args.overrides), args.config)
     cfg = resolve_config(saved, args.overrides)
+    if args.config is not None and unresolved(cfg.to_dict()):
+        cfg = restore_secrets(cfg, resolve_config(args.config, args.overrides))
+    refuse_redacted(cfg, str(saved))
     if is_main:
-        base = resolve_config(saved).to_dict()
-        changed = ckpt.config_changes(base, cfg.to_dict())
+        base = redact(resolve_config(saved).to_dict())  # a config.yaml written before redaction, too
+        changed = ckpt.config_changes(base, redact(cfg.to_dict()))
         note = f"; --set changed {', '.join(changed)}" if changed else ""
         print(f"largebatch: resuming {run} with its saved config {saved}{note}", flush=True)
         if args.config is not None and pathlib.Path(args.config).resolve() != pathlib.Path(saved).resolve():
-            ignored = ckpt.config_changes(base, resolve_config(args.config).to_dict())
+            ignored = ckpt.config_changes(base, redact(resolve_config(args.config).to_dict()))
             if ignored:
                 shown = ", ".join(ignored[:4]) + (f" and {len(ignored) - 4} more" if len(ignored) > 4 else "")
                 print(
@@ -136,6 +145,25 @@ def starting_config(args: TrainArgs, is_main: bool) -> tuple[str, Config]:
                     flush=True,
                 )
     return str(saved), cfg
+
+
+def refuse_redacted(cfg: Config, path: str) -> Config:
+    """``cfg``, unless a value in it was redacted (a run's ``config.yaml`` given as the
+    config, or resumed without the file holding the credential): the run would use the
+    placeholder instead of the credential.
+
+    Raises:
+        UserError: naming the keys and where to give the values.
+    """
+    missing = unresolved(cfg.to_dict())
+    if missing:
+        raise UserError(
+            f"{', '.join(missing[:3])}: {REDACTED!r}, as written to the run directory, which keeps credentials out; give the "
+            "real values again with --config (the file that holds them) or --set, or pass credentials through the environment "
+            "(MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, WANDB_API_KEY) instead of the config",
+            path=path,
+        )
+    return cfg
 
 
 def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
@@ -184,7 +212,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     if info.is_main:
         run_dir.path.mkdir(parents=True, exist_ok=True)
 
-    model, train_model, optimizer = build_training_model(cfg, derived, info, backend)
+    model, train_model, optimizer = build_training_model(cfg, derived, info, backend, trust_checkpoint=args.trust_checkpoint)
     train_loader, eval_loader = build_loaders(cfg, derived, hooks, info, backend.device)
     run = Run(
         config=cfg,
@@ -207,16 +235,17 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     # Only once a resume has been accepted (a refused one leaves the run's config as it
     # was), and not for a finished run that has nothing to do.
     if info.is_main and not finished(state):
-        run_dir.config.write_text(dump_yaml({**cfg.to_dict(), "derived": derived.to_dict()}))
+        run_dir.config.write_text(dump_yaml(redact({**cfg.to_dict(), "derived": derived.to_dict()})))
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
 
-def build_training_model(cfg: Config, derived: Derived, info: Any, backend: Any) -> tuple[Any, Any, Any]:
+def build_training_model(cfg: Config, derived: Derived, info: Any, backend: Any, *, trust_checkpoint: bool = False) -> tuple[Any, Any, Any]:
     """``(model, train_model, optimizer)``: the model with the same initial weights on
     every rank, sharded or wrapped for the run, compiled if asked, and its optimizer;
-    each rank's own randomness is seeded on the way out."""
+    each rank's own randomness is seeded on the way out. A checkpoint ``model.init_from``
+    names is read as data unless ``trust_checkpoint``."""
     seed_everything(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg.model, cfg.data, initial_weights=True)
+    model = build_model(cfg.model, cfg.data, initial_weights=True, trust_checkpoint=trust_checkpoint)
     if derived.sharded:
         # Sharded on the host: FSDP2 moves each block's slices to the device as it
         # shards it, so the whole model never sits in one device's memory.
@@ -271,10 +300,12 @@ def resume(args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -
             one starts afresh).
     """
     run = state.run
-    found = ckpt.read_resume_checkpoint(args.resume, run.run_dir, warn=run.is_main)
+    found = ckpt.read_resume_checkpoint(args.resume, run.run_dir, warn=run.is_main, trust=args.trust_checkpoint)
     if found is not None:
         path, payload = found
-        ckpt.load_checkpoint(path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload)
+        ckpt.load_checkpoint(
+            path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload, trust=args.trust_checkpoint
+        )
         if run.is_main and state.step < run.total_steps:  # a finished run says so instead (train)
             print(f"resumed from {path} at step {state.step}/{run.total_steps}, epoch {state.epoch + 1}/{run.config.epochs}", flush=True)
     elif args.resume != "auto":

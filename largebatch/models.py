@@ -82,7 +82,7 @@ def check_model_config(cfg: Config) -> None:
         check_call(model_class, kwargs, "model")
 
 
-def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool = False) -> torch.nn.Module:
+def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool = False, trust_checkpoint: bool = False) -> torch.nn.Module:
     """Create the ``model`` section's timm model on the CPU.
 
     Args:
@@ -92,6 +92,8 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
         initial_weights: load the weights ``model.init_from`` or ``model.pretrained``
             names (the run's model); random initialisation otherwise (and always on the
             meta device, where only the model's shape is wanted).
+        trust_checkpoint: read a checkpoint ``model.init_from`` names without the
+            restriction to tensors and plain values (``largebatch.safe_load``).
 
     Raises:
         ConfigError: unknown model name, a keyword argument the model does not take
@@ -104,7 +106,7 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
     check_model_name(name)
     kwargs = model_kwargs(model, data)
     with tempfile.TemporaryDirectory(prefix="largebatch-init-") as scratch:
-        overlay = _weights_overlay(model, data, name, pathlib.Path(scratch)) if initial_weights else None
+        overlay = _weights_overlay(model, data, name, pathlib.Path(scratch), trust_checkpoint) if initial_weights else None
         try:
             if overlay is None:
                 return timm.create_model(name, pretrained=False, **kwargs)
@@ -142,21 +144,23 @@ def _weights_error(model: ModelConfig, name: str, exc: Exception) -> ConfigError
     )
 
 
-def _weights_overlay(section: ModelConfig, data: DataConfig, name: str, scratch: pathlib.Path) -> dict[str, Any] | None:
+def _weights_overlay(
+    section: ModelConfig, data: DataConfig, name: str, scratch: pathlib.Path, trust: bool = False
+) -> dict[str, Any] | None:
     """timm's ``pretrained_cfg_overlay`` for the starting weights ({} for timm's own), or
     None for random initialisation. Weights of a largebatch run were trained at this
     data's channels: saying so keeps timm from adapting (and warning about) the patch
     embedding as if they were its published 3-channel weights."""
     if section.init_from:
-        weights = weights_file(section.init_from, scratch)
+        weights = weights_file(section.init_from, scratch, trust=trust)
         channels = _channels_in(weights, name) or data.channels
         return {"file": str(weights), "num_classes": _classes_in(weights, name), "input_size": (channels, data.image_size, data.image_size)}
     return {} if section.pretrained else None
 
 
-def weights_file(spec: str, scratch: pathlib.Path) -> pathlib.Path:
+def weights_file(spec: str, scratch: pathlib.Path, *, trust: bool = False) -> pathlib.Path:
     """The ``.safetensors`` file ``model.init_from`` names (a checkpoint's model weights are
-    written into ``scratch`` first).
+    written into ``scratch`` first; a checkpoint is read as data unless ``trust``).
 
     Raises:
         ConfigError: nothing there, or nothing with model weights.
@@ -171,7 +175,7 @@ def weights_file(spec: str, scratch: pathlib.Path) -> pathlib.Path:
                 f"no finished run (a folder holding model.safetensors) matches {spec!r}; {_point_at_a_run()}", key="model.init_from"
             )
         path = max(finished, key=lambda run: run.weights().stat().st_mtime).path
-    found = ckpt.read_model_weights(path)
+    found = ckpt.read_model_weights(path, trust=trust)
     if found is None:
         raise ConfigError(
             f"{spec!r} is neither a run directory or export folder (with model.safetensors), a .safetensors file nor a checkpoint; "

@@ -156,3 +156,66 @@ def test_model_weights_for_init_from_from_a_run_a_file_and_a_checkpoint(tmp_path
     (tmp_path / "junk.pt").write_bytes(b"junk")
     with pytest.raises(UserError, match="cannot read checkpoint"):
         ckpt.read_model_weights(tmp_path / "junk.pt")
+
+
+def test_a_hook_whose_state_a_checkpoint_cannot_hold_is_named_when_saving(tmp_path):
+    import numpy as np
+
+    from largebatch.engine.hook import Hook
+
+    class Mean(Hook):
+        def state_dict(self):
+            return {"mean": np.mean([1.0, 2.0])}  # numpy.float64, not a float
+
+    engine = trained(tmp_path, steps=1)
+    with pytest.raises(UserError) as error:
+        ckpt.save_checkpoint(engine.state, [*engine.hooks, Mean()], keep=1)
+    assert str(error.value).startswith("hook Mean's state_dict() holds ['mean']: numpy.float64, which a checkpoint does not store")
+    assert not (tmp_path / "checkpoints").exists()  # nothing written
+
+
+def test_a_checkpoint_holds_its_config_redacted_and_resumes_against_the_real_one(tmp_path):
+    engine = trained(tmp_path, steps=1)
+    hook = {"type": "hooks/notify.py:Notify", "url": "https://alice:s3cr3t@hooks.example.com/x", "api_key": "tok-123"}
+    weights = "https://alice:s3cr3t@hub.example.com/vit.safetensors"  # a key a resume compares (not a hook's)
+    engine.state.run.config = typed(tiny_config(hooks=[hook], **{"model.init_from": weights}))
+    path = ckpt.save_checkpoint(engine.state, engine.hooks, keep=1)
+    assert b"s3cr3t" not in path.read_bytes() and b"tok-123" not in path.read_bytes()
+    payload = ckpt.read_checkpoint(path)
+    assert payload["config"]["hooks"] == [
+        {"type": "hooks/notify.py:Notify", "url": "https://<redacted>@hooks.example.com/x", "api_key": "<redacted>"}
+    ]
+    assert payload["config"]["model"]["init_from"] == "https://<redacted>@hub.example.com/vit.safetensors"
+    ckpt.check_resumable(path, payload, engine.state)  # the run's real config matches its redacted record
+
+
+def test_a_sharded_checkpoints_weights_are_read_as_data(tmp_path):
+    """``model.init_from`` on a sharded (DCP) checkpoint: its weights, read through the
+    restricted metadata reader, are the run's final weights; a ``.metadata`` carrying a
+    pickled call is refused without running it."""
+    import os
+    import pickle
+
+    from safetensors.torch import load_file
+
+    from largebatch.launch import TrainArgs, train
+    from largebatch.safe_load import UntrustedCheckpoint
+    from tests.conftest import write_config
+
+    config = write_config(tmp_path, tiny_config(**{"dist.strategy": "fsdp", "checkpoint.at_end": True}))
+    train(TrainArgs(config=str(config), run_dir=str(tmp_path / "run")))  # one process: FSDP2 over a world of 1
+    (folder,) = ckpt.list_checkpoints(tmp_path / "run")
+    final = load_file(str(tmp_path / "run" / "model.safetensors"))
+    weights = ckpt.read_model_weights(folder)
+    assert weights.keys() == final.keys() and all(torch.equal(weights[k], final[k]) for k in final)
+
+    class RunsCode:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'it-ran'}",))
+
+    (folder / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    with pytest.raises(UntrustedCheckpoint, match="posix.system"):
+        ckpt.read_model_weights(folder)
+    with pytest.raises(UntrustedCheckpoint, match="--trust-checkpoint"):
+        ckpt.read_resume_checkpoint("auto", tmp_path / "run")
+    assert not (tmp_path / "it-ran").exists()

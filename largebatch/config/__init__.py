@@ -21,12 +21,24 @@ import yaml
 
 from largebatch.config.derive import Derived, LrScaling, derive
 from largebatch.config.loader import load_config
+from largebatch.config.redact import restore
 from largebatch.config.schema import SCHEMA, validate
 from largebatch.config.sections import *  # noqa: F403 - the section classes
 from largebatch.config.sections import Config
 from largebatch.config.typed import typed
 
-__all__ = ["SCHEMA", "Config", "Derived", "LrScaling", "derive", "dump_yaml", "load_config", "resolve_config", "validate"]
+__all__ = [
+    "SCHEMA",
+    "Config",
+    "Derived",
+    "LrScaling",
+    "derive",
+    "dump_yaml",
+    "load_config",
+    "resolve_config",
+    "restore_secrets",
+    "validate",
+]
 
 # Checks of a whole validated config that need more than the schema (a model library),
 # named so this package imports nothing above it.
@@ -48,6 +60,17 @@ def resolve_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> C
         module, _, function = check.partition(":")
         getattr(importlib.import_module(module), function)(cfg)
     return cfg
+
+
+def restore_secrets(saved: Config, source: Config) -> Config:
+    """``saved`` (a run's redacted ``config.yaml``, resolved) with each redacted value taken
+    from ``source`` (the config file the command names) where that file's value redacts to
+    the saved one (``largebatch.config.redact``).
+
+    Raises:
+        ConfigError: the result does not validate.
+    """
+    return typed(restore(saved.to_dict(), source.to_dict()))
 
 
 def dump_yaml(config: dict[str, Any]) -> str:

@@ -212,6 +212,13 @@ SCHEMA = Section(
                     "native loader: keep every image's decoded full-size pixels in memory after its first decode (per loader "
                     "process; for small data sets such as Fashion-MNIST, 47 MB); batches are the same bytes as without it",
                 ),
+                "max_pixels": Field(
+                    int,
+                    50_000_000,
+                    "largest image (height x width, read from its JPEG header before decoding) a loader decodes; "
+                    "a larger one stops the run naming its record",
+                    low=1,
+                ),
                 "train_samples": Field(
                     int, 50000, "synthetic: the training split's size; TFRecord: used by config show when the shards are absent", low=1
                 ),

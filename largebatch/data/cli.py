@@ -12,8 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from largebatch.config.schema import default_of
 from largebatch.data import FASHION_MNIST_DIR
 from largebatch.errors import UserError
+
+MAX_PIXELS = default_of("data.max_pixels")
 
 
 def _positive(text: str) -> int:
@@ -41,6 +44,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             train_shards=args.train_shards or 1024,
             validation_shards=args.validation_shards or 128,
             label_offset=1 if args.label_offset is None else args.label_offset,
+            max_pixels=args.max_pixels,
             **common,
         )
     else:
@@ -81,6 +85,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             label_offset=label_offset,
             decode=not args.no_decode,
             progress=None if not args.quiet else False,
+            max_pixels=args.max_pixels,
         )
         print(f"{args.dir}: {split}: {count} records OK")
     if num_classes is None:
@@ -135,6 +140,12 @@ def register(subparsers) -> None:
         default=95,
         help="JPEG quality when re-encoding (default 95)",
     )
+    p.add_argument(
+        "--max-pixels",
+        type=_positive,
+        default=MAX_PIXELS,
+        help=f"refuse an image larger than this (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
 
@@ -151,7 +162,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--num-classes", type=int, help="label range check (default from dataset.json)")
     p.add_argument("--label-offset", type=int, help="default from dataset.json, else 0")
-    p.add_argument("--no-decode", action="store_true", help="skip decoding the JPEGs")
+    p.add_argument("--no-decode", action="store_true", help="skip decoding the JPEGs (their header sizes are still checked)")
+    p.add_argument(
+        "--max-pixels",
+        type=_positive,
+        default=MAX_PIXELS,
+        help=f"the largest image accepted (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_verify)
 

@@ -41,8 +41,10 @@ import numpy as np
 import simplejpeg
 from tqdm import tqdm
 
+from largebatch.config.schema import default_of
 from largebatch.data import FASHION_MNIST_DIR
 from largebatch.data.example import ExampleDecodeError, decode_example, encode_example
+from largebatch.data.size_limit import checked_size, too_large
 from largebatch.data.tfrecord import (
     SHARD_NAME_PATTERN,
     TFRecordWriter,
@@ -70,6 +72,7 @@ FASHION_MNIST_CLASSES = (
     "Bag",
     "Ankle boot",
 )
+MAX_PIXELS: int = default_of("data.max_pixels")  # the loaders' limit, the converter's default
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp"}
 
 
@@ -82,25 +85,39 @@ class Sample:
     filename: str
 
 
-def _jpeg_of_file(path: Path, quality: int) -> tuple[bytes, int, int, str]:
-    """The file's JPEG bytes (re-encoded only when needed), height, width and colorspace."""
+def _jpeg_of_file(path: Path, quality: int, max_pixels: int = MAX_PIXELS) -> tuple[bytes, int, int, str]:
+    """The file's JPEG bytes (re-encoded only when needed), height, width and colorspace.
+
+    Raises:
+        DataError: the file is not a readable image, or its header says it has more than
+            ``max_pixels`` pixels (checked before anything is decoded).
+    """
     data = path.read_bytes()
     if data[:2] == b"\xff\xd8":
         try:
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
         except ValueError as err:
             raise DataError(f"not a readable JPEG: {err}", path=str(path)) from err
+        _check_pixels(path, height, width, max_pixels)
         if colorspace in ("Gray", "YCbCr", "RGB"):
             return data, height, width, "Gray" if colorspace == "Gray" else "RGB"
     from PIL import Image  # only for non-JPEG or CMYK sources
 
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+            _check_pixels(path, image.height, image.width, max_pixels)
             pixels = np.asarray(image.convert("RGB"))
+    except DataError:
+        raise
     except Exception as err:
         raise DataError(f"cannot read image: {err}", path=str(path)) from err
     encoded = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorspace="RGB")
     return encoded, pixels.shape[0], pixels.shape[1], "RGB"
+
+
+def _check_pixels(path: Path, height: int, width: int, max_pixels: int) -> None:
+    if height * width > max_pixels:
+        raise DataError(too_large(height, width, max_pixels, "--max-pixels"), path=str(path))
 
 
 def make_example(
@@ -245,6 +262,7 @@ def convert_image_folder(
     limit: int | None = None,
     quality: int = 95,
     progress: bool | None = None,
+    max_pixels: int = MAX_PIXELS,
 ) -> dict:
     """Convert ``src/train/<class>/*`` (and ``src/val/<class>/*``) into shards under ``out``.
 
@@ -257,16 +275,21 @@ def convert_image_folder(
         limit: keep only the first ``limit`` records of each split (after shuffling), for tests.
         quality: JPEG quality for images that must be re-encoded.
         progress: show a progress bar (``None``: when stderr is a terminal).
+        max_pixels: the largest image (height x width) accepted, read from its header
+            before decoding; the loaders' ``data.max_pixels`` by default.
 
     Returns:
         The metadata written to ``dataset.json``.
+
+    Raises:
+        DataError: an unreadable image, or one above ``max_pixels`` (naming the file).
     """
     src, out = Path(src), Path(out)
     classes, splits = scan_image_folder(src)
     splits = {s: _limit(_shuffled(v) if s == "train" else v, limit) for s, v in splits.items()}
 
     def encode(sample: Sample) -> bytes:
-        jpeg, height, width, colorspace = _jpeg_of_file(sample.source, quality)
+        jpeg, height, width, colorspace = _jpeg_of_file(sample.source, quality, max_pixels)
         return make_example(
             jpeg,
             height,
@@ -447,8 +470,10 @@ def verify_split(
     label_offset: int,
     decode: bool = True,
     progress: bool | None = None,
+    max_pixels: int = MAX_PIXELS,
 ) -> int:
-    """Check every record of a split: index against file, both CRCs, Example, JPEG, label.
+    """Check every record of a split: index against file, both CRCs, Example, label, the
+    JPEG header's size against ``max_pixels`` (before decoding), the JPEG.
 
     Returns:
         The number of records checked.
@@ -496,11 +521,15 @@ def verify_split(
                         f"label_offset {label_offset})",
                         path=str(path),
                     )
-                if decode:
-                    try:
-                        simplejpeg.decode_jpeg(features["image/encoded"][0], colorspace="GRAY")
-                    except ValueError as err:
-                        raise DataError(f"{where}: JPEG does not decode ({err})", path=str(path)) from err
+                jpeg = features["image/encoded"][0]
+                try:
+                    checked_size(jpeg, max_pixels, lambda: where)  # noqa: B023 - called at once
+                    if decode:
+                        simplejpeg.decode_jpeg(jpeg, colorspace="GRAY")
+                except DataError as err:
+                    raise DataError(err.message, path=str(path)) from err
+                except ValueError as err:
+                    raise DataError(f"{where}: JPEG does not decode ({err})", path=str(path)) from err
                 checked += 1
                 bar.update(1)
                 in_file = record + 1

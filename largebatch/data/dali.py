@@ -36,7 +36,11 @@ the batches are copied to the run's device (an HPU too; ``mediapipe`` decodes th
 **Checks**: every index is checked against its shard's layout when the loader is built.
 DALI's reader does not check record CRCs; run ``largebatch data verify`` once after
 conversion. A JPEG that fails to decode is named (file, record, byte offset) by
-re-reading the failing micro-batch with the native reader.
+re-reading the failing micro-batch with the native reader. Each JPEG's header size is read
+(``fn.peek_image_shape``) before decoding: one above ``data.max_pixels`` is swapped for a
+small stand-in image (a per-sample ``if``, DALI's conditional execution), so it is never
+decoded, and its micro-batch stops the run with a ``DataError`` naming the record before
+anything is trained on it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import torch
 from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
 from largebatch.data.base import MicroBatches, ShardLoader, check_normalisation, eval_shards, train_shards
+from largebatch.data.size_limit import too_large
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
 from largebatch.randomness import CROP_ATTEMPTS
@@ -89,6 +94,13 @@ def _read_records(fn, tfrec, paths: list[str], index_paths: list[str]):
         name=_READER,
     )
     return record["image/encoded"], record["image/class/label"]
+
+
+def stand_in_jpeg() -> np.ndarray:
+    """A small black JPEG's bytes, decoded instead of an image above ``data.max_pixels``."""
+    import simplejpeg
+
+    return np.frombuffer(simplejpeg.encode_jpeg(np.zeros((8, 8, 3), dtype=np.uint8)), dtype=np.uint8)
 
 
 def _train_crop(fn, types, jpegs, draws, cfg: DataConfig, decode_device: str, ops_device: str, output_type):
@@ -206,6 +218,7 @@ class DaliLoader(ShardLoader):
         ops_device = "gpu" if self._use_gpu else "cpu"
         output_type = types.GRAY if gray else types.RGB
         epoch, sorted_batches = self.epoch, [np.sort(b) for b in batches]
+        stand_in = stand_in_jpeg()
 
         def sample_draws(info):
             # The reader yields each micro-batch's records in index order (write_run_indexes).
@@ -219,9 +232,13 @@ class DaliLoader(ShardLoader):
             device_id=device_id,
             seed=self.pipeline_seed(),
             prefetch_queue_depth=cfg.prefetch,
+            enable_conditionals=True,
         )
         def pipeline():
             jpegs, labels = _read_records(fn, tfrec, paths, index_paths)
+            shapes = fn.peek_image_shape(jpegs, dtype=types.INT64)  # the header's, nothing decoded
+            if shapes[0] * shapes[1] > cfg.max_pixels:  # per sample (DALI's conditionals); _check_sizes stops the run
+                jpegs = types.Constant(stand_in, device="cpu")
             if self.batches.train:
                 draws = fn.external_source(source=sample_draws, batch=True, batch_info=True, dtype=types.FLOAT64)
                 images, mirror = _train_crop(fn, types, jpegs, draws, cfg, decode_device, ops_device, output_type)
@@ -241,7 +258,7 @@ class DaliLoader(ShardLoader):
                 std=std,
                 mirror=mirror,
             )
-            return images, labels
+            return images, labels, shapes
 
         return pipeline()
 
@@ -267,7 +284,7 @@ class DaliLoader(ShardLoader):
         pipe = self._pipeline(paths, index_paths, batches)
         iterator = iterator_class(
             [pipe],
-            ["images", "labels"],
+            ["images", "labels", "shapes"],
             reader_name=_READER,
             last_batch_policy=policy.PARTIAL,
             auto_reset=False,
@@ -281,10 +298,22 @@ class DaliLoader(ShardLoader):
                 except RuntimeError as err:
                     raise self._name_bad_record(batch, err) from err
                 images, labels = out["images"], out["labels"].view(-1) - self._label_offset
+                self._check_sizes(batch, out["shapes"])
                 self._check_labels(batch, labels)
                 yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         finally:
             del iterator, pipe
+
+    def _check_sizes(self, batch: np.ndarray, shapes: torch.Tensor) -> None:
+        """A micro-batch holding an image above ``data.max_pixels`` (decoded as the
+        stand-in) stops here, naming the record."""
+        pixels = shapes[:, 0] * shapes[:, 1]
+        bad = pixels > self.data_cfg.max_pixels
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            index = int(np.sort(batch)[row])
+            height, width = int(shapes[row, 0]), int(shapes[row, 1])
+            raise DataError(f"{self.shards.where(index)}: {too_large(height, width, self.data_cfg.max_pixels)}")
 
     def _check_labels(self, batch: np.ndarray, labels: torch.Tensor) -> None:
         bad = (labels < 0) | (labels >= self.num_classes)

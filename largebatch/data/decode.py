@@ -15,6 +15,9 @@ is cut from the decoded array without a copy and resized to ``image_size`` with 
 antialiased filter on uint8, bilinear or bicubic (``data.interpolation``; Pillow's
 ``resize`` filters within one grey level, 2-3x faster than Pillow here); the flip is
 applied after the resize, on the smaller image.
+
+Before anything is decoded, the header's size is checked against ``data.max_pixels``
+(``largebatch.data.size_limit``).
 """
 
 from __future__ import annotations

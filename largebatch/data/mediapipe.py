@@ -10,8 +10,9 @@ be in-memory buffers (``readerOutType.BUFFER_LIST``) that go straight to the HPU
 decoder. So this loader reads the rank's records itself, per micro-batch, from
 ``rank_train_indices`` (the native loader's exact sequence: same samples per micro-batch
 and per optimizer step), takes ``image/encoded`` and ``image/class/label`` out of each
-Example on the CPU (cheap: parsing, no decoding) and hands the encoded JPEGs to the
-pipeline. No image folder copy of the data set is needed.
+Example on the CPU (cheap: parsing, no decoding), checks each JPEG header's size against
+``data.max_pixels`` (a larger image is a ``DataError`` naming its record, before the
+decoder allocates anything) and hands the encoded JPEGs to the pipeline. No image folder copy of the data set is needed.
 
 **On the Gaudi**: ``fn.ImageDecoder`` decodes and applies the random-resized crop
 (``randomCropType.RANDOMIZED_AREA_AND_ASPECT_RATIO_CROP`` with ``data.scale`` and
@@ -50,7 +51,9 @@ from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
 from largebatch.data import native
 from largebatch.data.base import MicroBatches, ShardLoader, eval_shards, labelled_jpeg, train_shards
+from largebatch.data.size_limit import checked_size
 from largebatch.data.tfrecord import ShardSet, count_samples
+from largebatch.errors import DataError
 
 __all__ = ["MediaPipeLoader", "build_eval_loader", "build_train_loader", "count_samples", "unavailable_reason"]
 
@@ -105,11 +108,14 @@ def _warn_fallback(reason: str) -> None:
 
 
 class _RecordSource:
-    """Encoded JPEGs and 0-based labels of one micro-batch, read from the shards."""
+    """Encoded JPEGs and 0-based labels of one micro-batch, read from the shards; each
+    JPEG's header size checked against ``max_pixels`` before the decoder sees it."""
 
-    def __init__(self, shards: ShardSet, batches: list[np.ndarray], batch_size: int, num_classes: int, label_offset: int) -> None:
+    def __init__(
+        self, shards: ShardSet, batches: list[np.ndarray], batch_size: int, num_classes: int, label_offset: int, max_pixels: int
+    ) -> None:
         self.shards, self.batches, self.batch_size = shards, batches, batch_size
-        self.num_classes, self.label_offset = num_classes, label_offset
+        self.num_classes, self.label_offset, self.max_pixels = num_classes, label_offset, max_pixels
 
     def read(self, number: int) -> tuple[np.ndarray, np.ndarray]:
         indices = self.batches[number].tolist()
@@ -118,6 +124,10 @@ class _RecordSource:
         labels = np.empty(self.batch_size, dtype=np.int32)
         for j, index in enumerate(indices):
             jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
+            try:
+                checked_size(jpeg, self.max_pixels, lambda: self.shards.where(index))  # noqa: B023 - called at once
+            except ValueError as err:
+                raise DataError(f"{self.shards.where(index)}: JPEG does not decode ({err})") from err
             buffer = np.frombuffer(jpeg, dtype=np.uint8)
             # The decoder reads whole 64-byte blocks; trailing zeros after the JPEG's end are ignored.
             jpegs[j] = np.pad(buffer, (0, -len(buffer) % 64))
@@ -228,7 +238,7 @@ class MediaPipeLoader(ShardLoader):
 
     def _iterate(self, batches):
         label_offset = self.data_cfg.label_offset
-        source = _RecordSource(self.shards, batches, self.batches.batch_size, self.num_classes, label_offset)
+        source = _RecordSource(self.shards, batches, self.batches.batch_size, self.num_classes, label_offset, self.data_cfg.max_pixels)
         pipe = _make_pipe(self._mp, source, self.data_cfg, train=self.batches.train, seed=self.pipeline_seed())
         iterator = iter(self._mp.Iterator(mediapipe=pipe))
         try:

@@ -37,7 +37,6 @@ import math
 from typing import Any
 
 import numpy as np
-import simplejpeg
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -59,6 +58,7 @@ from largebatch.data.decode import (
     random_resized_crop_box,
 )
 from largebatch.data.policies import apply_policy, erase, image_policy, random_eraser
+from largebatch.data.size_limit import checked_size
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError
 from largebatch.randomness import AUGMENTATION_DRAWS, worker_generator
@@ -86,6 +86,7 @@ class _MicroBatchDataset(Dataset):
         self.hflip = cfg.hflip
         self.crop_ratio = cfg.eval_crop_ratio
         self.interpolation = cfg.interpolation
+        self.max_pixels = cfg.max_pixels
         self.policy = image_policy(cfg) if batches.train else None
         # data.cache_decoded: record -> (full-size pixels, label), kept from its first decode
         self.decoded: dict[int, tuple[np.ndarray, int]] | None = {} if cfg.cache_decoded else None
@@ -106,7 +107,7 @@ class _MicroBatchDataset(Dataset):
         try:
             if cached is None:
                 jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
-                height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+                height, width = checked_size(jpeg, self.max_pixels, lambda: self.shards.where(index))
             else:
                 pixels, label = cached
                 height, width = pixels.shape[:2]

@@ -14,6 +14,14 @@ Both log the same things:
 * the tracker run's status: finished, failed (an exception) or, for a run stopped by a
   preemption signal, killed (MLflow) / preempting (W&B).
 
+Credentials never reach a tracker: the parameters, tags and W&B's record of the command
+line are redacted as ``config.yaml`` is (``largebatch.config.redact``: user-info in URIs,
+values of keys such as ``token`` or ``api_key``), and so are the hook's messages. The hook
+itself uses the real values (a ``tracking_uri`` with user-info logs in with it); the
+trackers' own environment variables (``MLFLOW_TRACKING_USERNAME`` /
+``MLFLOW_TRACKING_PASSWORD``, ``MLFLOW_TRACKING_TOKEN``, ``WANDB_API_KEY``) keep
+credentials out of the config altogether.
+
 The tracker's run id is saved in checkpoints (the hook's state), so a resumed run
 (``--resume auto``, a Slurm requeue) logs into the same tracker run. Both need their
 package (``pip install 'largebatch[mlflow]'`` / ``'largebatch[wandb]'``); asking for a
@@ -40,9 +48,11 @@ import contextlib
 import logging
 import os
 import pathlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
+from largebatch.config.redact import redact, redact_argv, redact_text
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
 from largebatch.hooks.logger import numeric_values
@@ -55,8 +65,9 @@ MLFLOW_PARAM_CHARS = 6000
 
 
 def _first_line(err: BaseException, limit: int = 200) -> str:
-    """``Type: the message's first line`` (cut at ``limit`` characters) for one-line reports."""
-    text = str(err).strip().splitlines()
+    """``Type: the message's first line`` (cut at ``limit`` characters, credentials in URIs
+    redacted) for one-line reports."""
+    text = redact_text(str(err)).strip().splitlines()
     first = text[0] if text else ""
     if len(first) > limit:
         first = first[: limit - 3].rstrip() + "..."
@@ -64,9 +75,10 @@ def _first_line(err: BaseException, limit: int = 200) -> str:
 
 
 def flat_config(config: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
+    """The config with its derived numbers as dotted keys, redacted: the tracker's parameters."""
     from largebatch.checkpoint import flatten
 
-    return flatten({**config, "derived": derived})
+    return flatten(redact({**config, "derived": derived}))
 
 
 def _require(module: str, needed_by: str, extra: str, otherwise: str) -> None:
@@ -78,6 +90,17 @@ def _require(module: str, needed_by: str, extra: str, otherwise: str) -> None:
             f"pip install 'largebatch[{extra}]' (or {module}), or {otherwise}",
             key="hooks",
         ) from None
+
+
+@contextlib.contextmanager
+def _redacted_argv() -> Iterator[None]:
+    """``sys.argv`` redacted for a block: W&B records the command line when a run starts."""
+    argv = sys.argv
+    sys.argv = redact_argv(argv)
+    try:
+        yield
+    finally:
+        sys.argv = argv
 
 
 @contextlib.contextmanager
@@ -282,7 +305,7 @@ class MlflowHook(TrackerHook):
         experiment_id = (
             found.experiment_id if found is not None else self.client.create_experiment(self.experiment, artifact_location=artifacts)
         )
-        tags = {"largebatch.run_dir": str(state.run.run_dir), **self.tags}
+        tags = {"largebatch.run_dir": str(state.run.run_dir), **redact(self.tags)}
         run = self.client.create_run(experiment_id, run_name=self.run_name or state.run.run_dir.name, tags=tags)
         return run.info.run_id, False
 
@@ -364,19 +387,20 @@ class WandbHook(TrackerHook):
     def _start(self, state, resume_id: str | None) -> tuple[str, bool]:
         import wandb
 
-        self.run = wandb.init(
-            project=self.project,
-            entity=self.entity,
-            name=self.run_name or state.run.run_dir.name,
-            group=self.group,
-            tags=self.tags or None,
-            mode=self.mode,
-            dir=str(state.run.run_dir),
-            id=resume_id,
-            resume="allow" if resume_id is not None else None,
-            config={**state.run.config.to_dict(), "derived": state.run.derived.to_dict()},
-            settings=wandb.Settings(silent=not self.verbose),
-        )
+        with _redacted_argv():
+            self.run = wandb.init(
+                project=self.project,
+                entity=self.entity,
+                name=self.run_name or state.run.run_dir.name,
+                group=self.group,
+                tags=redact(self.tags) or None,
+                mode=self.mode,
+                dir=str(state.run.run_dir),
+                id=resume_id,
+                resume="allow" if resume_id is not None else None,
+                config=redact({**state.run.config.to_dict(), "derived": state.run.derived.to_dict()}),
+                settings=wandb.Settings(silent=not self.verbose),
+            )
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         return self.run.id, resume_id is not None

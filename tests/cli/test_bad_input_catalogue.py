@@ -9,15 +9,21 @@ held something is left as it was.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import pathlib
+import sys
 import textwrap
 
+import numpy as np
 import pytest
+import simplejpeg
+import torch
 
 from largebatch import cli
 from tests.config.colossal import shapes
 from tests.conftest import tiny_config, write_config
-from tests.data.conftest import write_unique_label_shards
+from tests.data.conftest import header_claiming, write_unique_label_shards
 
 TRAIN = "train.py"  # train_main's argv; anything else goes to ``largebatch``'s main
 
@@ -44,9 +50,10 @@ def config_with(tmp_path: pathlib.Path, **overrides) -> str:
     return str(write_config(tmp_path, tiny_config(**overrides)))
 
 
-def native_config(tmp_path: pathlib.Path, splits=("train",), **overrides) -> str:
-    """The tiny model over real TFRecord shards (16 records a split, label = record + 1)."""
-    root = write_unique_label_shards(tmp_path / "shards", dict.fromkeys(splits, 16), dict.fromkeys(splits, 2))
+def native_config(tmp_path: pathlib.Path, splits=("train",), replace=None, **overrides) -> str:
+    """The tiny model over real TFRecord shards (16 records a split, label = record + 1;
+    ``replace``: some records' JPEG bytes)."""
+    root = write_unique_label_shards(tmp_path / "shards", dict.fromkeys(splits, 16), dict.fromkeys(splits, 2), replace=replace)
     data = {
         "loader": "native",
         "root": str(root),
@@ -155,6 +162,57 @@ def resume_truncated_checkpoint(tmp_path):
     return train(config, run_dir, "--resume", str(copy)), run_dir
 
 
+class RunsCode:
+    """Pickles as a call of ``os.system``: an unrestricted load would run the command."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def resume_checkpoint_carrying_a_callable(tmp_path):
+    """A checkpoint file whose hook state is a pickled call of ``os.system`` (``touch``)."""
+    config, run_dir = trained_run(tmp_path)
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["hooks"]["LossAccuracyHook"] = {"sums": RunsCode(f"touch {tmp_path / 'it-ran'}")}
+    torch.save(payload, tmp_path / "step-9.pt")
+    return train(config, run_dir, "--resume", str(tmp_path / "step-9.pt")), run_dir
+
+
+def resume_auto_newest_carrying_a_callable(tmp_path):
+    """The same in the run's own folder, as its newest checkpoint: refused, not skipped for an older one."""
+    config, run_dir = trained_run(tmp_path)
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["counters"] = RunsCode(f"touch {tmp_path / 'it-ran'}")
+    torch.save(payload, run_dir / "checkpoints" / "step-99999999.pt")
+    return train(config, run_dir, "--resume", "auto"), run_dir
+
+
+def credential_hook(tmp_path) -> dict:
+    path = hook_file(
+        tmp_path,
+        """
+        class Notify(Hook):
+            def __init__(self, url: str = "", api_key: str = ""):
+                super().__init__()
+                self.url, self.api_key = url, api_key
+        """,
+    )
+    return {"type": f"{path}:Notify", "url": "https://alice:s3cr3t@hooks.example.com/x", "api_key": "sk-live-123"}
+
+
+def resume_without_the_redacted_credential(tmp_path):
+    """A run whose hook was given credentials, continued from its config.yaml alone."""
+    config = config_with(tmp_path, hooks=[credential_hook(tmp_path)], **{"checkpoint.at_end": True, "max_steps": 2})
+    run_dir = tmp_path / "run"
+    assert invoke(train(config, run_dir)) == 0
+    return [TRAIN, "--run-dir", str(run_dir), "--resume", "auto", "--set", "max_steps=4"], run_dir
+
+
 def resume_with_another_model(tmp_path):
     config, run_dir = trained_run(tmp_path)
     return train(config, run_dir, "--resume", "auto", "--set", "model.embed_dim=64"), run_dir
@@ -212,6 +270,13 @@ def native_corrupt_record(tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
+    return train(config, tmp_path / "run"), tmp_path / "run"
+
+
+def native_oversized_jpeg_header(tmp_path):
+    """Record 3's header claims 20000 x 15000 pixels (its data holds 64 x 64)."""
+    small = simplejpeg.encode_jpeg(np.full((64, 64, 3), 90, dtype=np.uint8))
+    config = native_config(tmp_path, splits=("train", "validation"), replace={3: header_claiming(small, 15000, 20000)})
     return train(config, tmp_path / "run"), tmp_path / "run"
 
 
@@ -381,6 +446,13 @@ CASES = [
     ("resume-changed-model", resume_with_another_model, ["model.embed_dim", "--resume-ignore-config"]),
     ("resume-other-model-ignoring-config", resume_other_model_ignoring_config, ["step-"]),
     ("resume-other-optimizer-ignoring-config", resume_other_optimizer_ignoring_config, ["adamw's state", "lamb"]),
+    ("resume-checkpoint-carrying-a-callable", resume_checkpoint_carrying_a_callable, ["step-9.pt", "posix.system", "--trust-checkpoint"]),
+    ("resume-auto-newest-carrying-a-callable", resume_auto_newest_carrying_a_callable, ["step-99999999.pt", "--trust-checkpoint"]),
+    (
+        "resume-without-the-redacted-credential",
+        resume_without_the_redacted_credential,
+        ["config.yaml", "hooks[0].url, hooks[0].api_key", "'<redacted>'", "--config", "MLFLOW_TRACKING_USERNAME"],
+    ),
     # trackers that cannot start: one line before the first step
     (
         "mlflow-server-unreachable",
@@ -403,6 +475,7 @@ CASES = [
     ("eval-split-missing", native_eval_split_missing, ["validation"]),
     ("labels-beyond-num-classes", native_labels_beyond_num_classes, ["data.num_classes"]),
     ("corrupt-record", native_corrupt_record, ["train-", "record", "offset"]),
+    ("oversized-jpeg-header", native_oversized_jpeg_header, ["train-", "record", "offset", "20000x15000 pixels", "data.max_pixels"]),
     # studies: every mistake before the first trial
     (
         "study-unknown-optimizer",
@@ -423,7 +496,7 @@ CASES = [
     (
         "study-storage-unopenable",
         study_case("--storage", "postgresql://nobody@127.0.0.1:9/none"),
-        ["storage", "'postgresql://nobody@127.0.0.1:9/none' cannot be opened"],
+        ["storage", "'postgresql://<redacted>@127.0.0.1:9/none' cannot be opened"],
     ),
     ("study-storage-folder-missing", study_case("--storage", "journal:/no/such/folder/study.log"), ["storage", "does not exist"]),
 ]
@@ -452,6 +525,7 @@ def test_a_mistake_is_one_error_line_and_loses_nothing(tmp_path, capsys, monkeyp
     after = snapshot(run_dir)
     assert {k: v for k, v in after.items() if k in before} == before, "an existing file was changed"
     assert not any(name.endswith(".safetensors") or name.startswith("checkpoints/") for name in set(after) - set(before))
+    assert not (tmp_path / "it-ran").exists()  # a checkpoint's pickled call never ran
 
 
 def test_evaluation_switched_off_needs_no_eval_split(tmp_path, capsys):
@@ -459,3 +533,94 @@ def test_evaluation_switched_off_needs_no_eval_split(tmp_path, capsys):
     config = native_config(tmp_path, **{"eval.at_end": False, "eval.interval_epochs": 0})
     assert invoke(train(config, tmp_path / "run")) == 0, capsys.readouterr().err
     assert (tmp_path / "run" / "model.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------- credentials
+
+NOTIFY = """
+import json
+
+
+class Notify(Hook):
+    def __init__(self, url: str = "", api_key: str = "", out: str = ""):
+        super().__init__()
+        self.url, self.api_key, self.out = url, api_key, out
+
+    def before_run(self, state):
+        with open(self.out, "w") as handle:  # what the run uses, outside the run directory
+            json.dump({"url": self.url, "api_key": self.api_key}, handle)
+
+    def after_step(self, state):
+        state.current.metrics["notify/endpoint"] = f"posting to {self.url}"  # a text metric
+"""
+
+
+@pytest.mark.slow
+def test_credentials_reach_the_run_and_nothing_it_writes_or_tells_a_tracker(tmp_path, monkeypatch, capfd):
+    """A URI with user-info and keys named like credentials, in hook arguments given on the
+    command line: the hook gets them as given, and no file under the run directory (config.yaml,
+    checkpoints, metrics, MLflow's SQLite store and artifacts, W&B's offline files), no MLflow
+    parameter or tag, no W&B record and no console line holds them; a requeued run (the same
+    command with --resume auto) gets them again."""
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    secrets = ["s3cr3t-token", "sk-live-123", "hf-tok-456", "bob:pw"]
+    url = "https://alice:s3cr3t-token@hooks.example.com/post"
+    received = tmp_path / "received.json"
+    notify = hook_file(tmp_path, NOTIFY)
+    hooks = [
+        {"type": f"{notify}:Notify", "url": url, "api_key": "sk-live-123", "out": str(received)},
+        {"type": "mlflow", "plots": False, "tags": {"source": "https://bob:pw@git.example.com/r.git", "hf_token": "hf-tok-456"}},
+        {"type": "wandb", "mode": "offline", "plots": False},
+    ]
+    config = config_with(tmp_path, **{"checkpoint.at_end": True, "max_steps": 2, "log.console": True})
+    run_dir = tmp_path / "run"
+    argv = train(config, run_dir, "--set", "hooks=" + json.dumps(hooks))
+    monkeypatch.setattr(sys, "argv", argv)  # W&B records the command line
+
+    def check(status: int) -> None:
+        assert status == 0
+        assert json.loads(received.read_text()) == {"url": url, "api_key": "sk-live-123"}  # the real values were used
+        out = capfd.readouterr()
+        leaked = [(p, s) for p in sorted(run_dir.rglob("*")) if p.is_file() for s in secrets if s.encode() in p.read_bytes()]
+        leaked += [("console", s) for s in secrets if s in out.out + out.err]
+        assert not leaked
+        client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+        (tracked,) = client.search_runs([client.get_experiment_by_name("largebatch").experiment_id])
+        shown = json.dumps([tracked.data.params, tracked.data.tags])
+        assert not [s for s in secrets if s in shown]
+        assert "https://<redacted>@hooks.example.com/post" in tracked.data.params["hooks"]
+        assert tracked.data.tags["source"] == "https://<redacted>@git.example.com/r.git" and tracked.data.tags["hf_token"] == "<redacted>"
+
+    check(invoke(argv))
+    saved = (run_dir / "config.yaml").read_text()
+    assert "url: https://<redacted>@hooks.example.com/post" in saved and "api_key: <redacted>" in saved
+    assert '"notify/endpoint": "posting to https://<redacted>@hooks.example.com/post"' in (run_dir / "metrics.jsonl").read_text()
+    received.unlink()
+    check(invoke([*argv, "--resume", "auto", "--set", "max_steps=4"]))  # a requeue: the same command, resumed
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+def test_a_checkpoint_holding_more_than_data_resumes_when_trusted(tmp_path, capsys):
+    """A checkpoint of an earlier version whose hook state holds an object a weights-only
+    load refuses (harmless here): refused by default, resumed with --trust-checkpoint."""
+    import collections
+
+    run_dir = tmp_path / "run"
+    config = config_with(tmp_path, **{"checkpoint.at_end": True, "max_steps": 2})
+    assert invoke(train(config, run_dir)) == 0
+    (checkpoint,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["hooks"]["CheckpointHook"]["recent"] = collections.deque([1, 2])
+    torch.save(payload, checkpoint)
+    capsys.readouterr()
+    resume = [TRAIN, "--run-dir", str(run_dir), "--resume", "auto", "--set", "max_steps=4"]
+    assert invoke(resume) == 2
+    assert "collections.deque" in capsys.readouterr().err
+    assert invoke([*resume, "--trust-checkpoint"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert [p.name for p in sorted((run_dir / "checkpoints").glob("step-*.pt"))][-1] == "step-00000004.pt"

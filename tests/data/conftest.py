@@ -34,6 +34,13 @@ def noise_jpeg(rng: np.random.Generator, height: int, width: int, channels: int 
     )
 
 
+def header_claiming(jpeg: bytes, height: int, width: int) -> bytes:
+    """``jpeg`` with its frame header (SOF0) claiming ``height`` x ``width``: what a decoder
+    would allocate for, though the data holds the small image."""
+    at = jpeg.index(b"\xff\xc0")  # marker, length (2), precision (1), height (2), width (2)
+    return jpeg[: at + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + jpeg[at + 9 :]
+
+
 def write_unique_label_shards(
     root: Path,
     counts: dict[str, int],
@@ -41,12 +48,16 @@ def write_unique_label_shards(
     *,
     seed: int = 0,
     label_offset: int = 1,
+    replace: dict[int, bytes] | None = None,
 ) -> Path:
-    """Shards whose record ``i`` has label ``i + label_offset``: labels identify samples."""
+    """Shards whose record ``i`` has label ``i + label_offset``: labels identify samples.
+    ``replace`` gives some records' JPEG bytes (by record number, in every split)."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     for split, count in counts.items():
         jpegs = [noise_jpeg(rng, int(rng.integers(48, 96)), int(rng.integers(48, 96))) for _ in range(count)]
+        for i, jpeg in (replace or {}).items():
+            jpegs[i] = jpeg
         samples = [Sample(i, i, f"{split}-{i}.jpg") for i in range(count)]
 
         def encode(sample: Sample, jpegs=jpegs) -> bytes:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import simplejpeg
 import torch
 
 from largebatch.batching import BatchPlan
@@ -13,9 +16,10 @@ from largebatch.data import cli, native
 from largebatch.data.convert import Sample, make_example, write_split
 from largebatch.data.tfrecord import index_path_for, read_index
 from largebatch.errors import DataError
-from tests.data.conftest import data_cfg, write_unique_label_shards
+from tests.data.conftest import data_cfg, header_claiming, write_unique_label_shards
 
 SHARD = "train-00001-of-00002"
+CPU = torch.device("cpu")
 
 
 @pytest.fixture
@@ -31,21 +35,8 @@ def load_all(root: Path, num_classes: int = 16) -> None:
         pass
 
 
-def verify(root: Path, capsys) -> str:
-    assert (
-        cli.main(
-            [
-                "verify",
-                str(root),
-                "--quiet",
-                "--num-classes",
-                "16",
-                "--label-offset",
-                "1",
-            ]
-        )
-        == 2
-    )
+def verify(root: Path, capsys, *extra: str) -> str:
+    assert cli.main(["verify", str(root), "--quiet", "--num-classes", "16", "--label-offset", "1", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     return err
@@ -145,6 +136,75 @@ def test_undecodable_jpeg(shards, capsys):
     with pytest.raises(DataError, match=message):
         load_all(shards)
     assert f"record 5 at byte offset {offset}: JPEG does not decode" in verify(shards, capsys)
+
+
+def oversized(height: int = 15000, width: int = 20000) -> bytes:
+    """A 64 px JPEG whose header claims 300 megapixels (0.8 GiB to decode)."""
+    return header_claiming(simplejpeg.encode_jpeg(np.full((64, 64, 3), 90, dtype=np.uint8)), height, width)
+
+
+def test_oversized_jpeg_header(shards, capsys):
+    from largebatch.data.example import decode_example
+    from largebatch.data.tfrecord import ShardSet
+
+    # the limit is a setting: at the largest image's size every record loads, one pixel less names it
+    records = ShardSet(shards, "train")
+    sizes = [simplejpeg.decode_jpeg_header(decode_example(records.read(i))["image/encoded"][0])[:2] for i in range(len(records))]
+    largest = max(range(len(sizes)), key=lambda i: sizes[i][0] * sizes[i][1])
+    height, width = sizes[largest]
+    plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
+    assert len(list(native.build_train_loader(data_cfg(shards, 16, max_pixels=height * width), plan, rank=0, seed=0, device=CPU))) == 2
+    below = data_cfg(shards, 16, max_pixels=height * width - 1)
+    with pytest.raises(DataError, match=re.escape(f"{records.where(largest)}: the image header says {width}x{height} pixels")):
+        list(native.build_train_loader(below, plan, rank=0, seed=0, device=CPU))
+
+    _rewrite_shard(shards, 5, jpeg=oversized())
+    offset = record_offset(shards, 5)
+    message = (
+        f"{SHARD} record 5 at byte offset {offset}: the image header says 20000x15000 pixels (300.0 megapixels), more than "
+        "data.max_pixels 50000000 (50 megapixels)"
+    )
+    with pytest.raises(DataError, match=re.escape(message)):
+        load_all(shards)
+    evaluation = native.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(evaluation)
+    for decode in ([], ["--no-decode"]):  # the header is checked without decoding too
+        assert f"record 5 at byte offset {offset}: the image header says 20000x15000" in verify(shards, capsys, *decode)
+
+
+@pytest.mark.dali
+def test_oversized_jpeg_header_dali(shards):
+    """DALI reads the header, decodes a stand-in instead (a 300-megapixel decode of 64 px
+    of data would fail as undecodable, not name the size) and names the record."""
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data import dali
+
+    _rewrite_shard(shards, 5, jpeg=oversized())
+    message = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}: the image header says 20000x15000 pixels"
+    plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
+    evaluation = dali.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(evaluation)
+
+
+def test_oversized_jpeg_header_media_pipeline_reader(shards):
+    """The media pipeline's reader (plain Python; the pipeline itself needs a Gaudi)
+    checks each header before the HPU decoder gets the bytes."""
+    from largebatch.data.mediapipe import _RecordSource
+    from largebatch.data.tfrecord import ShardSet
+
+    _rewrite_shard(shards, 5, jpeg=oversized())
+    records = ShardSet(shards, "train")
+    batches = [np.arange(0, 8), np.arange(8, 16)]
+    source = _RecordSource(records, batches, batch_size=8, num_classes=16, label_offset=1, max_pixels=50_000_000)
+    jpegs, labels = source.read(0)
+    assert labels.tolist() == list(range(8)) and all(j.dtype == np.uint8 for j in jpegs)
+    position = records.indices[1][5][0]
+    with pytest.raises(DataError, match=re.escape(f"{SHARD} record 5 at byte offset {position}: the image header says 20000x15000")):
+        source.read(1)
 
 
 def test_label_out_of_range(shards, capsys):

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 import simplejpeg
 from PIL import Image
 
@@ -194,3 +195,29 @@ def test_cli_error_is_one_line(tmp_path, capsys):
 def test_prepare_fmnist_script_exists():
     script = Path(__file__).resolve().parents[2] / "data" / "prepare_fmnist.py"
     assert script.is_file() and os.access(script, os.R_OK)
+
+
+def test_images_above_the_size_limit_are_refused_before_decoding(tmp_path, capsys):
+    from largebatch.errors import DataError
+    from tests.data.conftest import header_claiming
+
+    src = make_image_folder(tmp_path / "src")
+    bomb = src / "train" / "n01" / "img0.JPEG"
+    bomb.write_bytes(header_claiming(bomb.read_bytes(), 15000, 20000))  # a 300-megapixel header over a few pixels
+    with pytest.raises(DataError) as error:
+        convert.convert_image_folder(src, tmp_path / "out", train_shards=1, validation_shards=1, progress=False)
+    assert str(error.value).startswith(
+        f"{bomb}: the image header says 20000x15000 pixels (300.0 megapixels), more than --max-pixels 50000000"
+    )
+    # a PNG (read by Pillow) above a lower limit, through the command line: its size comes from the header too
+    other = tmp_path / "other"
+    for name, size in (("a", (30, 20)), ("b", (300, 200))):
+        (other / "train" / name).mkdir(parents=True)
+        Image.fromarray(np.zeros((size[1], size[0], 3), dtype=np.uint8)).save(other / "train" / name / "x.png")
+    argv = ["convert", "folder", str(other), "--out", str(tmp_path / "out2"), "--quiet", "--max-pixels", "1000"]
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    png = other / "train" / "b" / "x.png"
+    assert err.count("\n") == 1 and err.startswith(
+        f"error: {png}: the image header says 300x200 pixels (0.1 megapixels), more than --max-pixels 1000"
+    )

@@ -137,7 +137,7 @@ def test_resumed_run_ends_with_the_uninterrupted_runs_ema(tmp_path):
     run_in_process(tmp_path, cfg, tmp_path / "straight")
     stopped = tmp_path / "stopped"
     assert run_in_process(tmp_path, {**cfg, "max_steps": 3}, stopped).step == 3
-    saved = torch.load(stopped / "checkpoints" / "step-00000003.pt", weights_only=False)["hooks"]["ModelEmaHook"]
+    saved = torch.load(stopped / "checkpoints" / "step-00000003.pt", weights_only=True)["hooks"]["ModelEmaHook"]
     assert torch.equal(saved["weights"]["head.weight"], load_file(stopped / EMA_WEIGHTS)["head.weight"])
     (stopped / EMA_WEIGHTS).unlink()
     assert run_in_process(tmp_path, cfg, stopped, resume="auto").step == 8

@@ -156,7 +156,7 @@ def test_every_hooks_state_round_trips_through_a_checkpoint(tmp_path):
     fresh, _ = build(tmp_path / "fresh", second, steps=4, optimizer="lamb")
     ckpt.load_checkpoint(path, fresh.state, fresh.hooks, fresh.train_loader, ignore_config=True)
     assert fresh.state.step == 3
-    saved = torch.load(path, weights_only=False)["hooks"]
+    saved = torch.load(path, weights_only=True)["hooks"]
     for old, new in zip(first, second):
         expected, got = saved[old.name], new.state_dict()
         if isinstance(new, HookTimerHook):

@@ -1,0 +1,156 @@
+"""Credentials redacted (``largebatch/config/redact.py``): URIs' user-info and the values of
+keys named like credentials, anywhere in a config; what is missing after redaction, and
+the real values taken back from the config file that holds them."""
+
+from __future__ import annotations
+
+import pytest
+
+from largebatch.config.redact import REDACTED, redact, redact_argv, redact_text, restore, secret_key, unresolved
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("https://user:token@host.example.com:5000/path?q=1", "https://<redacted>@host.example.com:5000/path?q=1"),
+        ("http://token@github.com/org/repo.git", "http://<redacted>@github.com/org/repo.git"),  # a user name alone may be the token
+        ("postgresql://me:p@ss@db:5432/mlflow", "postgresql://<redacted>@db:5432/mlflow"),  # the last @ ends the user-info
+        (
+            "cannot reach https://u:p@a.example.com and s3://k:s@bucket/x",
+            "cannot reach https://<redacted>@a.example.com and s3://<redacted>@bucket/x",
+        ),
+        ("http://host/path?who=a@b.c", "http://host/path?who=a@b.c"),  # an @ after the host is not user-info
+        ("sqlite:///runs/x/mlflow.db", "sqlite:///runs/x/mlflow.db"),
+        ("user@example.com", "user@example.com"),
+        ("https://<redacted>@host", "https://<redacted>@host"),  # idempotent
+    ],
+)
+def test_uri_user_info_is_redacted(text, expected):
+    assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("token", True),
+        ("hf_token", True),
+        ("access-token", True),
+        ("password", True),
+        ("db_passwd", True),
+        ("client_secret", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("api_key", True),
+        ("apiKey", True),
+        ("wandbApiKey", True),
+        ("apikey", True),
+        ("accessKeyId", True),
+        ("private_key", True),
+        ("credentials", True),
+        ("tokenizer", False),
+        ("reg_tokens", False),
+        ("class_token", True),  # named like one; a boolean value is still left alone (below)
+        ("tracking_uri", False),
+        ("keywords", False),
+        ("secretary", False),
+    ],
+)
+def test_keys_named_like_credentials(key, secret):
+    assert secret_key(key) is secret
+
+
+def test_a_config_is_redacted_everywhere_and_nothing_else_changes():
+    config = {
+        "seed": 0,
+        "model": {"name": "vit_tiny_patch16_224", "class_token": True, "reg_tokens": 4, "init_from": "runs/a"},
+        "data": {"root": "s3://key:secret@bucket/imagenet"},
+        "hooks": [
+            "loss",
+            {"type": "mlflow", "tracking_uri": "https://alice:tok@mlflow.example.com", "tags": {"hf_token": "hf_abc", "team": "vision"}},
+            {"type": "hooks/notify.py:Notify", "api_key": "sk-123", "password": "", "secret": None, "urls": ["http://u:p@a", "http://b"]},
+        ],
+    }
+    assert redact(config) == {
+        "seed": 0,
+        "model": {"name": "vit_tiny_patch16_224", "class_token": True, "reg_tokens": 4, "init_from": "runs/a"},
+        "data": {"root": "s3://<redacted>@bucket/imagenet"},
+        "hooks": [
+            "loss",
+            {"type": "mlflow", "tracking_uri": "https://<redacted>@mlflow.example.com", "tags": {"hf_token": REDACTED, "team": "vision"}},
+            {
+                "type": "hooks/notify.py:Notify",
+                "api_key": REDACTED,
+                "password": "",
+                "secret": None,
+                "urls": ["http://<redacted>@a", "http://b"],
+            },
+        ],
+    }
+    assert config["hooks"][2]["api_key"] == "sk-123"  # a copy: what the run uses is unchanged
+
+
+def test_unresolved_names_each_redacted_value_and_restore_takes_it_back_from_its_file():
+    real = {"hooks": [{"type": "mlflow", "tracking_uri": "https://alice:tok@h"}, {"type": "x", "api_key": "sk-1"}], "seed": 1}
+    saved = redact(real)
+    assert unresolved(saved) == ["hooks[0].tracking_uri", "hooks[1].api_key"]
+    assert unresolved(real) == []
+    assert restore(saved, real) == real
+    # a file whose values redact to other ones gives nothing back
+    other = {"hooks": [{"type": "mlflow", "tracking_uri": "https://alice:tok@elsewhere"}, {"type": "x", "api_key": "sk-1"}], "seed": 1}
+    assert unresolved(restore(saved, other)) == ["hooks[0].tracking_uri"]
+    assert restore(saved, {"seed": 1}) == saved  # nothing there
+
+
+def test_a_command_line_is_redacted_under_each_set_key():
+    argv = [
+        "train.py",
+        "--config",
+        "c.py",
+        "--set",
+        'hooks=[{"type": "mlflow", "tracking_uri": "https://a:tok@h", "tags": {"hf_token": "hf-1"}}]',
+        "--set=log.api_key=sk-2",
+        "--set",
+        "optimizer.lr=0.1",
+        "--set",
+        "data.root=s3://k:s@bucket/x",
+    ]
+    assert redact_argv(argv) == [
+        "train.py",
+        "--config",
+        "c.py",
+        "--set",
+        'hooks=[{"type": "mlflow", "tracking_uri": "https://<redacted>@h", "tags": {"hf_token": "<redacted>"}}]',
+        "--set=log.api_key=<redacted>",
+        "--set",
+        "optimizer.lr=0.1",  # untouched, as typed
+        "--set",
+        "data.root=s3://<redacted>@bucket/x",
+    ]
+
+
+def test_a_resume_takes_redacted_values_from_the_config_file_that_holds_them(tmp_path):
+    """``config.yaml`` is written redacted; resuming with ``--config`` gives the run the real
+    values back, resuming without it (or with a file whose values differ) is refused, and so
+    is starting a new run from the redacted file."""
+    from largebatch.config import dump_yaml, resolve_config
+    from largebatch.errors import UserError
+    from largebatch.launch import TrainArgs, starting_config
+    from tests.conftest import tiny_config, write_config
+
+    cfg = tiny_config(hooks=[{"type": "hooks/notify.py:Notify", "url": "https://alice:tok@hooks.example.com/x", "api_key": "sk-1"}])
+    source = write_config(tmp_path, cfg, name="mine.yaml")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-00000001.pt").write_bytes(b"")  # a checkpoint by name: starting_config reads the config only
+    (run_dir / "config.yaml").write_text(dump_yaml(redact(resolve_config(source).to_dict())))
+
+    _, resumed = starting_config(TrainArgs(config=str(source), run_dir=str(run_dir), resume="auto"), is_main=False)
+    assert resumed.to_dict()["hooks"] == cfg["hooks"]
+    with pytest.raises(UserError, match=r"config.yaml: hooks\[0\].url, hooks\[0\].api_key: '<redacted>'"):
+        starting_config(TrainArgs(config=None, run_dir=str(run_dir), resume="auto"), is_main=False)
+    elsewhere = write_config(
+        tmp_path, tiny_config(hooks=[{**cfg["hooks"][0], "url": "https://alice:tok@other.example.com/x"}]), name="b.yaml"
+    )
+    with pytest.raises(UserError, match=r"hooks\[0\].url: '<redacted>'"):
+        starting_config(TrainArgs(config=str(elsewhere), run_dir=str(run_dir), resume="auto"), is_main=False)
+    with pytest.raises(UserError, match=r"hooks\[0\].url, hooks\[0\].api_key: '<redacted>'"):
+        starting_config(TrainArgs(config=str(run_dir / "config.yaml"), run_dir=str(tmp_path / "new")), is_main=False)
