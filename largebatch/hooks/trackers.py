@@ -45,6 +45,7 @@ and only there, ``/`` in metric names is written as ``.`` (``lr.no_decay``).
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import pathlib
@@ -333,7 +334,10 @@ class MlflowHook(TrackerHook):
 
     def _end(self, outcome: str) -> None:
         status = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}[outcome]
-        self.client.set_terminated(self.run_id, status=status)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):  # MLflow prints the run's link, with the tracking URI as given
+            self.client.set_terminated(self.run_id, status=status)
+        sys.stdout.write(redact_text(printed.getvalue()))
 
     def _start_hint(self) -> str:
         return (

@@ -379,3 +379,28 @@ def test_a_tracker_that_fails_mid_run_detaches_with_one_warning_and_the_run_goes
     assert len(warnings) == 1 and "at step 3" in warnings[0] and "metrics.jsonl keeps every value" in warnings[0]
     assert [step for step, _ in logged_series(tmp_path / "run")["loss"]] == list(range(1, 9))
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_tracking_uri_with_credentials_is_used_as_given_and_shown_redacted(tmp_path, mlflow_server, capfd):
+    """``http://user:password@host`` as ``tracking_uri``: the hook talks to the server through
+    it; the MLflow run's parameters and tags, its config.yaml artifact, the run directory and
+    the console hold the URI with its user-info redacted."""
+    from mlflow import MlflowClient
+
+    secret = "s3cr3t-pw"
+    hook = {"type": "mlflow", "tracking_uri": mlflow_server.replace("http://", f"http://alice:{secret}@"), "experiment": "creds"}
+    run_dir = tmp_path / "run"
+    state = run(tmp_path, run_dir, {**hook, "plots": False})
+    assert state.step == 8
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("creds").experiment_id])
+    assert tracked.info.status == "FINISHED"  # it reached the server and finished there
+    redacted = mlflow_server.replace("http://", "http://<redacted>@")
+    assert f"'tracking_uri': '{redacted}'" in tracked.data.params["hooks"]
+    assert secret not in json.dumps([tracked.data.params, tracked.data.tags])
+    config = pathlib.Path(client.download_artifacts(tracked.info.run_id, "run/config.yaml", str(tmp_path / "down")))
+    assert f"tracking_uri: {redacted}" in config.read_text()
+    assert not [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    out = capfd.readouterr()
+    assert secret not in out.out + out.err
