@@ -18,6 +18,7 @@ import os
 import pathlib
 from typing import Any
 
+from largebatch.config.redact import redact_text
 from largebatch.study import analysis, ledger, plots
 from largebatch.study.space import PARAMS
 from largebatch.study.spec import StudySpec
@@ -81,7 +82,7 @@ def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) 
     return {
         "study": spec.name,
         "study_file": spec.path.name,
-        "storage": "study.db in this folder (SQLite)" if url.endswith(str(spec.folder / "study.db")) else url,
+        "storage": "study.db in this folder (SQLite)" if url.endswith(str(spec.folder / "study.db")) else redact_text(url),
         "target": {"metric": spec.target.metric, "value": spec.target.value, "mode": spec.target.mode},
         "reported_split": spec.data["test"] or spec.data["heldout"],
         "heldout_split": spec.data["heldout"],

@@ -85,3 +85,18 @@ def test_status_and_report_need_an_existing_study(tmp_path):
     storage = open_storage(default_url(tmp_path))
     with pytest.raises(UserError, match="has no study 'absent' .it holds no study.; run `largebatch study run` first"):
         load_existing(storage, "absent", "sqlite:///x")
+
+
+def test_the_report_names_a_storage_url_without_its_credentials(tmp_path):
+    import optuna
+
+    from largebatch.study import report
+    from largebatch.study.spec import load_study
+    from tests.study.helpers import write_study
+
+    spec = load_study(write_study(tmp_path))
+    study = optuna.create_study(study_name=spec.name, storage=f"sqlite:///{tmp_path / 'other.db'}")
+    assert (
+        report.build(spec, study, "postgresql://alice:pw@db.example.com/studies")["storage"]
+        == "postgresql://<redacted>@db.example.com/studies"
+    )
