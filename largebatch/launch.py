@@ -99,11 +99,11 @@ def run_to_resume(args: TrainArgs) -> RunDir | None:
     return RunDir(found) if ckpt.list_checkpoints(found) else None
 
 
-def starting_config(args: TrainArgs, is_main: bool) -> tuple[str, Config]:
+def starting_config(args: TrainArgs, is_main: bool, run: RunDir | None) -> tuple[str, Config]:
     """The config file a run trains with, and the config: ``--config`` for a new run; for
-    a resumed one, the run's saved ``config.yaml`` (what it was started with, ``--set``
-    values included), with this command's ``--set`` values applied on top, each change
-    printed once (rank 0, redacted).
+    a resumed one (``run``, from ``run_to_resume``), the run's saved ``config.yaml`` (what
+    it was started with, ``--set`` values included), with this command's ``--set`` values
+    applied on top, each change printed once (rank 0, redacted).
 
     ``config.yaml`` holds credentials redacted (``largebatch.config.redact``): a resumed
     run takes them from ``--config`` where its values redact to the saved ones.
@@ -116,7 +116,6 @@ def starting_config(args: TrainArgs, is_main: bool) -> tuple[str, Config]:
         raise UserError(
             "--config CONFIG is required to start a run (only --resume, which continues a run with its saved config, goes without)"
         )
-    run = run_to_resume(args) if args.resume else None
     saved = run.config if run is not None and run.config.is_file() and ckpt.list_checkpoints(run) else None
     if saved is None:
         if args.config is None:
@@ -196,7 +195,8 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks."""
     check_timm()  # a run must not train for hours and then fail to write its config.json
     info = discover()
-    config_path, cfg = starting_config(args, info.is_main)
+    resumed = run_to_resume(args) if args.resume else None
+    config_path, cfg = starting_config(args, info.is_main, resumed)
     hooks = build_hooks(cfg, pathlib.Path(config_path))
     task = build_task(cfg.task, pathlib.Path(config_path))
     if args.run_dir:
@@ -206,7 +206,6 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     backend.init_process_group(info, dist_backend, cfg.dist.timeout_minutes)
 
     derived = derive(cfg, info.world_size, data_mod.count_samples(cfg.data, "train"))
-    resumed = run_to_resume(args) if args.resume else None
     path = pathlib.Path(args.run_dir) if args.run_dir else resumed.path if resumed else default_run_dir(config_path, args.resume)
     run_dir = RunDir(broadcast_object(str(path)))
     if info.is_main:

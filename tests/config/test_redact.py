@@ -133,8 +133,11 @@ def test_a_resume_takes_redacted_values_from_the_config_file_that_holds_them(tmp
     is starting a new run from the redacted file."""
     from largebatch.config import dump_yaml, resolve_config
     from largebatch.errors import UserError
-    from largebatch.launch import TrainArgs, starting_config
+    from largebatch.launch import TrainArgs, run_to_resume, starting_config
     from tests.conftest import tiny_config, write_config
+
+    def start(args: TrainArgs):
+        return starting_config(args, is_main=False, run=run_to_resume(args) if args.resume else None)
 
     cfg = tiny_config(hooks=[{"type": "hooks/notify.py:Notify", "url": "https://alice:tok@hooks.example.com/x", "api_key": "sk-1"}])
     source = write_config(tmp_path, cfg, name="mine.yaml")
@@ -143,14 +146,14 @@ def test_a_resume_takes_redacted_values_from_the_config_file_that_holds_them(tmp
     (run_dir / "checkpoints" / "step-00000001.pt").write_bytes(b"")  # a checkpoint by name: starting_config reads the config only
     (run_dir / "config.yaml").write_text(dump_yaml(redact(resolve_config(source).to_dict())))
 
-    _, resumed = starting_config(TrainArgs(config=str(source), run_dir=str(run_dir), resume="auto"), is_main=False)
+    _, resumed = start(TrainArgs(config=str(source), run_dir=str(run_dir), resume="auto"))
     assert resumed.to_dict()["hooks"] == cfg["hooks"]
     with pytest.raises(UserError, match=r"config.yaml: hooks\[0\].url, hooks\[0\].api_key: '<redacted>'"):
-        starting_config(TrainArgs(config=None, run_dir=str(run_dir), resume="auto"), is_main=False)
+        start(TrainArgs(config=None, run_dir=str(run_dir), resume="auto"))
     elsewhere = write_config(
         tmp_path, tiny_config(hooks=[{**cfg["hooks"][0], "url": "https://alice:tok@other.example.com/x"}]), name="b.yaml"
     )
     with pytest.raises(UserError, match=r"hooks\[0\].url: '<redacted>'"):
-        starting_config(TrainArgs(config=str(elsewhere), run_dir=str(run_dir), resume="auto"), is_main=False)
+        start(TrainArgs(config=str(elsewhere), run_dir=str(run_dir), resume="auto"))
     with pytest.raises(UserError, match=r"hooks\[0\].url, hooks\[0\].api_key: '<redacted>'"):
-        starting_config(TrainArgs(config=str(run_dir / "config.yaml"), run_dir=str(tmp_path / "new")), is_main=False)
+        start(TrainArgs(config=str(run_dir / "config.yaml"), run_dir=str(tmp_path / "new")))
