@@ -152,7 +152,14 @@ class StepTimer(Hook):
 
 
 def engine_config(
-    device: str, sizes: Sizes, precision: str, *, tf32: bool = True, compile_: bool = False, data: dict | None = None
+    device: str,
+    sizes: Sizes,
+    precision: str,
+    *,
+    tf32: bool = True,
+    compile_: bool = False,
+    nan_guard: str = "stop",
+    data: dict | None = None,
 ) -> dict:
     """A training config for ``build_run``: AdamW, clipping at 1.0, no evaluation or checkpoints."""
     steps = sizes.warmup + sizes.timed
@@ -174,6 +181,7 @@ def engine_config(
         "eval": {"interval_epochs": 0, "at_end": False},
         "log": {"interval": 1000, "console": False},
         "checkpoint": {"interval_epochs": 0, "at_end": False},
+        "nan_guard": {"action": nan_guard},
     }
     if device == "cuda":
         cfg["cuda"] = {"tf32": tf32}
@@ -287,6 +295,8 @@ def engine_variants(device: str) -> list[tuple[str, dict | None, str]]:
     no_tf32 = "TF32 is a mode of NVIDIA tensor cores; no such switch on this device"
     return [
         ("bf16", {"precision": "bf16"}, ""),
+        # the non-finite check reads one flag per step on the host: off, the step has no host sync
+        ("bf16, nan_guard off", {"precision": "bf16", "nan_guard": "off"}, ""),
         ("fp32, TF32 off", {"precision": "fp32", "tf32": False}, ""),
         ("fp32 with TF32", {"precision": "fp32", "tf32": True} if device == "cuda" else None, no_tf32),
         ("fp16 with the grad scaler", {"precision": "fp16"} if device == "cuda" else None, "fp16 with a grad scaler is the CUDA recipe"),
