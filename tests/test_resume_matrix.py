@@ -144,22 +144,32 @@ def test_native_loader_result_does_not_depend_on_the_worker_count(references, dr
     assert references("native-0", dropout) == references("native-2", dropout)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_on_a_gpu_a_resumed_run_ends_with_the_uninterrupted_runs_bytes(tmp_path, shards, precision):
-    # The CUDA cell: autocast (fp16 with its grad scaler, whose state must resume too),
-    # LAMB's Triton path with clipping, mixup, dropout, the native loader's pinned
-    # hand-over with 2 workers. Attention through plain matmuls (cuda.fused_attention off):
-    # the fused kernels' backward need not be bitwise repeatable.
-    cfg = matrix_config(shards, "native-2", "dropout")
-    cfg.update(device="cuda", precision=precision, cuda={"fused_attention": False})
+def device_cell(tmp_path: pathlib.Path, shards: pathlib.Path, device: str, precision: str, loader: str) -> None:
+    """A precision's cell on ``device``: autocast (fp16 with its grad scaler, whose state must
+    resume too), LAMB with clipping, mixup, dropout; stopped at step 3 and resumed."""
+    cfg = matrix_config(shards, loader, "dropout")
+    cfg.update(device=device, precision=precision)
+    if device == "cuda":  # attention through plain matmuls: the fused kernels' backward need not be bitwise repeatable
+        cfg["cuda"] = {"fused_attention": False}
     reference = run(tmp_path, cfg, tmp_path / "reference")
-    assert reference.step == 8 and reference.backend.device.type == "cuda"
+    assert reference.step == 8 and reference.run.backend.device.type == device
     if precision == "fp16":
-        assert reference.scaler is not None and reference.scaler.get_scale() > 0
+        assert reference.run.scaler is not None and reference.run.scaler.get_scale() > 0
     run_dir = tmp_path / "run"
     assert run(tmp_path, {**cfg, "max_steps": 3}, run_dir).step == 3
     (run_dir / "model.safetensors").unlink(missing_ok=True)
     assert run(tmp_path, cfg, run_dir, resume="auto").step == 8
     assert (run_dir / "model.safetensors").read_bytes() == (tmp_path / "reference" / "model.safetensors").read_bytes()
+
+
+def test_the_device_cell_on_the_cpu_in_bf16(tmp_path, shards):
+    """The GPU cell's code on the CPU, so that it is exercised where the suite runs."""
+    device_cell(tmp_path, shards, "cpu", "bf16", "native-0")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_on_a_gpu_a_resumed_run_ends_with_the_uninterrupted_runs_bytes(tmp_path, shards, precision):
+    """LAMB's Triton path and the native loader's pinned hand-over with 2 workers on a GPU."""
+    device_cell(tmp_path, shards, "cuda", precision, "native-2")
