@@ -123,6 +123,7 @@ def assert_two_nodes_of_two(records: list[dict]) -> None:
         ("1", "lbn2", 0),
         ("1", "lbn2", 1),
     ]
+    assert {r["package"] for r in records} == {str(REPO / "largebatch" / "__init__.py")}  # this checkout, through PYTHONPATH
     assert {(r["launcher"], r["nodelist"], r["master_addr"], r["master_ip"]) for r in records} == {
         ("slurm", "lbn[1-2]", "lbn1", "127.0.0.1")
     }

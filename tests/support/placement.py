@@ -1,6 +1,7 @@
 """A custom hook (loaded by path in tests) that records where each rank runs: what
 ``largebatch.dist`` discovered, the node Slurm placed it on, the rendezvous address and
-what it resolves to, and under fsdp/hsdp the ranks of its shard group."""
+what it resolves to, under fsdp/hsdp the ranks of its shard group, and which checkout
+of largebatch it imported."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import socket
 
 import torch.distributed as torch_dist
 
+import largebatch
 from largebatch.engine.hook import Hook
 
 
@@ -26,6 +28,7 @@ class RecordPlacement(Hook):
             "master_addr": os.environ.get("MASTER_ADDR"),
             "master_ip": socket.gethostbyname(os.environ["MASTER_ADDR"]),
             "shard_group": None,
+            "package": largebatch.__file__,
         }
         mesh = getattr(next(run.model.parameters()), "device_mesh", None)  # a sharded parameter's mesh
         if mesh is not None:
