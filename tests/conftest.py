@@ -99,6 +99,7 @@ def preemption_handlers_restored():
 TORCHRUN = str(pathlib.Path(sys.executable).with_name("torchrun"))
 SIGNAL_HOOKS = str(REPO / "tests/support/signals.py")
 RANK_WEIGHTS = str(REPO / "tests/support/rank_weights.py") + ":SaveRankWeights"
+PLACEMENT = str(REPO / "tests/support/placement.py") + ":RecordPlacement"
 
 
 def free_port() -> int:
@@ -131,19 +132,64 @@ def assert_same_weights(a: pathlib.Path, b: pathlib.Path) -> None:
         assert torch.equal(first[key], second[key]), f"{a} and {b} differ in {key}"
 
 
+def torchrun_reference(root: pathlib.Path, cfg: dict, ranks: int, *hooks: dict | str) -> pathlib.Path:
+    """An uninterrupted ``torchrun --standalone --nproc_per_node=RANKS`` run of ``cfg`` in
+    ``root/run`` (with ``hooks``), checked to have ended well; its run directory."""
+    config = write_config(root, cfg)
+    run_dir = root / "run"
+    cmd = [
+        TORCHRUN,
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        str(REPO / "train.py"),
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+    ]
+    cmd += ["--set", hooks_override(*hooks)] if hooks else []
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return run_dir
+
+
 @pytest.fixture(scope="session")
 def two_rank_reference(tmp_path_factory) -> pathlib.Path:
     """An uninterrupted ``torchrun --standalone --nproc_per_node=2`` run of ``resume_config()``;
     the run directory (``model.safetensors``, ``rank0/1.safetensors``)."""
-    root = tmp_path_factory.mktemp("two-rank-reference")
-    config = write_config(root, resume_config())
-    run_dir = root / "run"
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", str(REPO / "train.py"), "--config", str(config), "--run-dir", str(run_dir)]
-    cmd += ["--set", hooks_override(RANK_WEIGHTS)]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=clean_env())
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = torchrun_reference(tmp_path_factory.mktemp("two-rank-reference"), resume_config(), 2, RANK_WEIGHTS)
     assert_same_weights(run_dir / "rank0.safetensors", run_dir / "rank1.safetensors")
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def fsdp_two_rank_reference(tmp_path_factory) -> pathlib.Path:
+    """``two_rank_reference`` under ``dist.strategy='fsdp'`` (``model.safetensors`` only:
+    each rank holds slices)."""
+    return torchrun_reference(tmp_path_factory.mktemp("fsdp-two-rank-reference"), resume_config(**{"dist.strategy": "fsdp"}), 2)
+
+
+def four_rank_config() -> dict:
+    """``resume_config()`` with LAMB and clipping, for four ranks (accumulation 1). LAMB's
+    eps keeps the attention's key bias, whose gradient is rounding noise, from moving, so
+    the sharded and replicated runs agree within rounding (AdamW amplifies that noise)."""
+    return resume_config(**{"optimizer": {"type": "lamb", "lr": 0.01, "weight_decay": 0.05}, "clip_grad_norm": 1.0})
+
+
+@pytest.fixture(scope="session")
+def four_rank_reference(tmp_path_factory) -> pathlib.Path:
+    """An uninterrupted ``torchrun --standalone --nproc_per_node=4`` run of ``four_rank_config()``."""
+    run_dir = torchrun_reference(tmp_path_factory.mktemp("four-rank-reference"), four_rank_config(), 4, RANK_WEIGHTS)
+    for rank in (1, 2, 3):
+        assert_same_weights(run_dir / "rank0.safetensors", run_dir / f"rank{rank}.safetensors")
+    return run_dir
+
+
+def placements(run_dir: pathlib.Path, world_size: int) -> list[dict]:
+    """What ``tests/support/placement.py`` recorded for each rank, in rank order."""
+    import json
+
+    return [json.loads((run_dir / f"placement-rank{rank}.json").read_text()) for rank in range(world_size)]
 
 
 def wait_for_pause(proc: subprocess.Popen, paused: pathlib.Path, timeout: float = 240) -> None:
@@ -154,6 +200,31 @@ def wait_for_pause(proc: subprocess.Popen, paused: pathlib.Path, timeout: float 
     while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert paused.exists(), proc.communicate(timeout=5) if proc.poll() is not None else "the save never paused"
+
+
+def logged_steps(run_dir: pathlib.Path) -> list[int]:
+    """The steps ``metrics.jsonl`` holds a training record of, in order."""
+    import json
+
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [record["step"] for record in map(json.loads, lines) if "loss" in record]
+
+
+def assert_held_or_not_by_the_paused_save(proc: subprocess.Popen, run_dir: pathlib.Path, async_save: bool) -> None:
+    """With the save of step 4 paused (``pausing_save.py``, saves every 2 steps): a
+    synchronous save holds the loop (steps up to 3 logged; the logger runs after the
+    checkpoint hook); an asynchronous one lets training go on (4 and 5 logged) until the
+    save of step 6 waits for it."""
+    import time
+
+    last = 5 if async_save else 3
+    deadline = time.monotonic() + 120
+    while max(logged_steps(run_dir), default=0) < last and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # a loop that did not wait would log more steps meanwhile
+    assert proc.poll() is None, "the run ended while its save was paused"
+    assert max(logged_steps(run_dir), default=0) == last, logged_steps(run_dir)
 
 
 @pytest.fixture
@@ -210,17 +281,27 @@ def wait_until(predicate, timeout: float, what: str, every: float = 0.5):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    """A real one-node Slurm cluster for the session (``tests/support/slurm_cluster.py``)."""
-    from tests.support.slurm_cluster import BINARIES, PACKAGES, SlurmCluster, ensure_installed
+def _slurm_cluster(tmp_path_factory, nodes: int):
+    from tests.support.slurm_cluster import BINARIES, PACKAGES, SlurmCluster, ensure_installed, private_hosts_reason
 
-    reason = ensure_installed(PACKAGES, BINARIES)
+    reason = ensure_installed(PACKAGES, BINARIES) or (private_hosts_reason() if nodes > 1 else None)
     if reason:
-        pytest.skip(f"no Slurm: {reason}")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+        pytest.skip(f"no Slurm cluster of {nodes} node(s): {reason}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp(f"slurm-{nodes}-nodes"), nodes=nodes)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real one-node Slurm cluster for the session (``tests/support/slurm_cluster.py``)."""
+    yield from _slurm_cluster(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes(tmp_path_factory):
+    """A real Slurm cluster of two nodes, ``lbn1`` and ``lbn2``, on this machine."""
+    yield from _slurm_cluster(tmp_path_factory, 2)

@@ -69,6 +69,17 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_the_non_finite_check_counts_values_not_sums():
+    """A tensor whose sum is not finite is counted value by value: finite values whose sum
+    overflows are not reported; a NaN beside an inf is."""
+    module = torch.nn.Module()
+    module.huge = torch.nn.Parameter(torch.full((4,), 3e38))  # finite; the float32 sum overflows to inf
+    module.bad = torch.nn.Parameter(torch.tensor([1.0, float("nan"), float("-inf"), 2.0]))
+    module.fine = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    module.register_buffer("steps", torch.tensor([5]))  # not floating point: not checked
+    assert ckpt.non_finite_tensors(module) == ["bad (2 of 4)"]
+
+
 def test_two_hooks_of_one_name_keep_their_own_state_in_a_checkpoint():
     from largebatch.engine.hook import Hook
 

@@ -10,7 +10,21 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, clean_env, run_cli, tiny_config, write_config
+from tests.conftest import (
+    PLACEMENT,
+    RANK_WEIGHTS,
+    REPO,
+    TORCHRUN,
+    assert_same_weights,
+    clean_env,
+    four_rank_config,
+    free_port,
+    hooks_override,
+    placements,
+    run_cli,
+    tiny_config,
+    write_config,
+)
 
 SAVE_RANKS = "hooks=[{type: tests/support/rank_weights.py:SaveRankWeights}]"
 
@@ -149,3 +163,34 @@ def test_custom_hook_by_path_runs_at_its_events(tmp_path):
     for step in range(4):
         expected += [f"micro {step * 4 + m + 1}" for m in range(4)] + [f"step {step + 1}"]
     assert lines == expected
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_torchrun_on_two_nodes_of_two_matches_one_node_of_four(tmp_path, four_rank_reference):
+    """Two torchrun agents as two nodes (``--nnodes=2 --node-rank=0/1``, the first node's
+    address as ``--master-addr``; both on this machine, sharing the run directory): the
+    workers get the ranks and local ranks of two nodes, and end with the weights of
+    ``torchrun --nproc_per_node=4``."""
+    import subprocess
+
+    config = str(write_config(tmp_path, four_rank_config()))
+    run_dir = tmp_path / "run"
+    port = free_port()
+    agents = []
+    for node in (0, 1):
+        cmd = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+        cmd += [str(REPO / "train.py"), "--config", config, "--run-dir", str(run_dir), "--set", hooks_override(PLACEMENT, RANK_WEIGHTS)]
+        agents.append(subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [agent.communicate(timeout=400) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], [out[0][-2000:] + out[1][-3000:] for out in outputs]
+    records = placements(run_dir, 4)
+    assert [(r["rank"], r["group_rank"], r["local_rank"], r["world_size"]) for r in records] == [
+        (0, "0", 0, 4),
+        (1, "0", 1, 4),
+        (2, "1", 0, 4),
+        (3, "1", 1, 4),
+    ]
+    for rank in (1, 2, 3):
+        assert_same_weights(run_dir / "rank0.safetensors", run_dir / f"rank{rank}.safetensors")
+    assert_same_weights(four_rank_reference / "model.safetensors", run_dir / "model.safetensors")

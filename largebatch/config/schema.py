@@ -298,6 +298,12 @@ SCHEMA = Section(
                 "interval_minutes": Field(float, None, "save every T minutes of training", low=0, low_open=True, nullable=True),
                 "keep": Field(int, 3, "keep the last K checkpoints", low=1),
                 "at_end": Field(bool, True, "save after training"),
+                "async_save": Field(
+                    bool,
+                    False,
+                    "write checkpoints on a background thread from a host-memory copy, so training goes on while they "
+                    "are written (the copy costs one checkpoint's size of host memory per writing rank)",
+                ),
             }
         ),
         "dist": Section(

@@ -162,6 +162,7 @@ class CheckpointConfig(ConfigSection):
     interval_minutes: float | None = dataclasses.field(default=None, metadata=field_meta("checkpoint.interval_minutes"))
     keep: int = dataclasses.field(default=3, metadata=field_meta("checkpoint.keep"))
     at_end: bool = dataclasses.field(default=True, metadata=field_meta("checkpoint.at_end"))
+    async_save: bool = dataclasses.field(default=False, metadata=field_meta("checkpoint.async_save"))
 
 
 @dataclasses.dataclass(frozen=True)

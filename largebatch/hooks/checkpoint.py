@@ -7,6 +7,10 @@ of weights or optimizer state holding NaN or inf is refused there, naming the te
 Saving is collective (per-rank random states are gathered), so every rank runs it; the
 time-based interval is decided by rank 0's clock and agreed over ranks (one tiny
 all-reduce per step, only when ``interval_minutes`` is set).
+
+With ``async_save`` a save holds training only while the state is copied to host
+memory; the write runs on a background thread (``largebatch.checkpoint_writer``). The
+next save waits for it, and so do the end of training and an error.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from largebatch.checkpoint import save_checkpoint
+from largebatch.checkpoint_writer import CheckpointWriter
 from largebatch.config.sections import CheckpointConfig
 from largebatch.dist import any_rank
 from largebatch.engine.hook import Hook, Priority
@@ -30,6 +34,7 @@ class CheckpointHook(Hook):
         start of this process) (None: off).
     keep: keep the last K checkpoints.
     at_end: save after training.
+    async_save: write on a background thread from a host-memory copy.
     """
 
     priority = Priority.LOW
@@ -41,6 +46,7 @@ class CheckpointHook(Hook):
         interval_minutes: float | None = _SCHEMA.interval_minutes,
         keep: int = _SCHEMA.keep,
         at_end: bool = _SCHEMA.at_end,
+        async_save: bool = _SCHEMA.async_save,
         priority: int | str | None = None,
     ) -> None:
         super().__init__(priority)
@@ -49,13 +55,14 @@ class CheckpointHook(Hook):
         self.interval_minutes = interval_minutes
         self.keep = keep
         self.at_end = at_end
+        self.writer = CheckpointWriter(async_save)
         self.last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
 
     def _save(self, state) -> None:
         if self.last_saved_step == state.step:
             return
-        save_checkpoint(state, state.run.hooks, self.keep)
+        self.writer.save(state, state.run.hooks, self.keep)
         self.last_saved_step = state.step
         self._last_save_time = time.monotonic()
 
@@ -80,6 +87,10 @@ class CheckpointHook(Hook):
     def after_train(self, state) -> None:
         if self.at_end:
             self._save(state)
+        self.writer.close()  # the end of a run, a stop or a preemption: the last checkpoint is complete
+
+    def on_exception(self, state, exc: BaseException) -> None:
+        self.writer.close()  # the save in flight is a checkpoint to resume from
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_saved_step": self.last_saved_step}

@@ -174,6 +174,16 @@ def test_sharded_memory_runs_every_side():
 
 
 @pytest.mark.slow
+@pytest.mark.dist
+def test_async_checkpoint_runs_every_side():
+    out = run_script("bench/async_checkpoint.py", "--model", "vit_tiny_patch16_224", "--rounds", "1", "--steps", "5")
+    rows = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| 1 |")]
+    assert rows == ["sync", "async", "sync again"], out
+    for name in ("async / sync later saves", "A/A sync again / sync later saves", "async / sync step"):
+        ratio(out, name)
+
+
+@pytest.mark.slow
 def test_lars_step_runs():
     out = run_script("bench/lars_step.py", "--model", "vit_tiny_patch16_224", "--steps", "1", "--rounds", "2", "--compare-steps", "1")
     assert "A/A control: ours vs ours" in out and "Lars |" in out

@@ -59,6 +59,19 @@ COVERED = {
         "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly  # the srun line of slurm/cpu-test.sbatch"
     ),
     "scancel --signal=USR1 <job id>": "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly",
+    "srun --nodes=2 --ntasks-per-node=2 python train.py --config configs/demo/vit-tiny-synthetic.py"
+    " --set dist.strategy=hsdp --set dist.shard_size=2": (
+        "tests/test_slurm.py::test_hsdp_on_two_nodes_shards_within_a_node_and_matches_torchrun_ddp"
+        "  # on a two-node Slurm cluster, with a small LAMB config (its fixture runs the srun)"
+    ),
+    "sbatch --nodes=2 slurm/cpu-test.sbatch configs/demo/vit-tiny-synthetic.py": (
+        "tests/test_slurm.py::test_sbatch_on_two_nodes_preempted_with_usr1_resumes_exactly  # with a small hsdp config, preempted and requeued"
+    ),
+    "torchrun --nnodes=2 --nproc-per-node=2 --node-rank=0 --master-addr=node-0 --master-port=29500 train.py"
+    " --config configs/demo/vit-tiny-synthetic.py": (
+        "tests/test_train_runs.py::test_torchrun_on_two_nodes_of_two_matches_one_node_of_four"
+        "  # both agents on one machine, --master-addr=127.0.0.1, a small LAMB config"
+    ),
     "scontrol update JobId=<job id> StartTime=now": "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly",
     "python data/prepare_fmnist.py": "tests/data/test_convert.py::test_fashion_mnist_subset  # its converter on Debian's files, 64 images",
     "largebatch data convert folder /path/imagenet --out data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
@@ -204,6 +217,10 @@ RUN_IN_SCRATCH = {
     _SHORT: (None, False),
     "python train.py --run-dir runs/short --resume auto": (_SHORT, False),
     "python train.py --run-dir runs/short --resume auto --set max_steps=16": (_SHORT, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --set checkpoint.interval_steps=2 --set checkpoint.async_save=true": (
+        None,
+        False,
+    ),
     "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/mse --set task.type=tests/support/onehot_mse.py:OneHotMSE": (
         None,
         False,

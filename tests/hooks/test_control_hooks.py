@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import threading
 import time
 
 import pytest
 import torch
 
 from largebatch import checkpoint as ckpt
-from largebatch.engine.hook import Hook
+from largebatch.engine.hook import Hook, HookError
 from largebatch.hooks.checkpoint import CheckpointHook
 from largebatch.hooks.eval import EvalHook
 from largebatch.hooks.hook_timer import HookTimerHook
@@ -37,6 +39,64 @@ def test_checkpoint_every_n_steps_and_every_epoch(tmp_path):
     engine, _ = with_checkpoints(tmp_path / "epochs", CheckpointHook(interval_epochs=1, keep=10, at_end=True), steps=3, epochs=2)
     engine.run()
     assert saved_steps(tmp_path / "epochs") == [3, 6]
+
+
+class StepsDone(Hook):
+    """An event per finished step, for a write that waits until training has gone on."""
+
+    def __init__(self):
+        super().__init__()
+        self.done = collections.defaultdict(threading.Event)
+
+    def after_step(self, state):
+        self.done[state.step].set()
+
+
+def test_asynchronous_saves_hold_what_synchronous_ones_hold(tmp_path, monkeypatch):
+    """The host copy is taken at the step: the writes of steps 2 and 4 start only once
+    the next step has updated the weights, and still hold the weights of their step."""
+    steps_done = {}
+    real = ckpt.atomic_torch_save
+
+    def late_write(obj, path, *args):
+        step = int(path.stem.split("-")[1])
+        if step in (2, 4) and threading.current_thread() is not threading.main_thread():
+            assert steps_done["async"].done[step + 1].wait(timeout=60), f"step {step + 1} never ran while step {step} was written"
+        return real(obj, path, *args)
+
+    monkeypatch.setattr(ckpt, "atomic_torch_save", late_write)
+    payloads = {}
+    for mode in ("sync", "async"):
+        steps_done[mode] = StepsDone()
+        hook = CheckpointHook(interval_steps=2, interval_epochs=0, keep=10, at_end=False, async_save=mode == "async")
+        engine, _ = with_checkpoints(tmp_path / mode, hook, hooks=[steps_done[mode]], steps=4, epochs=2, optimizer="lamb")
+        engine.run()
+        assert saved_steps(tmp_path / mode) == [2, 4, 6, 8]
+        payloads[mode] = [ckpt.read_checkpoint(path) for path in ckpt.list_checkpoints(tmp_path / mode)]
+    for sync, background in zip(payloads["sync"], payloads["async"]):
+        assert sync["counters"] == background["counters"] and sync["hooks"] == background["hooks"]
+        for key, tensor in sync["model"].items():
+            assert torch.equal(tensor, background["model"][key]), key
+        for index, entry in sync["optimizer"]["state"].items():
+            for name, value in entry.items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(background["optimizer"]["state"][index][name])), (index, name)
+
+
+def test_an_asynchronous_save_that_fails_is_reported_at_the_next_one_naming_its_step(tmp_path, monkeypatch):
+    real = ckpt.atomic_torch_save
+
+    def disk_full_at_step_2(obj, path, *args):
+        if path.name == "step-00000002.pt":
+            raise OSError(28, "No space left on device")
+        return real(obj, path, *args)
+
+    monkeypatch.setattr(ckpt, "atomic_torch_save", disk_full_at_step_2)
+    hook = CheckpointHook(interval_steps=2, interval_epochs=0, keep=10, at_end=False, async_save=True)
+    engine, records = with_checkpoints(tmp_path, hook, steps=4)
+    with pytest.raises(HookError, match=r"the checkpoint of step 2, written in the background, failed \(OSError: .*No space left"):
+        engine.run()
+    assert [r["step"] for r in records.logged] == [1, 2, 3]  # trained on until step 4's save waited for it
+    assert saved_steps(tmp_path) == []
 
 
 class Sleep(Hook):

@@ -15,7 +15,7 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, clean_env, tiny_config, wait_for_pause, write_config
+from tests.conftest import REPO, assert_held_or_not_by_the_paused_save, clean_env, tiny_config, wait_for_pause, write_config
 
 HOOKS = [{"type": "grad_norm"}, {"type": "trust_ratio"}, {"type": "noise_scale", "beta": 0.5}]  # the non-finite check runs every step
 
@@ -140,20 +140,34 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+LARS_FSDP = tiny_config(
+    **{"epochs": 2, "dist": {"strategy": "fsdp"}, "optimizer": {"type": "lars", "lr": 0.5}, "checkpoint.interval_steps": 2}
+)
+
+
+@pytest.fixture(scope="module")
+def lars_fsdp_straight(tmp_path_factory) -> pathlib.Path:
+    """An uninterrupted run of ``LARS_FSDP``."""
+    root = tmp_path_factory.mktemp("lars-fsdp")
+    ok(torchrun(root, LARS_FSDP, root / "straight"))
+    return root / "straight"
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_kill_during_a_sharded_checkpoint_leaves_the_previous_one_and_resume_uses_it(tmp_path):
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_kill_during_a_sharded_checkpoint_leaves_the_previous_one_and_resume_uses_it(tmp_path, lars_fsdp_straight, async_save):
     from largebatch import checkpoint as ckpt
 
-    cfg = tiny_config(**{"dist": {"strategy": "fsdp"}, "optimizer": {"type": "lars", "lr": 0.5}, "checkpoint.interval_steps": 2})
-    straight = tmp_path / "straight"
-    ok(torchrun(tmp_path, cfg, straight))
+    cfg = {**LARS_FSDP, "checkpoint": {**LARS_FSDP["checkpoint"], "async_save": async_save}}
+    straight = lars_fsdp_straight
     run_dir = tmp_path / "run"
     path = write_config(tmp_path, cfg, name="paused.yaml")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(REPO / "tests/support/pausing_save.py"), "--config", str(path), "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(PAUSE_AT_STEP="4"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_pause(proc, run_dir / "checkpoints/save-paused")
+    assert_held_or_not_by_the_paused_save(proc, run_dir, async_save)
     for pid in [*descendants(proc.pid), proc.pid]:  # both ranks and torchrun, mid-save
         os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=60)

@@ -5,6 +5,11 @@ environment) is written, it writes the first half of the bytes to the temporary 
 fsyncs them, writes ``save-paused`` next to the checkpoints and sleeps, so the test can
 ``kill -9`` the process in the middle of a real checkpoint write. A sharded checkpoint
 pauses after the ranks have written their slices, before ``meta.pt`` and the rename.
+
+The pause lasts ``PAUSE_SECONDS`` (default 600: until the test kills the process); a
+shorter one then finishes the write, which makes a write slow enough for a test to see
+who waits for it. With ``checkpoint.async_save`` the pause happens on the writing thread
+while training goes on.
 """
 
 import io
@@ -16,7 +21,15 @@ import time
 import torch
 
 PAUSE_AT = f"step-{int(os.environ['PAUSE_AT_STEP']):08d}.pt"
+PAUSE_SECONDS = float(os.environ.get("PAUSE_SECONDS", "600"))
 _save = torch.save
+
+
+def pause(folder: pathlib.Path) -> None:
+    (folder / "save-paused").write_text(str(os.getpid()))
+    time.sleep(PAUSE_SECONDS)
+    if PAUSE_SECONDS >= 600:
+        raise AssertionError("the test should have killed this process")
 
 
 def pausing_save(obj, f, *args, **kwargs):
@@ -29,9 +42,9 @@ def pausing_save(obj, f, *args, **kwargs):
     f.write(data[: len(data) // 2])
     f.flush()
     os.fsync(f.fileno())
-    (pathlib.Path(name).parent / "save-paused").write_text(str(os.getpid()))
-    time.sleep(600)
-    raise AssertionError("the test should have killed this process")
+    pause(pathlib.Path(name).parent)
+    f.write(data[len(data) // 2 :])
+    return None
 
 
 torch.save = pausing_save
@@ -49,9 +62,7 @@ def pausing_dcp_save(state_dict, *args, checkpoint_id=None, **kwargs):
     result = _dcp_save(state_dict, *args, checkpoint_id=checkpoint_id, **kwargs)
     folder = pathlib.Path(str(checkpoint_id))
     if folder.name == PAUSE_AT_FOLDER and int(os.environ.get("RANK", "0")) == 0:
-        (folder.parent / "save-paused").write_text(str(os.getpid()))
-        time.sleep(600)
-        raise AssertionError("the test should have killed this process")
+        pause(folder.parent)
     return result
 
 

@@ -9,12 +9,14 @@ import os
 import signal
 import time
 
+from largebatch.checkpoint import list_checkpoints
 from largebatch.engine.hook import Hook, Priority
 
 
 class SendSignal(Hook):
     """Send ``signal`` to this process during micro-step ``micro`` of step ``step`` (0-based),
-    after the forward pass, on ``rank`` (all ranks when None); record where the run stopped."""
+    after the forward pass, on ``rank`` (all ranks when None); record where the run stopped
+    and its newest complete checkpoint."""
 
     def __init__(self, step: int, micro: int, signal: str = "SIGUSR1", rank: int | None = None):
         super().__init__()
@@ -26,7 +28,9 @@ class SendSignal(Hook):
             os.kill(os.getpid(), getattr(signal, self.signal))
 
     def after_run(self, state):
+        newest = list_checkpoints(state.run.run_dir)  # complete when the run ends, even if written in the background
         record = {"step": state.step, "micro_step": state.micro_step, "reason": state.stop_reason, "interrupted": state.interrupted}
+        record["newest_checkpoint"] = newest[-1].name if newest else None
         (state.run.run_dir / f"stop-rank{state.run.rank}.json").write_text(json.dumps(record))
 
 

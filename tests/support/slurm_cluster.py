@@ -1,5 +1,15 @@
-"""A real one-node Slurm cluster for tests: munged, slurmctld and slurmd as root, their
+"""A real Slurm cluster for tests: munged, slurmctld and one slurmd per node as root, their
 configuration and state in a temporary folder, on free ports.
+
+One node is this machine under its own name. Several nodes are several slurmd daemons on
+this machine (``slurmd -N NODE``), each with its own port, spool folder, pid file and log
+(``%n`` in ``slurm.conf``), named ``lbn1``, ``lbn2``, ...; jobs then see a multi-host
+``SLURM_JOB_NODELIST`` and real ``SLURM_NODEID`` values. The node names must resolve
+inside the jobs (``MASTER_ADDR`` is the first node's name): the daemons run in a private
+mount namespace (``unshare --mount``) in which ``/etc/hosts`` is this machine's file plus
+``127.0.0.1 lbn1 lbn2 ...``, bind-mounted from the cluster's folder. Their tasks inherit
+the namespace; the machine's own ``/etc/hosts`` is never changed, and the namespace ends
+with the daemons.
 
 Debian's ``slurmctld slurmd slurm-client munge`` are installed when missing (as root).
 Only the daemons started here are stopped afterwards: ``scontrol shutdown`` for Slurm,
@@ -54,13 +64,30 @@ def _munge_works() -> bool:
         return False
 
 
-class SlurmCluster:
-    """Start with ``start()``, stop with ``stop()``; ``env()`` is what clients need."""
+def private_hosts_reason() -> str | None:
+    """Why node names cannot be given their own ``/etc/hosts`` (a mount namespace), or None."""
+    probe = ["unshare", "--mount", "--propagation", "private", "--", "mount", "--bind", "/etc/hosts", "/etc/hosts"]
+    try:
+        result = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unshare --mount cannot run: {exc}"
+    return None if result.returncode == 0 else f"unshare --mount fails: {result.stderr.strip()[-300:]}"
 
-    def __init__(self, folder: pathlib.Path) -> None:
+
+class SlurmCluster:
+    """Start with ``start()``, stop with ``stop()``; ``env()`` is what clients need.
+
+    Args:
+        folder: where the configuration, state and logs go.
+        nodes: how many nodes (slurmd daemons); with more than one they are named
+            ``lbn1``, ``lbn2``, ... and resolve to 127.0.0.1 inside the jobs.
+    """
+
+    def __init__(self, folder: pathlib.Path, nodes: int = 1) -> None:
         self.folder = folder
         self.conf = folder / "slurm.conf"
-        self.node = socket.gethostname().split(".")[0]
+        self.hostname = socket.gethostname().split(".")[0]
+        self.nodes = [self.hostname] if nodes == 1 else [f"lbn{i + 1}" for i in range(nodes)]
         self.munged_pid: int | None = None
         self.daemons: list[subprocess.Popen] = []
 
@@ -87,8 +114,7 @@ class SlurmCluster:
 
     def start(self) -> None:
         self._start_munge()
-        for sub in ("state", "spool"):
-            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        (self.folder / "state").mkdir(parents=True, exist_ok=True)
         f = self.folder
         self.conf.write_text(
             "\n".join(
@@ -110,34 +136,56 @@ class SlurmCluster:
                     "KillWait=5",
                     "MinJobAge=600",
                     f"StateSaveLocation={f}/state",
-                    f"SlurmdSpoolDir={f}/spool",
+                    f"SlurmdSpoolDir={f}/spool-%n",
                     f"SlurmctldPidFile={f}/slurmctld.pid",
-                    f"SlurmdPidFile={f}/slurmd.pid",
+                    f"SlurmdPidFile={f}/slurmd-%n.pid",
                     f"SlurmctldLogFile={f}/slurmctld.log",
-                    f"SlurmdLogFile={f}/slurmd.log",
+                    f"SlurmdLogFile={f}/slurmd-%n.log",
                     "AccountingStorageType=accounting_storage/none",
                     "JobCompType=jobcomp/none",
                     "JobAcctGatherType=jobacct_gather/none",
-                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN",
+                    *self._node_lines(),
                     "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
                     "",
                 ]
             )
         )
         env = self.env(dict(os.environ))
-        for daemon in ("slurmctld", "slurmd"):
-            log = open(f / f"{daemon}.out", "w")  # noqa: SIM115 - kept open for the daemon's life
-            self.daemons.append(subprocess.Popen([_which(daemon), "-D", "-f", str(self.conf)], env=env, stdout=log, stderr=log))
-            time.sleep(0.5 if daemon == "slurmctld" else 0)
+        self._start_daemon([_which("slurmctld"), "-D", "-f", str(self.conf)], "slurmctld", env)
+        time.sleep(0.5)
+        for node in self.nodes:
+            named = ["-N", node] if len(self.nodes) > 1 else []
+            self._start_daemon([_which("slurmd"), "-D", *named, "-f", str(self.conf)], f"slurmd-{node}", env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            state = self.run("sinfo", "-h", "-o", "%t").stdout.strip()
-            if state == "idle":
+            states = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.split()
+            if states[1::2] == ["idle"] * len(self.nodes):
                 return
             if any(d.poll() is not None for d in self.daemons):
                 break
             time.sleep(0.5)
-        raise RuntimeError(f"the Slurm node did not become idle; see {f}/slurmctld.log and {f}/slurmd.log")
+        raise RuntimeError(f"the Slurm nodes did not become idle; see {f}/slurmctld.log and {f}/slurmd-*.log")
+
+    def _node_lines(self) -> list[str]:
+        cpus = os.cpu_count()
+        if len(self.nodes) == 1:
+            return [f"NodeName={self.hostname} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN"]
+        # each slurmd of this machine listens on its own port; NodeHostname is the machine's name
+        return [
+            f"NodeName={node} NodeHostname={self.hostname} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} State=UNKNOWN"
+            for node in self.nodes
+        ]
+
+    def _start_daemon(self, cmd: list[str | None], name: str, env: dict[str, str]) -> None:
+        if len(self.nodes) > 1:
+            hosts = self.folder / "hosts"
+            if not hosts.exists():
+                hosts.write_text(pathlib.Path("/etc/hosts").read_text().rstrip("\n") + f"\n127.0.0.1 {' '.join(self.nodes)}\n")
+            # mount the cluster's hosts file over /etc/hosts in a namespace of the daemon's own, then become the daemon
+            bind = 'mount --bind "$0" /etc/hosts && exec "$@"'
+            cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", bind, str(hosts), *cmd]
+        log = open(self.folder / f"{name}.out", "w")  # noqa: SIM115 - kept open for the daemon's life
+        self.daemons.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
 
     def run(self, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=self.env(dict(os.environ)))

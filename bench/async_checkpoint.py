@@ -1,0 +1,188 @@
+"""Training stall per checkpoint, synchronous against asynchronous (``checkpoint.async_save``).
+
+Not a test: prints a markdown table. Each side is one ``torchrun --nproc_per_node=2``
+job of ``train.py`` on the CPU (gloo): ViT-L/16 (303 M parameters; 32 px images and a
+micro-batch of one, so a step is mostly FSDP's gathers and LAMB's update) sharded with
+``dist.strategy=fsdp``, LAMB, a checkpoint every ``--interval`` steps into a temporary
+run directory (each rank writes its slices: weights and LAMB's two moments, 1.7 GiB a
+rank). The sides, in an order that turns round by round:
+
+- ``sync``: ``checkpoint.async_save=false``;
+- ``async``: ``checkpoint.async_save=true``;
+- ``sync again``: the A/A control, the synchronous side a second time.
+
+The stall is the time rank 0's training loop is held by the checkpoint hook: two hooks
+(``SaveClockHook``, ``SaveStopwatchHook``, below) take the clock just before and just
+after it, at every ``after_step`` and at ``after_train``, so a save's stall holds
+everything the loop waits for: the previous background write, the non-finite check,
+the copy to host memory (async) or the whole write (sync). Reported apart: the first
+save (under ``async_save`` it allocates the host copy, which later saves reuse), the
+later saves (what each save of a long run costs), and the wait for the last write at
+the end of the run. A background write also competes with training for the cores;
+that shows in the median time of the steps that take no save.
+
+    OMP_NUM_THREADS=1 python bench/async_checkpoint.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from largebatch.engine.hook import Hook, Priority  # noqa: E402
+
+SIDES = {"sync": False, "async": True, "sync again": False}
+
+
+class SaveClockHook(Hook):
+    """Takes the clock just before the checkpoint hook (which runs at ``Priority.LOW``)."""
+
+    priority = Priority.LOW - 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before = 0.0
+        self.step_start = 0.0
+
+    def before_step(self, state) -> None:
+        self.step_start = time.perf_counter()
+
+    def after_step(self, state) -> None:
+        self.before = time.perf_counter()
+
+    def after_train(self, state) -> None:
+        self.before = time.perf_counter()
+
+
+class SaveStopwatchHook(Hook):
+    """Just after the checkpoint hook: each step's time and the time the hook held it;
+    rank 0 writes them to ``out`` at the end."""
+
+    priority = Priority.LOW + 1
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.out = out
+        self.steps: list[dict[str, float]] = []
+
+    def _clock(self, state) -> SaveClockHook:
+        return next(h for h in state.run.hooks if type(h).__name__ == "SaveClockHook")  # loaded by path, perhaps as another module
+
+    def after_step(self, state) -> None:
+        clock, now = self._clock(state), time.perf_counter()
+        self.steps.append({"step": state.step, "held": now - clock.before, "duration": now - clock.step_start})
+
+    def after_train(self, state) -> None:
+        held_at_end = time.perf_counter() - self._clock(state).before
+        if state.run.is_main:
+            pathlib.Path(self.out).write_text(json.dumps({"steps": self.steps, "held_at_end": held_at_end}))
+
+
+def run_config(args: argparse.Namespace, async_save: bool) -> dict:
+    return {
+        "device": "cpu",
+        "epochs": 1,
+        "max_steps": args.steps,
+        "global_batch_size": 2,
+        "micro_batch_size": 1,
+        "model": {"name": args.model},
+        "optimizer": {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05},
+        "dist": {"strategy": "fsdp"},
+        "data": {"loader": "synthetic", "image_size": 32, "channels": 3, "num_classes": 10, "train_samples": 1024, "eval_samples": 0},
+        "eval": {"at_end": False, "interval_epochs": 0},
+        "log": {"interval": 1000, "console": False},
+        "checkpoint": {"interval_epochs": 0, "at_end": False, "keep": 1, "interval_steps": args.interval, "async_save": async_save},
+    }
+
+
+def side(args: argparse.Namespace, async_save: bool, scratch: pathlib.Path) -> dict:
+    """One torchrun job; what ``SaveStopwatchHook`` recorded."""
+    import yaml
+
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="lbasync-", dir=scratch))
+    try:
+        config = folder / "config.yaml"
+        config.write_text(yaml.safe_dump(run_config(args, async_save), sort_keys=False))
+        record = folder / "clock.json"
+        here = pathlib.Path(__file__).resolve()
+        hooks = [{"type": f"{here}:SaveClockHook"}, {"type": f"{here}:SaveStopwatchHook", "out": str(record)}]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
+        cmd += ["--config", str(config), "--run-dir", str(folder / "run"), "--set", "hooks=" + json.dumps(hooks)]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(REPO)}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-3000:])
+        return json.loads(record.read_text())
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+
+
+def summary(record: dict, interval: int) -> dict[str, float]:
+    """One side's figures: the stall of its first save (it allocates the host copy under
+    ``async_save``), the mean stall of the later ones (the steady state of a long run),
+    the wait for the last write at the end, and the median time of a step without a save."""
+    held = [s["held"] for s in record["steps"] if s["step"] % interval == 0]
+    others = [s["duration"] for s in record["steps"] if s["step"] % interval != 0 and s["step"] > 1]  # the first step warms up
+    return {"first": held[0], "later": statistics.mean(held[1:]), "end": record["held_at_end"], "step": statistics.median(others)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", default="vit_large_patch16_224", help="timm model whose state is saved")
+    parser.add_argument("--steps", type=int, default=9, help="steps a side takes")
+    parser.add_argument("--interval", type=int, default=2, help="checkpoint.interval_steps")
+    parser.add_argument("--scratch", default=None, help="where the run directories go (default: the system's temporary folder)")
+    args = parser.parse_args(argv)
+    if args.steps < 2 * args.interval + 1:
+        parser.error("--steps must hold two saves and a step after them")
+    scratch = pathlib.Path(args.scratch or tempfile.gettempdir())
+    from bench.machine import machine_description
+
+    names = list(SIDES)
+    rounds: list[dict[str, dict[str, float]]] = []
+    loads = []
+    for index in range(args.rounds):
+        order = names[index % len(names) :] + names[: index % len(names)]
+        loads.append(pathlib.Path("/proc/loadavg").read_text().split()[0])
+        results = {name: summary(side(args, SIDES[name], scratch), args.interval) for name in order}
+        rounds.append(results)
+        print(f"round {index + 1} (load {loads[-1]}): {json.dumps(results)}", file=sys.stderr, flush=True)
+
+    def ratios(key: str, side: str) -> list[float]:
+        return [r[side][key] / r["sync"][key] for r in rounds]
+
+    saves = args.steps // args.interval
+    print(f"Machine: {machine_description()}.\n")
+    print(
+        f"{args.model}, dist.strategy fsdp, LAMB, world size 2; {args.steps} steps, a checkpoint every {args.interval} "
+        f"({saves} a side); {args.rounds} rounds, load average at each round's start {', '.join(loads)}.\n"
+    )
+    print("Seconds rank 0's loop is held by the checkpoint hook:\n")
+    print("| round | side | first save | later saves (mean) | at the end | step without a save (median) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for index, r in enumerate(rounds, 1):
+        for name in names:
+            f = r[name]
+            print(f"| {index} | {name} | {f['first']:.2f} | {f['later']:.2f} | {f['end']:.2f} | {f['step']:.2f} |")
+    print()
+    for label, key in (("later saves", "later"), ("first save", "first"), ("step", "step")):
+        for name, side_name in ((f"async / sync {label}", "async"), (f"A/A sync again / sync {label}", "sync again")):
+            values = ratios(key, side_name)
+            print(f"{name} = {statistics.median(values):.3f} (median; {min(values):.3f}-{max(values):.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
