@@ -16,8 +16,8 @@ The benchmarks run one after another as subprocesses (``OMP_NUM_THREADS=1`` unle
 set), and their tables go into one Markdown file with the machine's description, the
 load before and after each, and each command: ``bench/results/suite.md``, or with
 ``--quick`` (small sizes, a smoke run of minutes) ``bench/.cache/suite-quick.md``.
-The large-batch study (``bench/large_batch_study.py``) trains for an hour or more and is
-not part of the suite.
+The critical-batch study, ``largebatch study run studies/fashion-mnist/study.py``, trains
+for hours and is not part of the suite.
 
     python -m bench [--quick] [--only mfu timm_train ...] [--args 'NAME=ARGS' ...] [--out FILE]
 

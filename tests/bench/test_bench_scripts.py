@@ -6,8 +6,6 @@ their comparison as a finite positive ratio.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import re
 import subprocess
@@ -17,10 +15,9 @@ import time
 import pytest
 import torch
 
-from bench import large_batch_study as study
 from bench.engine_overhead import BareWorker, TakingTurns, Turns
 from bench.mfu import training_flops_per_image
-from tests.conftest import REPO, clean_env, derived_of, load_and_validate
+from tests.conftest import REPO, clean_env
 
 
 def run_script(*args: str, timeout: float = 900) -> str:
@@ -44,47 +41,6 @@ def test_training_flops_count_forward_and_the_backward_that_runs():
     model = torch.nn.Sequential(torch.nn.Linear(24, 16, bias=False), torch.nn.Linear(16, 10, bias=False))
     images, labels = torch.randn(5, 24), torch.randint(10, (5,))
     assert training_flops_per_image(model, images, labels) == 4 * 24 * 16 + 6 * 16 * 10
-
-
-@pytest.mark.parametrize("optimizer, scaling", [("lamb", math.sqrt), ("adamw", lambda r: r), ("sgd", lambda r: r)])
-def test_study_scales_each_optimizer_by_its_rule_and_sees_the_same_images(optimizer, scaling, tmp_path):
-    args = argparse.Namespace(epochs=3, micro=256, warmup_epochs=1.0, steps_per_epoch=None, data=REPO / "data/fashion-mnist", set=[])
-    seen = set()
-    for batch, accumulation in [(256, 1), (4096, 16), (16384, 64)]:
-        cfg = load_and_validate(str(study.DEMO_CONFIG), study.run_overrides(optimizer, batch, args))
-        derived = derived_of(cfg, 1, 60000)  # Fashion-MNIST's training split
-        assert derived["accumulation"] == accumulation
-        assert derived["peak_lr"] == pytest.approx(study.RECIPES[optimizer]["lr"] * scaling(batch / 256))
-        assert cfg["optimizer"]["type"] == optimizer
-        seen.add(derived["samples_per_epoch"])
-    assert seen == {234 * 256}  # every batch size trains on the same 234 micro-batches an epoch
-
-
-def test_study_report_from_results(tmp_path):
-    runs = [
-        {
-            "optimizer": opt,
-            "global_batch_size": batch,
-            "accumulation": batch // 256,
-            "steps": 3,
-            "peak_lr": 0.01,
-            "warmup_steps": 1,
-            "scaling": study.RECIPES[opt]["scaling"],
-            "test_top1_per_epoch": [0.5, top1],
-            "test_loss_per_epoch": [1.0, 0.9],
-            "final_test_top1": top1,
-            "final_train_loss": 0.9,
-            "seconds": 10.0,
-            "overrides": [],
-        }
-        for opt, batch, top1 in [("lamb", 256, 0.81), ("lamb", 4096, 0.72), ("sgd", 256, 0.79)]
-    ]
-    (tmp_path / "s.json").write_text(json.dumps({"runs": runs, "machine": "m"}))
-    study.main(["--report-only", "--out", str(tmp_path), "--stem", "s"])
-    table = (tmp_path / "s.md").read_text()
-    assert f"| lamb (sqrt, {study.RECIPES['lamb']['lr']:g}) | 81.0 | 72.0 |" in table
-    assert "| sgd (linear, 0.1) | 79.0 | - |" in table
-    assert (tmp_path / "s.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("first", ["engine", "bare"])
@@ -187,19 +143,6 @@ def test_async_checkpoint_runs_every_side():
 def test_lars_step_runs():
     out = run_script("bench/lars_step.py", "--model", "vit_tiny_patch16_224", "--steps", "1", "--rounds", "2", "--compare-steps", "1")
     assert "A/A control: ours vs ours" in out and "Lars |" in out
-
-
-@pytest.mark.slow
-def test_large_batch_study_runs(tmp_path):
-    run_script(
-        "bench/large_batch_study.py",
-        *("--batches", "16", "32", "--micro", "16", "--epochs", "1", "--steps-per-epoch", "1", "--optimizers", "lamb"),
-        *("--set", "eval.batch_size=2000", "--out", str(tmp_path)),
-    )
-    results = json.loads((tmp_path / "large_batch_study.json").read_text())
-    assert [(r["global_batch_size"], r["accumulation"]) for r in results["runs"]] == [(16, 1), (32, 2)]
-    assert all(0 <= r["final_test_top1"] <= 1 for r in results["runs"])
-    assert (tmp_path / "large_batch_study.png").exists()
 
 
 @pytest.mark.slow

@@ -104,16 +104,6 @@ COVERED = {
         "  # with GPU_CHECK_DEVICE=cpu; without it and without a GPU:"
         " tests/bench/test_accelerator.py::test_gpu_check_installs_the_carried_wheels_then_stops_with_the_suites_refusal_without_a_gpu"
     ),
-    "OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2": (
-        "tests/bench/test_critical_batch.py::test_quick_study_runs_every_optimizer  # the study at --quick sizes"
-    ),
-    "python bench/critical_batch.py --quick --out /tmp/cb": "tests/bench/test_critical_batch.py::test_quick_study_runs_every_optimizer",
-    "python bench/critical_batch.py --report-only": "tests/bench/test_critical_batch.py::test_report_renders_from_results",
-    "OMP_NUM_THREADS=1 python bench/critical_batch.py --jobs 2 --stem critical_batch_4096_40ep --batches 4096 --epochs 40"
-    " --optimizers lamb adamw sgd --reference bench/results/critical_batch.json": (
-        "tests/bench/test_critical_batch.py::test_a_follow_up_study_measures_efficiency_against_its_references_base_and_centres_on_its_rates"
-        "  # the follow-up's arithmetic; the trials it starts are the study's, run by test_quick_study_runs_every_optimizer"
-    ),
     "largebatch study run studies/fashion-mnist/study.py --jobs 2": (
         "tests/study/test_study_runs.py::test_a_tiny_study_reports_its_cells_seeds_fit_and_edge_marks"
         "  # `study run --jobs 2` on the tests' tiny study (2 optimizers x 2 batches x 3 trials x 2 seeds)"
