@@ -337,7 +337,8 @@ def _edge_section(spec: StudySpec, cells: list[analysis.CellResult]) -> list[str
     if not marked:
         return lines + ["No cell's choice sits in the outer 10% of a searched range."]
     lines += [
-        "Whether or not the cell reached the target, its best trial may lie beyond the range: widen it and run a new study.",
+        "Whether or not the cell reached the target, its best trial may lie beyond the range: widen it and run a new study "
+        "(where the range already starts or ends at what the parameter allows, there is nothing wider to search).",
         "",
         "| cell | parameter | chosen | position | widen to (at the smallest batch) | key |",
         "|---|---|---:|---:|---|---|",
@@ -345,10 +346,15 @@ def _edge_section(spec: StudySpec, cells: list[analysis.CellResult]) -> list[str
     for cell, edge in marked:
         opt = spec.optimizer(cell.optimizer)
         param = next(p for p in opt.space if p.name == edge["param"])
-        low, high = param.widened(edge["side"])
+        wider = param.widened(edge["side"])
         key = f"optimizers.{opt.label}.search.{param.name}" if opt.label else f"search.{param.name}"
+        if wider is None:
+            bound = param.low if edge["side"] == "low" else param.high
+            advice = f"none: {_num(bound)} is the {'lowest' if edge['side'] == 'low' else 'highest'} value allowed"
+        else:
+            advice = f"{_num(wider[0])} to {_num(wider[1])}"
         lines.append(
-            f"| {cell.key} | {param.name} | {_num(cell.best['params'][param.name])} | {edge['position']:.2f} | {_num(low)} to {_num(high)} | `{key}` |"
+            f"| {cell.key} | {param.name} | {_num(cell.best['params'][param.name])} | {edge['position']:.2f} | {advice} | `{key}` |"
         )
     return lines
 

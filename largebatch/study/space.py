@@ -80,9 +80,15 @@ class Param:
             return (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
         return (value - low) / (high - low)
 
-    def widened(self, side: str) -> tuple[float | int, float | int]:
-        """The range (at ``base_batch``) with ``side`` ('low' or 'high') moved out by half the range."""
+    def widened(self, side: str) -> tuple[float | int, float | int] | None:
+        """The range (at ``base_batch``) with ``side`` ('low' or 'high') moved out by half the range.
+
+        None when that side already sits at the lowest or highest value the parameter allows
+        (a warmup share from 0): the edge is the parameter's, and no wider range exists there.
+        """
         lo_ok, hi_ok = max(PARAMS[self.name][2][0], 0.0), PARAMS[self.name][2][1]
+        if (side == "low" and self.low <= lo_ok) or (side == "high" and self.high >= hi_ok):
+            return None
         if self.log:
             factor = math.sqrt(self.high / self.low)
             low, high = (self.low / factor, self.high) if side == "low" else (self.low, self.high * factor)

@@ -49,6 +49,8 @@ def test_a_wider_range_moves_the_edge_out_by_half_and_stays_inside_what_is_allow
     assert Param("lr", 1e-3, 1e-1, log=True).widened("low") == pytest.approx((1e-4, 1e-1))
     assert Param("warmup_fraction", 0.1, 0.3, log=False).widened("low") == (0.0, 0.3)
     assert Param("warmup_fraction", 0.05, 0.3, log=False).widened("low") == pytest.approx((0.025, 0.3))  # not below 0
+    assert Param("warmup_fraction", 0.0, 0.3, log=False).widened("low") is None  # already from 0: nothing lower
+    assert Param("warmup_fraction", 0.0, 0.3, log=False).widened("high") == pytest.approx((0.0, 0.45))
     momentum = Param("one_minus_momentum", 0.02, 0.5, log=True).widened("high")
     assert momentum[1] < 1.0  # momentum stays above 0
     assert Param("epochs", 2, 8, log=True).widened("high") == (2, 16)
