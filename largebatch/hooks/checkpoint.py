@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from largebatch.checkpoint import save_checkpoint
 from largebatch.config.sections import CheckpointConfig
 from largebatch.dist import any_rank
 from largebatch.engine.hook import Hook, Priority
@@ -55,6 +54,8 @@ class CheckpointHook(Hook):
     def _save(self, state) -> None:
         if self.last_saved_step == state.step:
             return
+        from largebatch.checkpoint import save_checkpoint  # imports torch: checking a config loads the hook without it
+
         save_checkpoint(state, state.run.hooks, self.keep)
         self.last_saved_step = state.step
         self._last_save_time = time.monotonic()
