@@ -31,7 +31,6 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any
 
-from largebatch.checkpoint import check_finite, prepare_checkpoint, save_checkpoint, uses_sharded_format
 from largebatch.errors import UserError
 
 
@@ -56,6 +55,9 @@ class CheckpointWriter:
             UserError: the weights hold NaN or inf (see ``check_finite``).
             RuntimeError: the previous asynchronous save failed.
         """
+        # imported here: checking a config builds this hook without importing torch
+        from largebatch.checkpoint import check_finite, prepare_checkpoint, save_checkpoint
+
         self.wait()
         if not self.asynchronous:
             save_checkpoint(state, hooks, keep)
@@ -112,6 +114,8 @@ class CheckpointWriter:
     def _save_group(self, state: Any) -> Any:
         """The sharded writes' own process group (every rank makes it at the first save)."""
         import torch.distributed as torch_dist
+
+        from largebatch.checkpoint import uses_sharded_format
 
         if self._group is None and uses_sharded_format(state.run.config) and torch_dist.is_initialized():
             self._group = torch_dist.new_group(backend="gloo")

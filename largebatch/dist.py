@@ -37,11 +37,13 @@ import os
 import subprocess
 import time
 import uuid
-
-import torch
-import torch.distributed as torch_dist
+from typing import TYPE_CHECKING
 
 from largebatch.errors import UserError
+
+if TYPE_CHECKING:  # torch is imported where a process group is used: discovering ranks needs none
+    import torch
+    import torch.distributed as torch_dist
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +137,8 @@ def init_process_group(info: DistInfo, backend: str, timeout_minutes: float = 30
             backend does).
         timeout_minutes: collective timeout.
     """
+    import torch.distributed as torch_dist
+
     if not info.distributed or torch_dist.is_initialized():
         return
     os.environ.update(rendezvous_env(info))
@@ -166,6 +170,8 @@ def _attempt_store(store: torch_dist.Store, rank: int, world_size: int, timeout:
     Raises:
         TimeoutError: when the ranks do not all arrive within ``timeout``.
     """
+    import torch.distributed as torch_dist
+
     if rank == 0:
         generation = store.add(f"{_ATTEMPTS}/generation", 1)
         answered: set[str] = set()
@@ -196,12 +202,16 @@ def _attempt_store(store: torch_dist.Store, rank: int, world_size: int, timeout:
 
 
 def destroy_process_group() -> None:
+    import torch.distributed as torch_dist
+
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
 
 
 def broadcast_object(obj, src: int = 0):
     """Rank ``src``'s ``obj`` on every rank (identity without a process group)."""
+    import torch.distributed as torch_dist
+
     if not torch_dist.is_initialized():
         return obj
     box = [obj]
@@ -211,6 +221,8 @@ def broadcast_object(obj, src: int = 0):
 
 def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     """Mean over ranks, in place (identity without a process group)."""
+    import torch.distributed as torch_dist
+
     if torch_dist.is_initialized():
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
         tensor /= torch_dist.get_world_size()
@@ -219,6 +231,8 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum over ranks, in place (identity without a process group)."""
+    import torch.distributed as torch_dist
+
     if torch_dist.is_initialized():
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
     return tensor
@@ -228,6 +242,9 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is true on any (one tiny all-reduce; no
     collective without a process group). For decisions that must agree, such as one
     taken by a clock."""
+    import torch
+    import torch.distributed as torch_dist
+
     if not torch_dist.is_initialized():
         return bool(flag)
     box = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
@@ -236,5 +253,7 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 
 def barrier() -> None:
+    import torch.distributed as torch_dist
+
     if torch_dist.is_initialized():
         torch_dist.barrier()

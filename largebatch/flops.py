@@ -14,9 +14,10 @@ not counted, as in those references.
 
 from __future__ import annotations
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a model is run: checking a config loads the throughput hook without it
+    import torch
 
 TRAIN_FORWARD_MULTIPLE = 3
 
@@ -49,6 +50,10 @@ def forward_flops_per_sample(model: torch.nn.Module, sample_shape: tuple[int, ..
     math kernel for the count: ``FlopCounterMode`` has no formula for the CPU's fused
     attention kernel and would miss its FLOPs (the GPU's fused kernels count the same).
     """
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
     was_training = model.training
     model.eval()
     try:
@@ -78,6 +83,8 @@ def lookup_peak(device_name: str, fmt: str) -> float | None:
 def device_name(backend) -> str | None:
     """The accelerator's product name (``NVIDIA H100 80GB HBM3``, ``GAUDI2``), or None."""
     if backend.device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(backend.device)
     if backend.device.type == "hpu":
         hpu = getattr(backend, "hpu", None)

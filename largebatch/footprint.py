@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from largebatch import vit
 from largebatch.config.derive import Derived
 from largebatch.config.sections import Config, OptimizerConfig
+from largebatch.models import build_model, model_kwargs
 
 GIB = 1024**3
 
@@ -57,8 +57,16 @@ def optimizer_state_tensors(section: OptimizerConfig) -> int:
 
 def model_sizes(cfg: Config) -> tuple[int, int, int]:
     """``(parameters, largest block's parameters, root-only parameters)`` of the config's
-    model, built on the meta device (no memory, no initialisation)."""
-    from largebatch.models import build_model
+    model: written out from the architecture for timm's ViT sizes (``largebatch.vit``,
+    no torch or timm imported), else counted on the model built on the meta device."""
+    counted = vit.parameter_counts(cfg.model.name, model_kwargs(cfg.model, cfg.data))
+    return counted if counted is not None else built_model_sizes(cfg)
+
+
+def built_model_sizes(cfg: Config) -> tuple[int, int, int]:
+    """``model_sizes`` counted on the model built on the meta device (no memory, no
+    initialisation)."""
+    import torch
 
     with torch.device("meta"):
         model = build_model(cfg.model, cfg.data)

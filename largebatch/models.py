@@ -24,15 +24,17 @@ import inspect
 import pathlib
 import re
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from largebatch import signatures, vit
 from largebatch.config.frozen import thaw
 from largebatch.config.sections import Config, DataConfig, ModelConfig
-from largebatch.config.signature import check_call
+from largebatch.config.signature import Signature, read_signature
 from largebatch.errors import ConfigError
 from largebatch.rundir import RunDir
+
+if TYPE_CHECKING:
+    import torch
 
 _OURS = ("name", "pretrained", "init_from")  # model keys that are not timm.create_model arguments
 
@@ -58,6 +60,31 @@ def check_model_name(name: str) -> None:
     raise ConfigError(f"timm has no model {name!r}; {hint}", key="model.name")
 
 
+def model_arguments(name: str) -> tuple[tuple[str, ...], Signature | None]:
+    """The keywords the timm model ``name`` takes (``timm.create_model``'s and its
+    module's model classes', sorted) and its model class's signature (None when it has
+    none). For the ViT sizes of ``largebatch.vit`` they are the recorded ones
+    (``largebatch.signatures``), known without importing timm; for any other name they
+    are read from timm.
+
+    Raises:
+        ConfigError: timm has no model ``name``.
+    """
+    if vit.recorded(name):
+        return signatures.VISION_TRANSFORMER_KEYWORDS, signatures.VISION_TRANSFORMER
+    import timm
+
+    check_model_name(name)
+    return read_model_arguments(timm, name)
+
+
+def read_model_arguments(timm: Any, name: str) -> tuple[tuple[str, ...], Signature | None]:
+    """``model_arguments`` read from timm (imported by the caller)."""
+    accepted = set(_accepted_kwargs(timm, name)) | set(inspect.signature(timm.create_model).parameters)
+    model_class = _main_class(timm, name)
+    return tuple(sorted(accepted)), None if model_class is None else read_signature(model_class)
+
+
 def check_model_config(cfg: Config) -> None:
     """Check the model name and its keyword arguments without building the model (one of
     ``largebatch.config.resolve_config``'s checks).
@@ -66,20 +93,16 @@ def check_model_config(cfg: Config) -> None:
         ConfigError: an unknown name, or a key that neither ``timm.create_model`` nor the
             model's classes take (with a "did you mean").
     """
-    import timm
-
     name = cfg.model.name
-    check_model_name(name)
-    accepted = set(_accepted_kwargs(timm, name)) | set(inspect.signature(timm.create_model).parameters)
+    accepted, signature = model_arguments(name)
     kwargs = model_kwargs(cfg.model, cfg.data)
     for key in kwargs:
         if key not in accepted:
-            close = difflib.get_close_matches(key, sorted(accepted), n=1)
+            close = difflib.get_close_matches(key, accepted, n=1)
             hint = f"did you mean 'model.{close[0]}'?" if close else "remove it"
             raise ConfigError(f"{name} does not take the argument {key!r}; {hint}", key=f"model.{key}")
-    model_class = _main_class(timm, name)
-    if model_class is not None:
-        check_call(model_class, kwargs, "model")
+    if signature is not None:
+        signature.check(kwargs, "model")
 
 
 def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool = False, trust_checkpoint: bool = False) -> torch.nn.Module:
@@ -223,6 +246,8 @@ def _classes_in(weights: pathlib.Path, name: str) -> int | None:
 
 def _main_class(timm: Any, name: str) -> type | None:
     """The model class of ``name``'s timm module: the one whose constructor takes the most arguments."""
+    import torch
+
     module = inspect.getmodule(timm.models.model_entrypoint(name))
     classes = [
         obj
@@ -234,6 +259,8 @@ def _main_class(timm: Any, name: str) -> type | None:
 
 def _accepted_kwargs(timm: Any, name: str) -> list[str]:
     """Constructor arguments of the model classes in ``name``'s timm module (for hints)."""
+    import torch
+
     module = inspect.getmodule(timm.models.model_entrypoint(name))
     names: set[str] = set()
     for obj in vars(module).values():

@@ -8,13 +8,25 @@ parameter's annotation (``float``, ``int``, ``bool``, ``str``, ``X | None``,
 ``tuple[float, float]``, ``list[str]``, ...) or, without a usable annotation, with the type
 of its default; an int is accepted where a float is expected, a list where a tuple is.
 Parameters it cannot judge (no annotation, default ``None``, other types) are accepted.
+
+A signature is read into a ``Signature``: per parameter what a value must be
+(``Expected``, which names a class by its import path, never holds it), how an error
+says it and the default an error shows. A ``Signature`` is plain data, so a library's
+constructors can be recorded once and a config checked against them without importing
+the library (``largebatch.signatures``: the optimizers and timm's ViT); a recorded one
+is used only with the library version it was read from (``RecordedFrom``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
+import importlib.metadata
 import inspect
 import types
 import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from largebatch.errors import ConfigError
@@ -22,46 +34,173 @@ from largebatch.errors import ConfigError
 _NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", tuple: "a list", dict: "a dict"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What a value must be, as far as ``check_call`` can tell.
+
+    Attributes:
+        kind: ``any`` (cannot tell: accepted), ``none`` (None), ``int`` (an int, not a
+            bool), ``float`` (an int or a float, not a bool), ``instance`` (of the class
+            ``of`` names as ``module:qualname``), ``sequence`` (a list or a tuple: one
+            item per entry of ``items`` when ``fixed``, else each item ``items[0]`` if
+            given) or ``union`` (any of ``items``).
+    """
+
+    kind: str
+    items: tuple[Expected, ...] = ()
+    fixed: bool = False
+    of: str = ""
+
+    def fits(self, value: Any) -> bool | None:
+        """Whether ``value`` fits; None: cannot tell."""
+        if self.kind == "any":
+            return None
+        if self.kind == "union":
+            results = [item.fits(value) for item in self.items]
+            if any(r is True for r in results):
+                return True
+            return False if all(r is False for r in results) else None
+        if self.kind == "none":
+            return value is None
+        if self.kind == "int":
+            return isinstance(value, int) and not isinstance(value, bool)
+        if self.kind == "float":
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.kind == "instance":
+            cls = _named_class(self.of)
+            return None if cls is None else isinstance(value, cls)
+        if self.kind == "sequence":
+            if not isinstance(value, (list, tuple)):
+                return False
+            if self.fixed and self.items and len(self.items) != len(value):
+                return False
+            element_types = self.items if self.fixed else self.items[:1] * len(value)
+            results = [expected.fits(v) for v, expected in zip(value, element_types)]
+            return False if any(r is False for r in results) else True
+        raise AssertionError(f"unknown kind {self.kind!r}")
+
+
+ANY = Expected("any")
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One parameter as ``check_call`` judges it.
+
+    Attributes:
+        name: the keyword.
+        expected: what a value must be.
+        described: how an error names it ("a number (or null)"; empty where ``expected``
+            accepts anything).
+        default: the default as an error shows it (its ``repr``).
+    """
+
+    name: str
+    expected: Expected
+    described: str
+    default: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """The parameters of a callable the config hands values to.
+
+    Attributes:
+        owner: how errors name the callable: its class name, or ``it`` for a function.
+        parameters: in the signature's order.
+    """
+
+    owner: str
+    parameters: tuple[Parameter, ...]
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.parameters]
+
+    def check(self, kwargs: Mapping[str, Any], key_prefix: str, *, skip: tuple[str, ...] = ()) -> None:
+        """Check ``kwargs`` against the parameters (a name it lacks is the caller's to judge).
+
+        Raises:
+            ConfigError: a value whose type does not fit, naming ``key_prefix.name``, what
+                was expected and what was given.
+        """
+        params = {p.name: p for p in self.parameters}
+        for name, value in kwargs.items():
+            param = params.get(name)
+            if param is None or name in skip:
+                continue
+            if param.expected.fits(value) is False:
+                raise ConfigError(
+                    f"expected {param.described}, got {_describe(value)}; {self.owner} takes {name}={param.default} by default",
+                    key=f"{key_prefix}.{name}",
+                )
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedFrom:
+    """Where recorded signatures were read: a library at a version, or largebatch's own
+    code (``library`` None: recorded beside it, so always current)."""
+
+    library: str | None = None
+    version: str | None = None
+
+    def matches_installed(self) -> bool:
+        """Whether the installed library is this version (nothing is imported)."""
+        return self.library is None or installed_version(self.library) == self.version
+
+
+@functools.cache  # read once a process: each read searches the path's distributions
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` from its metadata, without a local build
+    tag (``2.14.1`` for ``2.14.1+cu130``: the same source), or None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution).partition("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _named_class(path: str) -> type | None:
+    """The class ``module:qualname`` names (its module is imported), or None when there is none (a local class)."""
+    module, _, qualname = path.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
 def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def _fits(value: Any, expected: Any) -> bool | None:
-    """Whether ``value`` fits ``expected`` (a type or a typing form); None: cannot tell."""
+def _reduce(expected: Any) -> Expected:
+    """``expected`` (a type or a typing form) as an ``Expected``."""
     origin = typing.get_origin(expected)
     if expected is Any or expected is inspect.Parameter.empty:
-        return None
+        return ANY
     if origin in (typing.Union, types.UnionType):
-        results = [_fits(value, arg) for arg in typing.get_args(expected)]
-        if any(r is True for r in results):
-            return True
-        return False if all(r is False for r in results) else None
+        return Expected("union", tuple(_reduce(arg) for arg in typing.get_args(expected)))
     if expected is type(None):
-        return value is None
+        return Expected("none")
     if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            return False
-        args = [a for a in typing.get_args(expected) if a is not Ellipsis]
-        if origin is tuple and args and Ellipsis not in typing.get_args(expected) and len(args) != len(value):
-            return False
-        element_types = args if origin is tuple and Ellipsis not in typing.get_args(expected) else args[:1] * len(value)
-        results = [_fits(v, t) for v, t in zip(value, element_types)]
-        return False if any(r is False for r in results) else True
+        args = typing.get_args(expected)
+        items = tuple(_reduce(a) for a in args if a is not Ellipsis)
+        return Expected("sequence", items, fixed=origin is tuple and Ellipsis not in args)
     if origin is not None:
-        return isinstance(value, origin) if isinstance(origin, type) else None
+        return _instance(origin) if isinstance(origin, type) else ANY
     if not isinstance(expected, type):
-        return None
-    if expected is bool:
-        return isinstance(value, bool)
+        return ANY
     if expected is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return Expected("float")
     if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return Expected("int")
     if expected in (tuple, list):
-        return isinstance(value, (list, tuple))
-    if expected in (str, dict):
-        return isinstance(value, expected)
-    return None
+        return Expected("sequence")
+    if expected in (bool, str, dict):
+        return _instance(expected)
+    return ANY
+
+
+def _instance(cls: type) -> Expected:
+    return Expected("instance", of=f"{cls.__module__}:{cls.__qualname__}")
 
 
 def _expected_from_default(default: Any) -> Any:
@@ -103,31 +242,35 @@ def _expected_name(expected: Any) -> str:
     return _NAMES.get(expected, getattr(expected, "__name__", str(expected)))
 
 
-def check_call(func: Any, kwargs: dict[str, Any], key_prefix: str, *, skip: tuple[str, ...] = ()) -> None:
+def read_signature(func: Callable[..., Any]) -> Signature | None:
+    """``func``'s parameters (a class: its ``__init__``'s, ``self`` left out) as a
+    ``Signature``; None when ``inspect`` cannot read them."""
+    is_class = isinstance(func, type)
+    target = typing.cast(Any, func).__init__ if is_class else func
+    try:
+        params = list(inspect.signature(target).parameters.items())
+    except (TypeError, ValueError):
+        return None
+    hints = _hints(target)
+    read = []
+    for name, param in params[1:] if is_class else params:
+        expected = hints.get(name, inspect.Parameter.empty)
+        if expected is inspect.Parameter.empty or isinstance(expected, str):
+            expected = _expected_from_default(param.default)
+        if param.default is None and expected is not inspect.Parameter.empty:
+            expected = expected | None
+        reduced = _reduce(expected)
+        read.append(Parameter(name, reduced, "" if reduced == ANY else _expected_name(expected), repr(param.default)))
+    return Signature(func.__name__ if is_class else "it", tuple(read))
+
+
+def check_call(func: Callable[..., Any], kwargs: dict[str, Any], key_prefix: str, *, skip: tuple[str, ...] = ()) -> None:
     """Check ``kwargs`` against ``func``'s parameters (a class: its ``__init__``).
 
     Raises:
         ConfigError: a value whose type does not fit, naming ``key_prefix.name``, what
             was expected and what was given.
     """
-    target = typing.cast(Any, func).__init__ if isinstance(func, type) else func
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return
-    hints = _hints(target)
-    for name, value in kwargs.items():
-        param = params.get(name)
-        if param is None or name in skip:
-            continue
-        expected = hints.get(name, inspect.Parameter.empty)
-        if expected is inspect.Parameter.empty or isinstance(expected, str):
-            expected = _expected_from_default(param.default)
-        if param.default is None and expected is not inspect.Parameter.empty:
-            expected = expected | None
-        if _fits(value, expected) is False:
-            raise ConfigError(
-                f"expected {_expected_name(expected)}, got {_describe(value)}; {func.__name__ if isinstance(func, type) else 'it'} "
-                f"takes {name}={param.default!r} by default",
-                key=f"{key_prefix}.{name}",
-            )
+    signature = read_signature(func)
+    if signature is not None:
+        signature.check(kwargs, key_prefix, skip=skip)

@@ -12,8 +12,6 @@ here; the logger's one all-reduce reads them): ``grad_norm`` (global, before cli
 
 from __future__ import annotations
 
-import torch
-
 from largebatch.engine.hook import Hook, Priority
 from largebatch.hooks._groups import group_names
 
@@ -51,6 +49,8 @@ class GradNormHook(Hook):
             values["grad_norm_clipped"] = total * coef
         if not self.per_group or not grads.params:
             return
+        import torch
+
         names = group_names(state.run.optimizer)
         owners = [self._group_of.get(id(p), 0) for p in grads.params]
         index = torch.tensor(owners, device=grads.norms.device)

@@ -22,8 +22,6 @@ import json
 import math
 import time
 
-import torch
-
 from largebatch.config.redact import redact_text
 from largebatch.config.sections import LogConfig
 from largebatch.dist import all_reduce_mean
@@ -97,6 +95,8 @@ class MetricsLogger(ClosingHook):
     def after_step(self, state) -> None:
         if not state.is_log_step:
             return
+        import torch
+
         names = [k for k, v in state.current.metrics.items() if isinstance(v, torch.Tensor)]
         # text values (a hook's) with credentials in URIs redacted, for every sink after this one
         values = {

@@ -10,11 +10,12 @@ samples; the logger averages them over ranks). For classification these are
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from largebatch.engine.hook import Hook, Priority
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: checking a config loads the hook without it
+    import torch
 
 
 class LossAccuracyHook(Hook):
@@ -33,6 +34,8 @@ class LossAccuracyHook(Hook):
         self._steps = 0
 
     def after_forward(self, state) -> None:
+        import torch
+
         batch = state.current.batch
         with torch.no_grad():
             sums = state.run.task.train_sums(state.current.outputs, batch)
@@ -44,6 +47,8 @@ class LossAccuracyHook(Hook):
         self._loss = self._loss + state.current.step_loss
         self._steps += 1
         if state.is_log_step:
+            import torch
+
             samples = max(self._samples, 1)
             state.current.metrics["loss"] = torch.as_tensor(self._loss, dtype=torch.float32) / self._steps
             for name, total in self._sums.items():
@@ -52,6 +57,8 @@ class LossAccuracyHook(Hook):
 
     def state_dict(self) -> dict[str, Any]:
         """The partial interval's sums (as floats: a checkpoint is taken on any step)."""
+        import torch
+
         as_float = lambda v: float(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
         return {
             "loss": as_float(self._loss),

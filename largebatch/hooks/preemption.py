@@ -8,9 +8,6 @@ hook then saves this step, and the run exits with ``EXIT_REQUEUE``.
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as torch_dist
-
 from largebatch import preemption
 from largebatch.engine.hook import Hook, Priority
 
@@ -21,6 +18,9 @@ class PreemptionHook(Hook):
     priority = Priority.HIGH
 
     def after_step(self, state) -> None:
+        import torch
+        import torch.distributed as torch_dist
+
         name = preemption.received_signal()
         flag = torch.tensor([1 if name else 0], dtype=torch.int32, device=state.run.backend.device)
         if torch_dist.is_initialized():

@@ -19,8 +19,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
 from largebatch import flops as flops_mod
 from largebatch.engine.hook import Hook, Priority
 
@@ -69,6 +67,8 @@ class ThroughputHook(Hook):
     def after_step(self, state) -> None:
         if not state.is_log_step:
             return
+        import torch
+
         elapsed = max(time.perf_counter() - self._time, 1e-9)
         local = (state.samples_seen - self._samples) / state.run.world_size / elapsed
         values = {

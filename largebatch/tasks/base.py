@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from largebatch.dist import all_reduce_sum
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where tensors are made: checking a config loads the task without it
+    import torch
+
     from largebatch.data.mixup import MixedBatch
 
 
@@ -74,7 +74,6 @@ class Task:
         the sums over every batch of every rank); ``evaluate`` prefixes each name."""
         raise NotImplementedError
 
-    @torch.no_grad()
     def evaluate(
         self,
         model: torch.nn.Module,
@@ -100,21 +99,24 @@ class Task:
             ``eval_metrics`` of the totals, and ``samples`` unless it gives its own, each
             name prefixed.
         """
+        import torch
+
         names = (*self.eval_sum_names, "samples")
         model.eval()
-        sums = torch.zeros(len(names), dtype=torch.float64, device=backend.device)
-        try:
-            for images, labels in loader:
-                with backend.autocast():
-                    outputs = self.forward(model, images)
-                count = torch.tensor([float(labels.shape[0])], dtype=torch.float64, device=sums.device)
-                sums += torch.cat([self.eval_sums(outputs, labels), count])
-                if on_batch is not None:
-                    on_batch(images, labels, outputs)
-        finally:
-            model.train()
-        all_reduce_sum(sums)
-        totals = dict(zip(names, sums.tolist(), strict=True))
-        metrics = dict(self.eval_metrics(totals))
+        with torch.no_grad():
+            sums = torch.zeros(len(names), dtype=torch.float64, device=backend.device)
+            try:
+                for images, labels in loader:
+                    with backend.autocast():
+                        outputs = self.forward(model, images)
+                    count = torch.tensor([float(labels.shape[0])], dtype=torch.float64, device=sums.device)
+                    sums += torch.cat([self.eval_sums(outputs, labels), count])
+                    if on_batch is not None:
+                        on_batch(images, labels, outputs)
+            finally:
+                model.train()
+            all_reduce_sum(sums)
+            totals = dict(zip(names, sums.tolist(), strict=True))
+            metrics = dict(self.eval_metrics(totals))
         metrics.setdefault("samples", totals["samples"])
         return {f"{prefix}/{name}": value for name, value in metrics.items()}

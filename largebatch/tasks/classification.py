@@ -12,16 +12,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from largebatch.tasks.base import Task
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where tensors are made: checking a config loads the task without it
+    import torch
+
     from largebatch.data.mixup import MixedBatch
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy against soft targets ``[B, C]`` (or int64 labels ``[B]``), averaged over the batch."""
+    import torch
+
     if targets.dtype == torch.int64:
         return torch.nn.functional.cross_entropy(logits, targets)
     return torch.sum(-targets * torch.log_softmax(logits.float(), dim=-1), dim=-1).mean()
@@ -38,6 +40,8 @@ def mixed_topk_correct(logits: torch.Tensor, labels: torch.Tensor, labels_b: tor
         lam: the weight of ``labels``.
         k: how many of the highest logits count (capped at ``C``).
     """
+    import torch
+
     top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
     hits = top.eq(labels.unsqueeze(1)).any(1).sum(dtype=torch.float32)
     if labels_b is None:
@@ -60,6 +64,8 @@ class ClassificationTask(Task):
         return {k: mixed_topk_correct(outputs, batch.labels, batch.labels_b, batch.lam, n) for k, n in (("top1", 1), ("top5", 5))}
 
     def eval_sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        import torch
+
         loss = torch.nn.functional.cross_entropy(outputs.float(), labels, reduction="sum")
         hits = outputs.topk(min(5, outputs.shape[-1]), dim=-1).indices.eq(labels.unsqueeze(1))
         return torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(1).sum().double()])
