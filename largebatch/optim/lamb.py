@@ -19,17 +19,13 @@ Where the switches come from:
 * ``max_grad_norm``: clipping inside ``step`` (timm, apex and Habana clip at 1.0 by
   default); off here, as the engine clips once per step, after unscaling.
 
-``Lamb`` owns the options, the state and the step's order (the skeleton it shares with
-LARS, ``largebatch.optim.layerwise``); it puts the tensors with gradients into buckets of
-one device, dtype and step count, and ``choose``, the one place where an implementation is
-picked, gives each a kernel behind ``lamb_update.Kernel``'s interface. Under FSDP2 every
-kernel stops between its halves while all the norms of the step are summed across the
-shard group in one collective (``largebatch.optim.sharded``): the unsharded trust ratios.
+``Lamb`` owns the options, the state and the step's order (its skeleton is LARS's too:
+``largebatch.optim.layerwise``); ``choose``, the one place where an implementation is
+picked, gives each bucket its kernel (``lamb_update``: the update and the kernels' interface).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,42 +41,36 @@ REFERENCE, FUSED_ADAM = lamb_update.Reference(), lamb_update.FusedAdam()
 MULTI_TENSOR, MULTI_TENSOR_IN_PLACE = lamb_update.MultiTensor(), lamb_update.MultiTensor(in_place=True)
 
 
-@functools.cache
-def _triton() -> Kernel:
-    # Imported at the first step, not with the package: Triton takes ~0.15 s to import.
-    from largebatch.optim import lamb_triton
-
-    return lamb_triton.Triton()
-
-
 def choose(
     tensors: Tensors,
     *,
     foreach: bool = True,
     chunk_elements: int | None = None,
-    scratch: lamb_cpu.Scratch | None = None,
+    buffers: lamb_cpu.Buffers | None = None,
     sharded: bool = False,
     habana: type | None = None,
 ) -> Kernel:
-    """LAMB's implementation for a bucket ``(params, grads, exp_avgs, exp_avg_sqs)`` of one
-    device, dtype and step count, decided here only: the first that applies of
+    """LAMB's implementation for a bucket ``(params, grads, exp_avgs, exp_avg_sqs)``, decided
+    here only: the first that applies of
 
-    1. Habana's FusedLamb (``lamb_habana``), a whole optimizer that replaces ``Lamb``, when the
-       HPU backend asks with ``habana``, the bridge's class (``tensors``: the model's parameters);
+    1. Habana's FusedLamb (``lamb_habana``), when the HPU backend asks with ``habana``, its
+       bridge's class (``tensors``: the model's parameters);
     2. the per-tensor reference (``lamb_update.Reference``) when not ``foreach``;
     3. ``lamb_cpu``'s chunks of ``chunk_elements`` (``None``: ``CPU_CHUNK_ELEMENTS``; 0: off) in
-       ``scratch``'s buffers, for whole tensors (not ``sharded`` slices);
+       the optimizer's ``buffers``, for whole tensors (not ``sharded`` slices);
     4. the Triton kernel (``lamb_triton``), then torch's fused Adam kernel (``lamb_update.FusedAdam``);
-    5. plain multi-tensor ops (``lamb_update.MultiTensor``), which take anything (dividing in
-       place on ``sharded`` slices: one parameter-sized temporary instead of two).
+    5. plain multi-tensor ops (``lamb_update.MultiTensor``), which take anything (in place on
+       ``sharded`` slices).
     """
     if habana is not None and (fused := lamb_habana.FusedLamb(habana)).applies(tensors):
         return fused
     if not foreach or not tensors[0]:
         return REFERENCE
+    from largebatch.optim import lamb_triton  # at the first step, not with the package: Triton takes ~0.15 s to import
+
     limit = lamb_cpu.CPU_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
-    chunks = [lamb_cpu.CpuChunks(limit, scratch)] if limit and scratch is not None and not sharded else []
-    for kernel in (*chunks, _triton(), FUSED_ADAM):
+    chunks = [lamb_cpu.CpuChunks(limit, buffers)] if limit and buffers is not None and not sharded else []
+    for kernel in (*chunks, lamb_triton.Triton(), FUSED_ADAM):
         if kernel.applies(tensors):
             return kernel
     return MULTI_TENSOR_IN_PLACE if sharded else MULTI_TENSOR
@@ -89,12 +79,11 @@ def choose(
 class Lamb(LayerwiseOptimizer):
     """LAMB (You et al. 2019, Algorithm 2) with named switches for the peers' variants.
 
-    Every option but ``adam``, ``no_decay_adapt``, ``max_grad_norm``, ``foreach`` and
-    ``chunk_elements`` is also a per-group key; groups may carry ``name`` and ``param_names``
-    (``largebatch.optim.param_groups``), which label the statistics (``request_stats()``,
-    ``last_stats``: ``largebatch.optim.layerwise``; ``||u||`` is ``update_norm``). Gradients are
-    read from ``.grad`` as they are (unscale them first under ``GradScaler``); a parameter
-    without one is skipped and its state does not advance.
+    Every option but the ``SWITCHES`` is also a per-group key; groups may carry ``name`` and
+    ``param_names`` (``largebatch.optim.param_groups``), which label the statistics
+    (``request_stats()``, ``last_stats``: ``largebatch.optim.layerwise``; ``||u||`` is
+    ``update_norm``). Gradients are read from ``.grad`` as they are (unscale them first under
+    ``GradScaler``); a parameter without one is skipped and its state does not advance.
 
     Args:
         params: parameters or parameter-group dicts.
@@ -103,17 +92,14 @@ class Lamb(LayerwiseOptimizer):
         eps: added to ``sqrt(v_hat)``.
         weight_decay: decay coefficient ``wd``.
         bias_correction: divide the moments by ``1 - beta^t`` as in the paper.
-        decoupled_weight_decay: decay the weights outside the trust ratio (AdamW-style)
-            instead of adding ``wd * x`` to the update.
+        decoupled_weight_decay: decay the weights outside the trust ratio (AdamW-style).
         adapt: apply the layer-wise trust ratio (per group; ``False`` gives Adam(W)).
         max_trust_ratio: upper clamp of the ratio, ``None`` for none.
         min_trust_ratio: lower clamp of the ratio, ``None`` for none.
         adam: ratio 1 for every group, for ablations.
-        no_decay_adapt: apply the trust ratio to groups whose ``weight_decay`` is 0 too
-            (the paper, default); ``False`` gives them ratio 1 (timm, apex, Habana).
-        max_grad_norm: clip all gradients by their global norm inside ``step`` (as
-            ``torch.nn.utils.clip_grad_norm_`` would, without modifying ``.grad``);
-            ``None`` (default) because the engine already clips once per step.
+        no_decay_adapt: apply the trust ratio to groups whose ``weight_decay`` is 0 too.
+        max_grad_norm: clip all gradients by their global norm inside ``step``, as
+            ``clip_grad_norm_`` would, leaving ``.grad`` as it was; ``None``: the engine clips.
         foreach: multi-tensor path (default) or the per-tensor reference path.
         chunk_elements: elements per chunk of the CPU kernel (``lamb_cpu``): ``None`` is
             ``CPU_CHUNK_ELEMENTS``, ``0`` turns it off (the plain multi-tensor kernel).
@@ -147,7 +133,7 @@ class Lamb(LayerwiseOptimizer):
             raise UserError(f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}; use None to leave clipping to the engine")
         if chunk_elements is not None and chunk_elements < 0:
             raise UserError(f"chunk_elements must be >= 0 or None, got {chunk_elements!r}")
-        self._scratch = lamb_cpu.Scratch()
+        self._buffers: lamb_cpu.Buffers = {}  # the CPU kernel's, kept between steps
         defaults = {
             "lr": lr,
             "betas": betas,
@@ -177,7 +163,7 @@ class Lamb(LayerwiseOptimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("no_decay_adapt", True)
-        self.__dict__.setdefault("_scratch", lamb_cpu.Scratch())
+        self.__dict__.setdefault("_buffers", {})
 
     def _init_state(self, param: Tensor, state: dict[str, Any]) -> None:
         if not state:
@@ -210,14 +196,13 @@ class Lamb(LayerwiseOptimizer):
     def _step_group(self, entry: Collected, context: Tensor | None, record: bool) -> Stats | None:
         parts = []
         for idx, settings, tensors in self._buckets(entry, record):
-            kernel = choose(tensors, foreach=self.foreach, chunk_elements=self.chunk_elements, scratch=self._scratch)
+            kernel = choose(tensors, foreach=self.foreach, chunk_elements=self.chunk_elements, buffers=self._buffers)
             parts.append((idx, kernel.step(settings, tensors, context)))
         return in_order(parts) if record else None  # type: ignore[arg-type]
 
     def _step_sharded(self, groups: list[Collected], shard_group: Any, context: Tensor | None, record: bool) -> list[Stats | None]:
-        """Each bucket's kernel begins on this rank's slices and queues their sums of squares;
-        one collective adds them up across the shard group (clipping inside the step took
-        another for ``context``); then every bucket finishes with the whole tensors' norms."""
+        """Every bucket begins on this rank's slices; one collective adds up all their sums of
+        squares (clipping took another); then every bucket finishes with the whole norms."""
         reduction, begun = sharded.NormReduction(shard_group), []
         for g, entry in enumerate(groups):
             for idx, settings, tensors in self._buckets(entry, record):

@@ -1,9 +1,8 @@
 """Habana's FusedLamb (``habana_frameworks.torch.hpex.optimizers.FusedLamb``) on a Gaudi.
 
-Unlike the other kernels it is a whole optimizer with its own state: where
-``largebatch.optim.lamb.choose`` picks it (the HPU backend asks as it builds the
-optimizer, with ``hpu.fused_optimizer`` on, handing over the class its bridge provides),
-it replaces ``Lamb``, set up as the paper's LAMB; settings it cannot reproduce are
+Unlike the other kernels it is a whole optimizer with its own state, which replaces
+``Lamb`` where ``largebatch.optim.lamb.choose`` picks it (the HPU backend asks, with
+``hpu.fused_optimizer`` on), set up as the paper's LAMB; settings it cannot reproduce are
 refused. It has never run on a Gaudi: it is tested against a recording stand-in for
 Habana's packages (``tests/backends/fake_habana``).
 """

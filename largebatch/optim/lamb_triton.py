@@ -8,18 +8,13 @@ compile-time switches; a program takes one chunk of one tensor (``CHUNK_ELEMENTS
 launch covers a bucket, the tensors' addresses in a small int64 table made each step. The
 per-tensor sums are added up from the chunks' in chunk order (a gather, no atomics: a step
 is deterministic), and the ratios come from ``lamb_update.trust`` on the device: nothing is
-read back. Per element, with ``lamb_update.Settings``' scalars (``scale``, ``eps'``: folded
-bias corrections; ``wd * x`` only without decoupled decay)::
+read back. Per element it computes ``lamb_update``'s lines in their folded form (``_block``).
 
-    m = b1 * m + (1 - b1) * clip * g             v = b2 * v + (1 - b2) * (clip * g)^2
-    u = scale * m / (sqrt(v) + eps') + wd * x    x = decay * x - lr * ratio * u
-
-Taken for float32 contiguous buckets on ``DEVICES`` when Triton imports (torch's CUDA
-wheels bring it), FSDP2's slices included (their norms summed across ranks between the
-passes). Ran on an NVIDIA H200 (torch 2.11, Triton 3.6, 2026-11-26): ``pytest -m gpu``
-passed (equal to the fused-Adam kernel and the paper's update on ViT-B-sized tensors), the
-step at 1.62x ``AdamW(fused=True)``'s on ViT-B/16. The tests run it on the CPU through
-Triton's interpreter against the paper's update, and compile it for sm_80 and sm_90.
+Ran on an NVIDIA H200 (torch 2.11, Triton 3.6, 2026-11-26): ``pytest -m gpu`` passed
+(equal to the fused-Adam kernel and the paper's update on ViT-B-sized tensors), the step at
+1.53x ``AdamW(fused=True)``'s on ViT-B/16 (1.62x on an earlier visit). The tests run it on
+the CPU through Triton's interpreter against the paper's update, and compile it for sm_80
+and sm_90.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ import functools
 import torch
 from torch import Tensor
 
-from largebatch.optim.lamb_update import Kernel, Pending, Settings, Tensors
+from largebatch.optim.lamb_update import Kernel, Pending, Settings, Tensors, contiguous
 
 try:
     import triton
@@ -52,35 +47,22 @@ def _jit(fn):
 
 @_jit
 def _block(
-    x_ptr, g_ptr, m_ptr, v_ptr, offsets, mask, clip, size, sum_u, sum_x, beta1, beta2, scale, eps, wd, decay,
-    HAS_CLIP: tl.constexpr, MOMENTS: tl.constexpr, NORMS: tl.constexpr, APPLY: tl.constexpr,
-    COUPLED: tl.constexpr, MASKED: tl.constexpr,
+    x_ptr, g_ptr, m_ptr, v_ptr, offsets, mask, other, clip, size, sum_u, sum_x, beta1, beta2, scale, eps, wd, decay,
+    HAS_CLIP: tl.constexpr, MOMENTS: tl.constexpr, NORMS: tl.constexpr, APPLY: tl.constexpr, COUPLED: tl.constexpr,
 ):  # fmt: skip
-    """One vector of elements; masked only for a chunk's last, partial vector, so that
-    the others load and store whole aligned vectors."""
-    if MASKED:
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-        m = tl.load(m_ptr + offsets, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
-    else:
-        x = tl.load(x_ptr + offsets)
-        m = tl.load(m_ptr + offsets)
-        v = tl.load(v_ptr + offsets)
+    """One vector of elements; ``mask`` and ``other`` are None (whole aligned vectors load and
+    store unmasked) but for a chunk's last, partial vector."""
+    x = tl.load(x_ptr + offsets, mask=mask, other=other)
+    m = tl.load(m_ptr + offsets, mask=mask, other=other)
+    v = tl.load(v_ptr + offsets, mask=mask, other=other)
     if MOMENTS:
-        if MASKED:
-            g = tl.load(g_ptr + offsets, mask=mask, other=0.0)
-        else:
-            g = tl.load(g_ptr + offsets)
+        g = tl.load(g_ptr + offsets, mask=mask, other=other)
         if HAS_CLIP:
             g = g * clip
         m = beta1 * m + (1.0 - beta1) * g
         v = beta2 * v + (1.0 - beta2) * g * g
-        if MASKED:
-            tl.store(m_ptr + offsets, m, mask=mask)
-            tl.store(v_ptr + offsets, v, mask=mask)
-        else:
-            tl.store(m_ptr + offsets, m)
-            tl.store(v_ptr + offsets, v)
+        tl.store(m_ptr + offsets, m, mask=mask)
+        tl.store(v_ptr + offsets, v, mask=mask)
     u = scale * m / (tl.sqrt(v) + eps)
     if COUPLED:
         u = u + wd * x
@@ -88,10 +70,7 @@ def _block(
         sum_u += u * u  # masked lanes hold m = v = x = 0, so u = 0 there
         sum_x += x * x
     if APPLY:
-        if MASKED:
-            tl.store(x_ptr + offsets, decay * x + size * u, mask=mask)
-        else:
-            tl.store(x_ptr + offsets, decay * x + size * u)
+        tl.store(x_ptr + offsets, decay * x + size * u, mask=mask)
     return sum_u, sum_x
 
 
@@ -138,14 +117,14 @@ def _lamb_kernel(
     for offset in range(0, whole, BLOCK):
         offsets = tl.multiple_of(offset, BLOCK) + tl.arange(0, BLOCK)
         sum_u, sum_x = _block(
-            x_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < count, clip, size, sum_u, sum_x, beta1, beta2, scale,
-            eps, wd, decay, HAS_CLIP, MOMENTS, NORMS, APPLY, COUPLED, False,
+            x_ptr, g_ptr, m_ptr, v_ptr, offsets, None, None, clip, size, sum_u, sum_x, beta1, beta2, scale,
+            eps, wd, decay, HAS_CLIP, MOMENTS, NORMS, APPLY, COUPLED,
         )  # fmt: skip
     if whole < count:
         offsets = whole + tl.arange(0, BLOCK)
         sum_u, sum_x = _block(
-            x_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < count, clip, size, sum_u, sum_x, beta1, beta2, scale,
-            eps, wd, decay, HAS_CLIP, MOMENTS, NORMS, APPLY, COUPLED, True,
+            x_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < count, 0.0, clip, size, sum_u, sum_x, beta1, beta2, scale,
+            eps, wd, decay, HAS_CLIP, MOMENTS, NORMS, APPLY, COUPLED,
         )  # fmt: skip
     if NORMS:
         tl.store(partial_ptr + 2 * chunk, tl.sum(sum_u, axis=0))
@@ -186,31 +165,26 @@ class _Layout:
         self.spare = torch.zeros(1, dtype=torch.float32, device=device)
 
 
-@functools.lru_cache(maxsize=64)
-def _layout(numels: tuple[int, ...], chunk: int, device: torch.device) -> _Layout:
-    return _Layout(numels, chunk, device)
+_layout = functools.lru_cache(maxsize=64)(_Layout)  # the layouts of recent buckets
 
 
 class Triton(Kernel):
-    """The kernel; ``Bucket`` holds a step between its halves."""
+    """The kernel (``Bucket`` holds a step between its halves), for float32 contiguous buckets
+    on ``DEVICES`` when Triton imports (torch's CUDA wheels bring it). Nothing that decides
+    depends on a rank's own slices (their addresses, say): under FSDP2 every rank takes the
+    same kernel and the same collective."""
 
     def applies(self, tensors: Tensors) -> bool:
-        """Triton imports, and the tensors are float32, contiguous, on a device of ``DEVICES``.
-        Nothing here depends on a rank's own slices (their addresses, say): under FSDP2 every
-        rank takes the same kernel and the same collective."""
-        device = tensors[0][0].device.type
-        if triton is None or device not in DEVICES or (device == "cpu" and not _interpreting()):
-            return False
-        return all(t.dtype == torch.float32 and t.is_contiguous() for ts in tensors for t in ts)
+        on_cpu = tensors[0][0].device.type == "cpu"  # only through the interpreter
+        return triton is not None and (not on_cpu or _interpreting()) and contiguous(tensors, DEVICES, (torch.float32,))
 
     def begin(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> Pending:
         return Bucket(settings, tensors, clip)
 
 
 class Bucket(Pending):
-    """A bucket's step: ``squares`` runs ``first_pass`` (the moments, each tensor's local sums
-    of ``u^2`` and ``x^2``), ``finish`` the second pass with the ratios, or ``one_pass`` for
-    everything when no norms were asked for. ``clip``: a 0-dim tensor on the device, or None."""
+    """A bucket's step: ``squares`` runs the first pass, ``finish`` the second, or the whole
+    step in one pass when no norms were asked for. ``clip``: a 0-dim tensor on the device, or None."""
 
     def __init__(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> None:
         params = tensors[0]
@@ -243,26 +217,17 @@ class Bucket(Pending):
                 *self.scalars, step_size, HAS_CLIP=clip is not None, PER_TENSOR=size is not None, **self.flags, **switches,
             )  # fmt: skip
 
-    def one_pass(self) -> None:
-        """The whole step at ``-lr`` with no trust ratio: moments and weights in one pass."""
-        self._launch(None, None, -float(self.lr), MOMENTS=True, NORMS=False, APPLY=True)
-
-    def first_pass(self) -> Tensor:
-        """Advance the moments; returns ``[tensors, 2]``: each tensor's ``sum u^2`` and
-        ``sum x^2`` (weights before decoupled decay) over the elements held here."""
+    def squares(self) -> tuple[Tensor, Tensor]:
+        """The first pass: advance the moments; each tensor's ``sum x^2`` (weights before
+        decoupled decay) and ``sum u^2`` over the elements held here."""
         self.passed = True
         partial = torch.zeros((self.layout.chunks + 1, 2), dtype=torch.float32, device=self.device)  # last row: 0
         self._launch(None, partial, 0.0, MOMENTS=True, NORMS=True, APPLY=False)
-        return partial[self.layout.gather].sum(dim=1)
-
-    def squares(self) -> tuple[Tensor, Tensor]:
-        sums = self.first_pass()
+        sums = partial[self.layout.gather].sum(dim=1)
         return sums[:, 1], sums[:, 0]
 
     def finish(self, ratios: Tensor | None) -> None:
-        """The step ``x = decay * x - lr * ratio * u``, ``u`` computed again from the moments."""
-        if not self.passed:
-            self.one_pass()
-            return
+        """The step ``x = decay * x - lr * ratio * u``, ``u`` computed again from the moments
+        after the first pass; without one (no ratios), the moments and the step in one pass."""
         sizes = None if ratios is None else (ratios.to(torch.float32) * -self.lr).contiguous()
-        self._launch(sizes, None, -float(self.lr), MOMENTS=False, NORMS=False, APPLY=True)
+        self._launch(sizes, None, -float(self.lr), MOMENTS=not self.passed, NORMS=False, APPLY=True)

@@ -9,15 +9,16 @@ minutes", ICLR 2020, arXiv:1904.00962, Algorithm 2. Per parameter tensor ``x``:
     x = x - lr * phi(||x||) / ||u|| * u        (ratio = 1 when ||x|| or ||u|| is 0)
 
 with ``phi`` the identity (``largebatch.optim.lamb`` has the variants' switches). Every
-kernel takes its scalars from ``Settings``, its moments from ``advance_moments`` or from
+kernel takes its scalars from ``Settings`` (the bias corrections folded into two,
+``r = scale * m / (sqrt(v) + eps')``), its moments from ``advance_moments`` or from
 torch's fused Adam kernel (``fused_directions``), its ratios from ``trust`` and its step
-from ``apply``; the Triton kernel (``lamb_triton``) computes the same lines per element
-from the same ``Settings``. A ``Kernel`` takes a bucket (tensors of one device, dtype and
-step count): ``begin`` advances the moments and returns the step's second half
-(``Pending``), which gives the norms and ``finish``es with the trust ratios; the sharded
-step sums every bucket's norms across ranks in between. On a GPU the step is bound by
-memory traffic: ``AdamW(fused=True)`` moves 7 parameter-sized streams per element,
-``MultiTensor`` about 26, ``FusedAdam`` 14, the Triton kernel 10.
+from ``apply``; the Triton kernel (``lamb_triton``) computes the same lines per element.
+A ``Kernel`` takes a bucket (tensors of one device, dtype and step count) that ``applies``
+accepts: ``begin`` advances the moments and returns the step's second half (``Pending``),
+which gives the norms and ``finish``es with the trust ratios; the sharded step sums every
+bucket's norms across ranks in between. On a GPU the step is bound by memory traffic:
+``AdamW(fused=True)`` moves 7 parameter-sized streams per element, ``MultiTensor`` about
+26, ``FusedAdam`` 14, the Triton kernel 10.
 """
 
 from __future__ import annotations
@@ -71,24 +72,34 @@ class Settings(NamedTuple):
         return root / self.corrections[0], self.eps * root
 
 
-def ratio(bounds: tuple[float | None, float | None] | None, w_norm: Tensor, u_norm: Tensor) -> Tensor:
-    """Trust ratios ``||x|| / ||u||`` clamped to ``bounds``, 1 where a norm is 0; 1 without ``bounds``."""
-    if bounds is None:
-        return torch.ones_like(w_norm)
-    out = w_norm / u_norm if bounds == (None, None) else (w_norm / u_norm).clamp(*bounds)
-    return torch.where(torch.minimum(w_norm, u_norm) > 0, out, 1.0)  # false for a NaN norm too
-
-
 def trust(settings: Settings, x_norm: Tensor, u_norm: Tensor) -> Stats:
-    """``(ratio, ||x||, ||u||)`` from the norms of the weights before decoupled decay (a
-    scalar factor: ``||decay * x|| = |decay| ||x||``) and of the updates."""
+    """``(ratio, ||x||, ||u||)`` from the norms of the weights before decoupled decay (a scalar
+    factor: ``||decay * x|| = |decay| ||x||``) and of the updates: the trust ratios
+    ``||x|| / ||u||`` clamped to the bounds, 1 where a norm is 0; 1 without bounds."""
     w_norm = x_norm if settings.decay == 1.0 else x_norm * abs(settings.decay)
-    return ratio(settings.bounds, w_norm, u_norm), w_norm, u_norm
+    if settings.bounds is None:
+        return torch.ones_like(w_norm), w_norm, u_norm
+    ratio = w_norm / u_norm if settings.bounds == (None, None) else (w_norm / u_norm).clamp(*settings.bounds)
+    return torch.where(torch.minimum(w_norm, u_norm) > 0, ratio, 1.0), w_norm, u_norm  # false for a NaN norm too
 
 
-def clipped(grads: list[Tensor], clip: Tensor | None) -> list[Tensor]:
-    """The gradients times the clipping coefficient, as new tensors (``.grad`` stays as it was)."""
-    return grads if clip is None else list(torch._foreach_mul(grads, clip))
+def contiguous(tensors: Tensors, devices: tuple[str, ...], dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether a bucket's tensors are contiguous, of one dtype among ``dtypes``, on a device type among ``devices``."""
+    first = tensors[0][0]
+    if first.device.type not in devices or first.dtype not in dtypes:
+        return False
+    return all(t.dtype == first.dtype and t.is_contiguous() for ts in tensors for t in ts)
+
+
+def clipped(grads: list[Tensor], clip: Tensor | None, out: list[Tensor] | None = None) -> list[Tensor]:
+    """The gradients times the clipping coefficient, as new tensors or into ``out`` (``.grad`` stays as it was)."""
+    if clip is None:
+        return grads
+    if out is None:
+        return list(torch._foreach_mul(grads, clip))
+    torch._foreach_copy_(out, grads)
+    torch._foreach_mul_(out, clip)
+    return out
 
 
 def advance_moments(settings: Settings, ms: list[Tensor], vs: list[Tensor], gs: list[Tensor]) -> None:
@@ -112,19 +123,12 @@ def directions(ms: list[Tensor], vs: list[Tensor], eps: float, ps: list[Tensor],
     return us
 
 
-def fused_directions(
-    settings: Settings,
-    ps: list[Tensor],
-    gs: list[Tensor],
-    ms: list[Tensor],
-    vs: list[Tensor],
-    us: list[Tensor] | None = None,
-    count: Tensor | None = None,
-) -> list[Tensor]:
+def fused_directions(settings: Settings, tensors: Tensors, us: list[Tensor] | None = None, count: Tensor | None = None) -> list[Tensor]:
     """Advance the moments and return ``u = r + coupled_wd * x`` (into ``us`` if given) from
     torch's fused Adam kernel (``torch.optim.Adam(fused=True)``'s): given ``coupled_wd * x``
     as its "parameter" and ``lr = -1`` it adds ``r``, in one pass with the moments. Its step
     count is a 0-dim float32 tensor (``count``, else filled on the device): nothing is read back."""
+    ps, gs, ms, vs = tensors
     wd = settings.coupled_wd
     if us is None:
         us = [torch.empty_like(p) for p in ps] if wd == 0 else list(torch._foreach_mul(ps, wd))
@@ -208,6 +212,7 @@ class Reference(Kernel):
 
     def step(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> Stats | None:
         stats = []
+        decayed = settings._replace(decay=1.0)  # the norms are taken after the decay
         for p, g, m, v in zip(*tensors):
             advance_moments(settings, [m], [v], clipped([g], clip))
             m_hat, v_hat = m / settings.corrections[0], v / settings.corrections[1]
@@ -215,8 +220,7 @@ class Reference(Kernel):
             if settings.decay != 1.0:
                 p.mul_(settings.decay)
             if settings.needs_norms:
-                w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)
-                stats.append((ratio(settings.bounds, w_norm, u_norm), w_norm, u_norm))
+                stats.append(trust(decayed, torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)))
             if settings.bounds is not None:
                 p.add_(update * (-settings.lr * stats[-1][0]))
             else:
@@ -241,11 +245,10 @@ class Directions(Pending):
 
 
 class MultiTensor(Kernel):
-    """``torch._foreach_*`` ops over a bucket, the bias corrections folded into two scalars,
-    both norms from one ``_foreach_norm``, the ratios in one vectorised op; nothing is read
-    back to the host. Takes any bucket (the CPU's without ``lamb_cpu``'s chunks, devices
-    without a kernel of their own, FSDP2's slices on the CPU). Runs in the CPU tests; on an
-    NVIDIA H200 (torch 2.11, 2026-11-26) 2.95x ``AdamW(fused=True)``'s step on ViT-B/16."""
+    """``torch._foreach_*`` ops over any bucket, the bias corrections folded, both norms from
+    one ``_foreach_norm``, the ratios in one vectorised op; nothing is read back to the host.
+    Runs in the CPU tests; on an NVIDIA H200 (torch 2.11, 2026-11-26) 2.95x
+    ``AdamW(fused=True)``'s step on ViT-B/16."""
 
     def __init__(self, in_place: bool = False) -> None:
         self.in_place = in_place
@@ -260,18 +263,14 @@ class MultiTensor(Kernel):
 
 class FusedAdam(Kernel):
     """The moments and ``r`` from torch's fused Adam kernel over whole tensors, the norms and
-    the step as ``MultiTensor``'s, for contiguous buckets of one dtype on ``FUSED_DEVICES``
-    that the Triton kernel does not take (bfloat16, float16, no Triton), FSDP2's slices
-    included. Ran on an NVIDIA H200 (torch 2.11, Triton 3.6, 2026-11-26) in ``pytest -m
-    gpu``, which passed, as the Triton kernel's reference, and at 2.52x
-    ``AdamW(fused=True)``'s step on ViT-B/16. The tests run it on the CPU."""
+    the step as ``MultiTensor``'s, for contiguous buckets of one dtype on ``FUSED_DEVICES``.
+    Ran on an NVIDIA H200 (torch 2.11, Triton 3.6, 2026-11-26) in ``pytest -m gpu``, which
+    passed, as the Triton kernel's reference, and at 2.52x ``AdamW(fused=True)``'s step on
+    ViT-B/16. The tests run it on the CPU."""
 
     def applies(self, tensors: Tensors) -> bool:
-        first = tensors[0][0]
-        if first.device.type not in FUSED_DEVICES or first.dtype not in _FUSED_DTYPES or not hasattr(torch, "_fused_adam_"):
-            return False
-        return all(t.dtype == first.dtype and t.is_contiguous() for group in tensors for t in group)
+        return hasattr(torch, "_fused_adam_") and contiguous(tensors, FUSED_DEVICES, _FUSED_DTYPES)
 
     def begin(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> Pending:
         ps, gs, ms, vs = tensors
-        return Directions(settings, ps, fused_directions(settings, ps, clipped(gs, clip), ms, vs), 1.0)
+        return Directions(settings, ps, fused_directions(settings, (ps, clipped(gs, clip), ms, vs)), 1.0)

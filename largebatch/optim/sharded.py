@@ -3,16 +3,12 @@
 Under ``dist.strategy='fsdp'`` or ``'hsdp'`` every parameter, its gradient and its
 optimizer state are DTensors sharded on dim 0 (FSDP2's ``fully_shard``), and each rank
 holds a slice. ``torch.linalg.vector_norm`` of a DTensor is correct but reduces across
-ranks once per tensor: 128 collectives for a model of 32 tensors whose optimizer needs
-two norms each, and far more at ViT-H scale. Layer-wise optimizers (LAMB, LARS),
-clipping and the gradient-norm hooks need many per-tensor norms per step, so they work
-on the local slices instead: each rank squares and sums its slice of every tensor, the
-partial sums of the whole step go into one vector, and one ``all_reduce`` over the
-ranks that hold the slices adds them up. Under HSDP (a 2-D mesh that replicates across
-groups and shards within one) that is the shard group only: the replicas hold the same
-values, so adding them would count each slice once per replica.
-
-A slice may be empty (a tensor with fewer rows than ranks): its partial sum is 0.
+ranks once per tensor; layer-wise optimizers (LAMB, LARS), clipping and the gradient-norm
+hooks need many per-tensor norms per step, so each rank squares and sums its slice of
+every tensor (an empty slice gives 0) and one ``all_reduce`` over the ranks that hold the
+slices adds up the whole step's partial sums. Under HSDP (a 2-D mesh that replicates
+across groups and shards within one) that is the shard group only: adding the replicas
+would count each slice once per replica.
 """
 
 from __future__ import annotations
@@ -79,16 +75,10 @@ def reduction_group(tensors: Sequence[Tensor]):
     return mesh.get_group(dim)
 
 
-def local_square_sums(tensors: Sequence[Tensor], dtype: torch.dtype | None = None) -> Tensor:
-    """Per tensor, the sum of squares of this rank's slice (a 1-D tensor; no collective)."""
-    if not tensors:
-        return torch.zeros(0, dtype=dtype or torch.float32)
+def local_norms(tensors: Sequence[Tensor]) -> Tensor:
+    """Per tensor, the L2 norm of this rank's slice, on the first one's device (no collective)."""
     slices = locals_of(tensors)
-    norms = torch._foreach_norm(slices)
-    out = torch.stack([n.to(slices[0].device) for n in norms])
-    if dtype is not None:
-        out = out.to(dtype)
-    return out.square()
+    return torch.stack([n.to(slices[0].device) for n in torch._foreach_norm(slices)])
 
 
 class NormReduction:
@@ -102,42 +92,35 @@ class NormReduction:
     def __init__(self, group) -> None:
         self.group = group
         self._parts: list[Tensor] = []
-        self._offsets: list[int] = [0]
-        self._total: Tensor | None = None
+        self._norms: list[Tensor] = []
 
     def add(self, tensors: Sequence[Tensor]) -> int:
         """Queue the norms of ``tensors``; returns the handle for ``norms``."""
-        return self.add_squares(local_square_sums(tensors))
+        return self.add_squares(local_norms(tensors).square() if tensors else torch.zeros(0))
 
     def add_squares(self, part: Tensor) -> int:
         """Queue per-tensor sums of squares of this rank's slices, computed elsewhere
         (a 1-D tensor); returns the handle for ``norms``."""
         self._parts.append(part)
-        self._offsets.append(self._offsets[-1] + part.numel())
         return len(self._parts) - 1
 
     def reduce(self) -> None:
         """Add up the partial sums over the group's ranks, all at once."""
-        parts = [p for p in self._parts if p.numel()]
-        if not parts:
-            self._total = torch.zeros(0)
-            return
-        total = torch.cat([p.to(parts[0]) for p in parts])
-        if self.group is not None:
+        parts = [p for p in self._parts if p.numel()]  # an empty one's dtype must not count
+        total = torch.cat([p.to(parts[0]) for p in parts]) if parts else torch.zeros(0)
+        if parts and self.group is not None:
             torch.distributed.all_reduce(total, group=self.group)
-        self._total = total.sqrt()
+        self._norms = list(total.sqrt().split([p.numel() for p in self._parts]))
 
     def norms(self, handle: int) -> Tensor:
-        if self._total is None:
-            raise RuntimeError("NormReduction.norms before reduce()")
-        return self._total[self._offsets[handle] : self._offsets[handle + 1]]
+        return self._norms[handle]
 
 
 def grad_norms(grads: Sequence[Tensor]) -> Tensor:
     """The L2 norm of each of ``grads`` (sharded or not), in one collective when sharded."""
     group = reduction_group(grads)
     if group is None:
-        return torch.stack([n.to(grads[0].device) for n in torch._foreach_norm(list(grads))])
+        return local_norms(grads)
     reduction = NormReduction(group)
     handle = reduction.add(grads)
     reduction.reduce()

@@ -17,7 +17,7 @@ OPTIONS = list(itertools.product([True, False], [False, True], [None, (0.01, 0.5
 
 
 def cpu_applies(*tensors):
-    return lamb_cpu.CpuChunks(16, lamb_cpu.Scratch()).applies(tensors)
+    return lamb_cpu.CpuChunks(16, {}).applies(tensors)
 
 
 @pytest.fixture
@@ -96,9 +96,15 @@ def test_windows_cover_every_element_once():
     sizes = [5, 4, 40, 3, 16, 17, 2]
     tensors = [torch.arange(n, dtype=torch.float32) for n in sizes]
     windows = lamb_cpu.plan_windows(tensors, tensors, tensors, tensors, limit=16)
-    pieces = [piece for window in windows for chunk in window.chunks for piece in chunk[0]]
+    pieces = [piece for window in windows for chunk in window for piece in chunk[0]]
     assert torch.equal(torch.cat(pieces), torch.cat(tensors))
     assert all(piece.numel() <= 16 for piece in pieces)
-    # Small tensors share a window while they fit; a larger one is a window of pieces.
-    assert [w.count for w in windows] == [2, 1, 1, 1, 1, 1]
-    assert [len(w.chunks) for w in windows] == [1, 3, 1, 1, 2, 1]
+    # Small tensors share a window of one chunk while they fit; a larger one is a window of pieces.
+    assert [[[p.numel() for p in chunk[0]] for chunk in window] for window in windows] == [
+        [[5, 4]],
+        [[16], [16], [8]],
+        [[3]],
+        [[16]],
+        [[16], [1]],
+        [[2]],
+    ]

@@ -131,7 +131,7 @@ def compare_paths(monkeypatch, device: str, shapes: list[tuple[int, ...]], decou
             optimizer.step()
         return [p.detach().double().cpu() for p in params], optimizer.last_stats
 
-    taken = count_calls(monkeypatch, lamb_triton.Bucket, "first_pass")
+    taken = count_calls(monkeypatch, lamb_triton.Bucket, "squares")
     triton_weights, triton_stats = run(device, torch.float32)
     assert len(taken) == 10  # both groups, every step
     monkeypatch.setattr(lamb_triton, "DEVICES", ())

@@ -83,6 +83,6 @@ def test_the_detector_sees_a_read_back_and_the_cpu_kernel_never_takes_accelerato
         bool(torch.ones(()) > 0)
     assert len(mode.seen) == 2  # the check above can fail
     on_meta = [torch.empty(4, device="meta") for _ in range(4)]
-    assert not lamb_cpu.CpuChunks(16, lamb_cpu.Scratch()).applies(
+    assert not lamb_cpu.CpuChunks(16, {}).applies(
         (on_meta[:1], on_meta[1:2], on_meta[2:3], on_meta[3:])
     )  # other devices: multi-tensor path

@@ -84,7 +84,7 @@ def _worker(rank: int, world: int, port: int, kind: str, mesh_shape: tuple[int, 
         monkeypatch.setattr(lamb_triton, "DEVICES", ("cpu",))
         monkeypatch.setattr(lamb_triton, "CHUNK_ELEMENTS", 64)  # tensors span several chunks
         monkeypatch.setattr(lamb_triton, "BLOCK_ELEMENTS", 16)
-        fused_calls, kind = count_calls(monkeypatch, lamb_triton.Bucket, "first_pass"), "lamb"
+        fused_calls, kind = count_calls(monkeypatch, lamb_triton.Bucket, "squares"), "lamb"
         # float32 against the unsharded optimizer's float32 CPU path: equal to rounding. A
         # larger eps: the full-batch and the sharded gradients differ by float32 rounding
         # (about 1e-9 here), and where a gradient is that small, r = g / (|g| + eps) with
