@@ -10,6 +10,7 @@ lamb_step          our LAMB's step time against timm's, torch-optimizer's and
                    Colossal-AI's
 lars_step          our LARS's step time against timm's Lars, with an A/A control
 loaders            the native TFRecord loader against DALI (CPU) and ImageFolder
+startup            the commands that do not train against ``import torch, timm``
 =================  ==============================================================
 
 The benchmarks run one after another as subprocesses (``OMP_NUM_THREADS=1`` unless
@@ -61,6 +62,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "lamb_step": ("bench/lamb_step.py", ["--steps", "5", "--rounds", "2"], ["--steps", "1", "--rounds", "1", "--compare-steps", "1"]),
     "lars_step": ("bench/lars_step.py", ["--steps", "3", "--rounds", "8"], ["--steps", "1", "--rounds", "2", "--compare-steps", "1"]),
     "loaders": ("bench/loaders.py", ["--images", "512"], ["--images", "32", "--rounds", "1", "--batch", "8"]),
+    "startup": ("bench/startup.py", ["--rounds", "7"], ["--rounds", "1"]),
 }
 
 

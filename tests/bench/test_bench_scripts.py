@@ -140,6 +140,13 @@ def test_async_checkpoint_runs_every_side():
 
 
 @pytest.mark.slow
+def test_startup_times_every_command_and_another_checkout():
+    out = run_script("bench/startup.py", "--rounds", "1", "--against", str(REPO))
+    for row in ("config show / import torch, timm", "A/A: config show again / config show", f"largebatch --help: {REPO.name} / this tree"):
+        assert f"| {row} |" in out, out
+
+
+@pytest.mark.slow
 def test_lars_step_runs():
     out = run_script("bench/lars_step.py", "--model", "vit_tiny_patch16_224", "--steps", "1", "--rounds", "2", "--compare-steps", "1")
     assert "A/A control: ours vs ours" in out and "Lars |" in out

@@ -1,4 +1,4 @@
-"""``largebatch config show`` imports neither torch nor timm (seconds of start-up): read
+"""``largebatch --help`` and ``largebatch config show`` import neither torch nor timm (seconds of start-up): read
 from ``python -X importtime``, which names every module a process imports."""
 
 from __future__ import annotations
@@ -43,6 +43,16 @@ def test_config_show_imports_neither_torch_nor_timm():
     assert heavy(modules) == []
     assert shown["derived"]["accumulation"] == 16
     assert shown["derived"]["memory_estimate"]["parameters"] == 86_567_656
+
+
+def test_help_imports_neither_torch_nor_timm():
+    result = subprocess.run(
+        [PYTHON, "-X", "importtime", "-m", "largebatch", "--help"], cwd=REPO, capture_output=True, text=True, timeout=300, env=clean_env()
+    )
+    assert result.returncode == 0 and "config" in result.stdout, result.stderr[-3000:]
+    modules = imported_modules(result.stderr)
+    assert "largebatch.cli" in modules  # the listing is read
+    assert heavy(modules) == []
 
 
 @pytest.mark.slow

@@ -1,0 +1,110 @@
+"""Start-up of the commands that do not train, against importing torch and timm.
+
+Each command runs as a fresh ``python -m largebatch ...`` process from the repository
+root, timed from start to exit (wall clock): ``--help``, and ``config show`` on the
+ViT-B/16 config at world size 8. Beside them, in the same rotation, ``python -c "import
+torch, timm"``: what every command paid before they imported lazily, so the ratio
+command / import says how much of that cost a command still carries. An A/A control runs
+``config show`` a second time in the rotation. With ``--against TREE`` the same commands
+run from another checkout (its root as the working directory and first on
+``PYTHONPATH``) too, and each is reported as a ratio against this one's: a before/after
+comparison in one run.
+
+Rounds take turns through every command, the order reversed every other round; the
+ratios are medians over rounds of each round's ratio (quartiles in brackets).
+
+    python bench/startup.py [--rounds 7] [--against ../other-checkout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+COMMANDS = {
+    "largebatch --help": ["-m", "largebatch", "--help"],
+    "largebatch config show configs/vit-b16.py --world-size 8": [
+        "-m",
+        "largebatch",
+        "config",
+        "show",
+        "configs/vit-b16.py",
+        "--world-size",
+        "8",
+    ],
+    "import torch, timm": ["-c", "import torch, timm"],
+}
+AA = "A/A: config show again"
+
+
+def timed(tree: pathlib.Path, args: list[str]) -> float:
+    """Seconds from the start of ``python ARGS`` in ``tree`` to its exit; fails loudly."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"`{' '.join(args)}` in {tree} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return seconds
+
+
+def rotation(against: pathlib.Path | None) -> list[tuple[str, pathlib.Path, list[str]]]:
+    """(label, tree, arguments) of every timed slot of a round."""
+    slots = [(name, REPO, args) for name, args in COMMANDS.items()]
+    slots.append((AA, REPO, COMMANDS["largebatch config show configs/vit-b16.py --world-size 8"]))
+    if against is not None:
+        slots += [(f"{name} [{against.name}]", against, args) for name, args in COMMANDS.items() if name.startswith("largebatch")]
+    return slots
+
+
+def ratio(times: dict[str, list[float]], a: str, b: str) -> str:
+    per_round = [x / y for x, y in zip(times[a], times[b])]
+    if len(per_round) < 2:
+        return f"{per_round[0]:.3f}"
+    q1, _, q3 = statistics.quantiles(per_round, n=4, method="inclusive")
+    return f"{statistics.median(per_round):.3f} ({q1:.3f}-{q3:.3f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--against", type=pathlib.Path, default=None, help="another checkout to time the same commands from")
+    args = parser.parse_args()
+    against = args.against.resolve() if args.against else None
+    slots = rotation(against)
+    for _, tree, argv in slots:  # warm the file cache: the first run of each reads everything from disk
+        timed(tree, argv)
+    times: dict[str, list[float]] = {label: [] for label, _, _ in slots}
+    load_before = os.getloadavg()
+    for round_ in range(args.rounds):
+        for label, tree, argv in slots if round_ % 2 == 0 else slots[::-1]:
+            times[label].append(timed(tree, argv))
+    from bench.machine import machine_description
+
+    print(f"Machine: {machine_description()}.")
+    print(f"Load average (1 min): {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; {args.rounds} rounds.\n")
+    print("| command | s (median) | s (min) |")
+    print("|---|---:|---:|")
+    for label, values in times.items():
+        print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} |")
+    show = "largebatch config show configs/vit-b16.py --world-size 8"
+    print("\n| ratio, per round | median (quartiles) |")
+    print("|---|---:|")
+    print(f"| --help / import torch, timm | {ratio(times, 'largebatch --help', 'import torch, timm')} |")
+    print(f"| config show / import torch, timm | {ratio(times, show, 'import torch, timm')} |")
+    print(f"| {AA} / config show | {ratio(times, AA, show)} |")
+    if against is not None:
+        for name in (n for n in COMMANDS if n.startswith("largebatch")):
+            print(f"| {name}: {against.name} / this tree | {ratio(times, f'{name} [{against.name}]', name)} |")
+
+
+if __name__ == "__main__":
+    main()
