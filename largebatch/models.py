@@ -120,8 +120,9 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
 
     Raises:
         ConfigError: unknown model name, a keyword argument the model does not take
-            (named as ``model.<key>``, with a "did you mean"), or starting weights that
-            cannot be found or do not fit the model.
+            (named as ``model.<key>``, with a "did you mean"), values timm refuses to
+            build (its reason and the arguments), or starting weights that cannot be
+            found or do not fit the model.
     """
     import timm
 
@@ -138,14 +139,28 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
             raise _argument_error(timm, name, kwargs, exc) from exc
         except (RuntimeError, OSError, ValueError) as exc:
             if overlay is None:
-                raise
+                raise _build_error(name, kwargs, exc) from exc
             raise _weights_error(model, name, exc) from exc
+        except (AssertionError, ArithmeticError) as exc:  # timm's own checks: arguments that do not fit together
+            raise _build_error(name, kwargs, exc) from exc
+
+
+def _build_error(name: str, kwargs: dict[str, Any], exc: Exception) -> ConfigError:
+    """timm refused the model section's values (``embed_dim`` not a multiple of ``num_heads``,
+    a patch of 0, a negative depth): its reason, and the arguments it was given."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "no reason given"
+    given = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+    return ConfigError(
+        f"timm could not build {name!r} with {given} (the rest: {name}'s defaults): {type(exc).__name__}: {reason}; "
+        "change the model section's values",
+        key="model",
+    )
 
 
 def _argument_error(timm: Any, name: str, kwargs: dict[str, Any], exc: TypeError) -> ConfigError:
     match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
     if not match:
-        return ConfigError(f"timm could not build {name!r} with {kwargs}: {exc}", key="model")
+        return _build_error(name, kwargs, exc)
     bad = match.group(1)
     close = difflib.get_close_matches(bad, _accepted_kwargs(timm, name), n=1)
     hint = f"did you mean 'model.{close[0]}'?" if close else "remove it"
