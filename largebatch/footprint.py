@@ -32,6 +32,7 @@ this estimate.
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from largebatch import vit
@@ -47,12 +48,26 @@ STATE_TENSORS = {"lamb": 2, "adamw": 2, "lars": 1, "sgd": 1}
 
 def optimizer_state_tensors(section: OptimizerConfig) -> int:
     """How many parameter-sized tensors the optimizer keeps (momentum off: none for SGD/LARS)."""
-    kind, extra = section.type, section.extra  # momentum and amsgrad: the optimizer class's own arguments
-    if kind in ("lars", "sgd") and not extra.get("momentum", 0.9 if kind == "lars" else 0.0):
+    kind = section.type
+    if kind in ("lars", "sgd") and not _argument(section, "momentum"):
         return 0
-    if kind == "adamw" and extra.get("amsgrad"):
+    if kind == "adamw" and _argument(section, "amsgrad"):
         return 3
     return STATE_TENSORS.get(kind, 2)
+
+
+def _argument(section: OptimizerConfig, name: str) -> Any:
+    """The optimizer's ``name`` argument: the config's value, else its class's default (from
+    the recorded signature: no torch import); None where the class has no such argument."""
+    if name in section.extra:
+        return section.extra[name]
+    from largebatch.optim import optimizer_signature
+
+    default = next((p.default for p in optimizer_signature(section.type).parameters if p.name == name), None)
+    try:
+        return ast.literal_eval(default) if default is not None else None
+    except (ValueError, SyntaxError):  # a default that is not a plain value
+        return None
 
 
 def model_sizes(cfg: Config) -> tuple[int, int, int]:
