@@ -77,7 +77,7 @@ class ModelEmaHook(Hook):
             return dict(self._loaded or {})
         return {
             "weights": {k: v.detach().clone() for k, v in self.ema.module.state_dict().items()},
-            "rounding_generator": self.ema._sr_generator.get_state(),
+            "rounding_generator": generator.get_state() if (generator := _rounding_generator(self.ema)) is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -91,4 +91,14 @@ class ModelEmaHook(Hook):
     def _restore(self, state: dict[str, Any]) -> None:
         with torch.no_grad():
             self.ema.module.load_state_dict(state["weights"])
-        self.ema._sr_generator.set_state(state["rounding_generator"])
+        generator = _rounding_generator(self.ema)
+        if generator is not None and state.get("rounding_generator") is not None:
+            generator.set_state(state["rounding_generator"])
+
+
+def _rounding_generator(ema: Any) -> torch.Generator | None:
+    """The random generator of the average's stochastic rounding (bfloat16 weights), which a
+    resume must carry on from; timm keeps it private (``_sr_generator``), and a
+    timm without it rounds without one."""
+    generator = getattr(ema, "_sr_generator", None)
+    return generator if isinstance(generator, torch.Generator) else None
