@@ -11,7 +11,8 @@ value are redacted, anywhere in the config:
   ``passwd``, ``secret`` or ``credential(s)``, or ``api_key``, ``access_key`` or
   ``private_key`` (in any case, ``_``/``-`` or camelCase: ``hf_token``, ``apiKey``,
   ``client_secret``, ``AWS_SECRET_ACCESS_KEY``) becomes ``<redacted>``. Numbers and
-  booleans are left alone (timm's ``class_token=True`` is no secret).
+  booleans are left alone (timm's ``class_token=True`` is no secret). An error line that
+  shows such a key's value (of a type the key does not take) shows it redacted too.
 
 A command line is redacted the same way (``redact_argv``: each ``--set`` value under its
 key), for the trackers that record it.

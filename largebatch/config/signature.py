@@ -29,6 +29,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from largebatch.config.redact import redact
 from largebatch.errors import ConfigError
 
 _NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", tuple: "a list", dict: "a dict"}
@@ -130,7 +131,7 @@ class Signature:
                 continue
             if param.expected.fits(value) is False:
                 raise ConfigError(
-                    f"expected {param.described}, got {_describe(value)}; {self.owner} takes {name}={param.default} by default",
+                    f"expected {param.described}, got {_describe(value, name)}; {self.owner} takes {name}={param.default} by default",
                     key=f"{key_prefix}.{name}",
                 )
 
@@ -167,8 +168,9 @@ def _named_class(path: str) -> type | None:
     return found if isinstance(found, type) else None
 
 
-def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+def _describe(value: Any, key: str) -> str:
+    """``value`` for an error line, redacted under a credential's name (``api_token=...``)."""
+    return f"{redact(value, key)!r} ({type(value).__name__})"
 
 
 def _reduce(expected: Any) -> Expected:

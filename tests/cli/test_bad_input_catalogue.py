@@ -558,6 +558,17 @@ class Notify(Hook):
 """
 
 
+def test_an_error_line_about_a_credential_shows_no_part_of_it(tmp_path, capsys):
+    """A value of the wrong type under a credential's name: the error line names the key and
+    the type it wanted, and shows ``<redacted>`` where the value would be."""
+    hook = credential_hook(tmp_path) | {"api_key": ["sk-live-123", "sk-live-456"]}  # a list where a string is taken
+    assert invoke(train(config_with(tmp_path, hooks=[hook]), tmp_path / "run")) == 2
+    err = capsys.readouterr().err
+    assert "hooks[0].api_key" in err and "expected a string" in err and "<redacted>" in err, err
+    assert "sk-live" not in err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_credentials_reach_the_run_and_nothing_it_writes_or_tells_a_tracker(tmp_path, monkeypatch, capfd):
     """A URI with user-info and keys named like credentials, in hook arguments given on the
