@@ -56,7 +56,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # In order of importance, so a --budget that runs out drops the least important last.
-SECTIONS = ["tests", "lamb", "train", "loader_alone", "loader_train", "distributed", "accuracy"]
+SECTIONS = ["tests", "lamb", "train", "loader_alone", "loader_train", "distributed", "accuracy", "profile"]
 TITLES = {
     "tests": "a. Tests marked for the device",
     "lamb": "b. LAMB step time",
@@ -65,6 +65,7 @@ TITLES = {
     "loader_train": "e. Training from TFRecord shards through the loaders",
     "distributed": "f. ddp against fsdp",
     "accuracy": "g. Accuracy smoke: the Fashion-MNIST demo",
+    "profile": "h. Where the step time goes: the engine and timm's loop under torch.profiler",
 }
 SECTION_TIMEOUT_S = 3600
 

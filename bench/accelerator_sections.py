@@ -317,8 +317,9 @@ def attempt(label: str, work, *args, **kwargs):
         return None
 
 
-def timm_loop(device: str, sizes: Sizes, batches: list) -> Measured:
-    """timm train.py's per-batch work as a plain loop: bf16 autocast, AdamW, backward, clip, step."""
+def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measured:
+    """timm train.py's per-batch work as a plain loop: bf16 autocast, AdamW, backward, clip,
+    step (and ``profiler.step()`` after each, when profiled)."""
     import timm
     from timm.optim import create_optimizer_v2
     from timm.utils import dispatch_clip_grad
@@ -342,6 +343,8 @@ def timm_loop(device: str, sizes: Sizes, batches: list) -> Measured:
         dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
         optimizer.step()
         mark_step(device)
+        if profiler is not None:
+            profiler.step()
     synchronize(device)
     rate = sizes.timed * sizes.micro / (time.perf_counter() - start)
     peak = peak_memory(device)
@@ -710,6 +713,118 @@ def section_distributed(device: str, quick: bool) -> None:
         print(f"| {strategy} | {rate:.1f} | {gib(peak)} | {rate / base:.3f} |")
 
 
+# -- h. where the engine's step time goes, against timm's loop --------------------------
+
+
+class ProfilerSteps(Hook):
+    """Tells the profiler, after each optimizer step, that a step ended (its schedule counts them)."""
+
+    def __init__(self, profiler) -> None:
+        super().__init__()
+        self.profiler = profiler
+
+    def after_step(self, state) -> None:
+        self.profiler.step()
+
+
+def profiler_for(device: str, sizes: Sizes):
+    """A profiler over the last steps of a run: the first ``warmup - 1`` skipped, one step of
+    the profiler's own warm-up, then ``timed`` steps recorded (host ops, and kernels on CUDA)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    schedule = torch.profiler.schedule(wait=max(0, sizes.warmup - 1), warmup=min(1, sizes.warmup), active=sizes.timed, repeat=1)
+    return torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=False)
+
+
+@dataclasses.dataclass
+class Profile:
+    """One side's recorded steps: wall time per step while recorded, the device's busy time
+    per step (the kernels' own time, summed), kernels launched per step, and the op table."""
+
+    wall_ms: float
+    kernel_ms: float | None
+    kernels: float | None
+    table: str
+
+
+def profile_summary(profiler, device: str, steps: int, wall_s: float) -> Profile:
+    averages = profiler.key_averages()
+    kernel_ms = kernels = None
+    if device == "cuda":
+        on_device = [e for e in averages if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        kernel_ms = sum(getattr(e, "self_device_time_total", 0.0) for e in on_device) / 1e3 / steps
+        kernels = sum(e.count for e in on_device) / steps
+    sort_by = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    return Profile(1e3 * wall_s / steps, kernel_ms, kernels, averages.table(sort_by=sort_by, row_limit=15, max_name_column_width=60))
+
+
+def profile_engine(device: str, sizes: Sizes, work: pathlib.Path, nan_guard: str) -> Profile:
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "config.yaml"
+    path.write_text(yaml.safe_dump(engine_config(device, sizes, "bf16", nan_guard=nan_guard)))
+    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "run")))
+    loader = FixedBatches(first_batches(engine.train_loader, min(4, sizes.warmup + sizes.timed)), CLASSES)
+    timer = StepTimer(sizes.warmup)
+    with profiler_for(device, sizes) as profiler:
+        engine = Engine(engine.state, [*engine.hooks, timer, ProfilerSteps(profiler)], loader, engine.eval_loader)
+        try:
+            engine.run()
+        finally:
+            engine.close()
+    return profile_summary(profiler, device, sizes.timed, timer.seconds)
+
+
+def profile_timm(device: str, sizes: Sizes, batches: list) -> Profile:
+    with profiler_for(device, sizes) as profiler:
+        measured = timm_loop(device, sizes, batches, profiler)
+    return profile_summary(profiler, device, sizes.timed, sizes.timed * sizes.micro / measured.images_per_s)
+
+
+def section_profile(device: str, quick: bool) -> None:
+    """Section c's bf16 engine (with and without the non-finite check) and timm's loop under
+    ``torch.profiler``: whether the engine's extra time per step is device work (more or
+    longer kernels) or the device waiting for the host (busy share below timm's)."""
+    if device == "hpu":
+        print("skipped: torch.profiler's HPU activity needs Habana's profiler set-up; profile on a Gaudi with hl-prof-config")
+        return
+    sizes = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        path = work / "batches.yaml"
+        cfg = engine_config(device, sizes, "bf16")
+        cfg["data"]["train_samples"] = 4 * sizes.micro
+        path.write_text(yaml.safe_dump(cfg))
+        engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "batches")))
+        batches = first_batches(engine.train_loader, 4)
+        del engine
+        attempt("warm-up run", engine_run, engine_config(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
+        sides = {
+            "largebatch engine, bf16": attempt("engine", profile_engine, device, sizes, work / "engine", "stop"),
+            "largebatch engine, bf16, nan_guard off": attempt("engine, nan_guard off", profile_engine, device, sizes, work / "off", "off"),
+            "timm train.py loop, bf16 autocast": attempt("timm loop", profile_timm, device, sizes, batches),
+        }
+    print(
+        f"{sizes.model}, micro-batch {sizes.micro}, bf16; {sizes.timed} steps recorded after {sizes.warmup}; "
+        "times under the profiler (slower than section c's): compare the rows with each other"
+    )
+    print()
+    print("| side | ms per step (wall, profiled) | kernel ms per step | device busy share | kernels per step |")
+    print("|---|---:|---:|---:|---:|")
+    for label, found in sides.items():
+        if found is None:
+            continue
+        busy = f"{found.kernel_ms / found.wall_ms:.3f}" if found.kernel_ms is not None else "n/a (no device)"
+        kernel_ms = f"{found.kernel_ms:.2f}" if found.kernel_ms is not None else "n/a"
+        kernels = f"{found.kernels:.0f}" if found.kernels is not None else "n/a"
+        print(f"| {label} | {found.wall_ms:.2f} | {kernel_ms} | {busy} | {kernels} |")
+    for label, found in sides.items():
+        if found is not None:
+            print(f"\n{label}: the ops that took the most {'device' if device == 'cuda' else 'CPU'} time\n\n```\n{found.table}\n```")
+    if any(found is None for found in sides.values()):
+        raise SystemExit("a side failed: see its line above and the traceback in the log")
+
+
 # -- g. accuracy ------------------------------------------------------------------------
 
 
@@ -742,6 +857,7 @@ SECTIONS = {
     "lamb": section_lamb,
     "distributed": section_distributed,
     "accuracy": section_accuracy,
+    "profile": section_profile,
 }
 
 

@@ -210,6 +210,7 @@ def test_gpu_pack_then_check_rehearse_every_section_on_the_cpu(tmp_path):
     assert "| native loader (worker processes decode; normalised in the main process) from TFRecord shards |" in report
     assert "skipped: the CPU stand-in has no devices to spread over" in report  # f
     assert "| Fashion-MNIST demo on one cpu device |" in report  # g
+    assert "| largebatch engine, bf16, nan_guard off |" in report and "the ops that took the most CPU time" in report  # h
     assert "failed, status" not in report and "not run" not in report
 
 
