@@ -13,17 +13,20 @@ with the daemons.
 
 Debian's ``slurmctld slurmd slurm-client munge`` are installed when missing (as root).
 Only the daemons started here are stopped afterwards: ``scontrol shutdown`` for Slurm,
-and munged only when this module started it.
+and munged only when a cluster of these tests started it and no other cluster, in this
+or another test session, still uses it (``MungeUse``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "munged")
@@ -64,6 +67,33 @@ def _munge_works() -> bool:
         return False
 
 
+def _start_munged() -> int:
+    """Start the machine's munged (a key made first if there is none); its pid once it answers."""
+    key = pathlib.Path("/etc/munge/munge.key")
+    if not key.exists():
+        subprocess.run(["mungekey", "--create"], check=True, timeout=30)
+        shutil.chown(key, "munge", "munge")
+    run = pathlib.Path("/run/munge")
+    run.mkdir(exist_ok=True)
+    shutil.chown(run, "munge", "munge")
+    subprocess.run(["runuser", "-u", "munge", "--", _which("munged")], check=True, timeout=30)
+    pid = int((run / "munged.pid").read_text())
+    for _ in range(50):
+        if _munge_works():
+            return pid
+        time.sleep(0.1)
+    raise RuntimeError("munged started but munge -n | unmunge fails")
+
+
+def _stop_munged(pid: int) -> None:
+    """Stop munged by its pid, unless that pid is no longer munged (gone, or reused)."""
+    try:
+        if pathlib.Path(f"/proc/{pid}/comm").read_text().strip() == "munged":
+            os.kill(pid, 15)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+
+
 def private_hosts_reason() -> str | None:
     """Why node names cannot be given their own ``/etc/hosts`` (a mount namespace), or None."""
     probe = ["unshare", "--mount", "--propagation", "private", "--", "mount", "--bind", "/etc/hosts", "/etc/hosts"]
@@ -72,6 +102,61 @@ def private_hosts_reason() -> str | None:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unshare --mount cannot run: {exc}"
     return None if result.returncode == 0 else f"unshare --mount fails: {result.stderr.strip()[-300:]}"
+
+
+class MungeUse:
+    """One cluster's use of the machine's munged, shared with every other cluster of these
+    tests (two test sessions at once, say) through two lock files: each cluster holds a
+    shared lock on ``lock`` while it uses munged; starting munged (when none answers) and
+    deciding to stop it happen under an exclusive lock on ``lock`` + ``.start``, so the two
+    never interleave. munged is stopped only by its last user, and only when these tests
+    started it (its pid in the ``.started`` marker). Without it, one session stopping the
+    munged it started broke the other's jobs.
+
+    Args:
+        lock: the lock file; the start lock and the marker go beside it.
+        works: whether munged answers; start: starts it, returning its pid; stop: stops a pid.
+    """
+
+    def __init__(self, lock: pathlib.Path, works: Callable[[], bool], start: Callable[[], int], stop: Callable[[int], None]) -> None:
+        self.lock, self.start_lock, self.marker = lock, lock.with_suffix(".start"), lock.with_suffix(".started")
+        self.works, self.start_daemon, self.stop_daemon = works, start, stop
+        self.fd: int | None = None
+
+    def _starting(self) -> int:
+        """The start lock, taken (blocks while another cluster starts or stops munged)."""
+        fd = os.open(self.start_lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def acquire(self) -> None:
+        self.lock.parent.mkdir(parents=True, exist_ok=True)
+        starting = self._starting()
+        try:
+            if not self.works():
+                self.marker.write_text(str(self.start_daemon()))
+            self.fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_SH)  # in use while this is held
+        finally:
+            os.close(starting)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        starting = self._starting()
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while another cluster holds it
+        except BlockingIOError:
+            pass
+        else:
+            if self.marker.exists():
+                pid = int(self.marker.read_text())
+                self.marker.unlink()
+                self.stop_daemon(pid)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+            os.close(starting)
 
 
 class SlurmCluster:
@@ -88,32 +173,14 @@ class SlurmCluster:
         self.conf = folder / "slurm.conf"
         self.hostname = socket.gethostname().split(".")[0]
         self.nodes = [self.hostname] if nodes == 1 else [f"lbn{i + 1}" for i in range(nodes)]
-        self.munged_pid: int | None = None
+        self.munge = MungeUse(pathlib.Path("/run/lock/largebatch-tests-munge.lock"), _munge_works, _start_munged, _stop_munged)
         self.daemons: list[subprocess.Popen] = []
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         return {**base, "SLURM_CONF": str(self.conf)}
 
-    def _start_munge(self) -> None:
-        if _munge_works():
-            return
-        key = pathlib.Path("/etc/munge/munge.key")
-        if not key.exists():
-            subprocess.run(["mungekey", "--create"], check=True, timeout=30)
-            shutil.chown(key, "munge", "munge")
-        run = pathlib.Path("/run/munge")
-        run.mkdir(exist_ok=True)
-        shutil.chown(run, "munge", "munge")
-        subprocess.run(["runuser", "-u", "munge", "--", _which("munged")], check=True, timeout=30)
-        self.munged_pid = int((run / "munged.pid").read_text())
-        for _ in range(50):
-            if _munge_works():
-                return
-            time.sleep(0.1)
-        raise RuntimeError("munged started but munge -n | unmunge fails")
-
     def start(self) -> None:
-        self._start_munge()
+        self.munge.acquire()
         (self.folder / "state").mkdir(parents=True, exist_ok=True)
         f = self.folder
         self.conf.write_text(
@@ -206,8 +273,4 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     daemon.kill()
                     daemon.wait(timeout=10)
-        if self.munged_pid is not None:
-            try:
-                os.kill(self.munged_pid, 15)
-            except ProcessLookupError:
-                pass
+        self.munge.release()
