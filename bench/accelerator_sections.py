@@ -210,8 +210,9 @@ class Measured:
     mfu: float | None
 
 
-def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool) -> Measured:
-    """Train ``cfg`` once; with ``fixed`` on the synthetic loader's first micro-batches, repeated."""
+def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool, hooks: tuple[Hook, ...] = ()) -> Measured:
+    """Train ``cfg`` once; with ``fixed`` on the synthetic loader's first micro-batches,
+    repeated; ``hooks`` beside the run's own (a profiler's, say)."""
     work.mkdir(parents=True, exist_ok=True)
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -220,7 +221,7 @@ def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool) -> M
     if fixed:
         loader = FixedBatches(first_batches(loader, min(4, sizes.warmup + sizes.timed)), CLASSES)
     timer = StepTimer(sizes.warmup)
-    engine = Engine(engine.state, [*engine.hooks, timer], loader, engine.eval_loader)
+    engine = Engine(engine.state, [*engine.hooks, timer, *hooks], loader, engine.eval_loader)
     state = engine.state
     try:
         reset_peak_memory(cfg["device"])
@@ -317,6 +318,16 @@ def attempt(label: str, work, *args, **kwargs):
         return None
 
 
+def engine_batches(device: str, sizes: Sizes, work: pathlib.Path) -> list:
+    """The first 4 micro-batches the engine's bf16 run trains on (on the device), for timm's loop."""
+    cfg = engine_config(device, sizes, "bf16")
+    cfg["data"]["train_samples"] = 4 * sizes.micro
+    path = work / "batches.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "batches")))
+    return first_batches(engine.train_loader, 4)
+
+
 def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measured:
     """timm train.py's per-batch work as a plain loop: bf16 autocast, AdamW, backward, clip,
     step (and ``profiler.step()`` after each, when profiled)."""
@@ -384,13 +395,7 @@ def section_train(device: str, quick: bool) -> None:
         # allocator's growth, which put 15% between two bf16 runs on an H200.
         attempt("warm-up run", engine_run, engine_config(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
         measure("bf16", {"precision": "bf16"}, "bf16")
-        bf16_cfg = engine_config(device, sizes, "bf16")
-        bf16_cfg["data"]["train_samples"] = 4 * sizes.micro
-        path = work / "batches.yaml"
-        path.write_text(yaml.safe_dump(bf16_cfg))
-        engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "batches")))
-        batches = first_batches(engine.train_loader, 4)
-        del engine
+        batches = engine_batches(device, sizes, work)
         timm_rate = attempt("timm train.py loop", timm_loop, device, sizes, batches)
         del batches
         if timm_rate is not None:
@@ -760,19 +765,10 @@ def profile_summary(profiler, device: str, steps: int, wall_s: float) -> Profile
 
 
 def profile_engine(device: str, sizes: Sizes, work: pathlib.Path, nan_guard: str) -> Profile:
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "config.yaml"
-    path.write_text(yaml.safe_dump(engine_config(device, sizes, "bf16", nan_guard=nan_guard)))
-    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "run")))
-    loader = FixedBatches(first_batches(engine.train_loader, min(4, sizes.warmup + sizes.timed)), CLASSES)
-    timer = StepTimer(sizes.warmup)
+    cfg = engine_config(device, sizes, "bf16", nan_guard=nan_guard)
     with profiler_for(device, sizes) as profiler:
-        engine = Engine(engine.state, [*engine.hooks, timer, ProfilerSteps(profiler)], loader, engine.eval_loader)
-        try:
-            engine.run()
-        finally:
-            engine.close()
-    return profile_summary(profiler, device, sizes.timed, timer.seconds)
+        measured = engine_run(cfg, work, sizes, fixed=True, hooks=(ProfilerSteps(profiler),))
+    return profile_summary(profiler, device, sizes.timed, sizes.timed * sizes.micro / measured.images_per_s)
 
 
 def profile_timm(device: str, sizes: Sizes, batches: list) -> Profile:
@@ -791,13 +787,7 @@ def section_profile(device: str, quick: bool) -> None:
     sizes = QUICK if quick else FULL
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        path = work / "batches.yaml"
-        cfg = engine_config(device, sizes, "bf16")
-        cfg["data"]["train_samples"] = 4 * sizes.micro
-        path.write_text(yaml.safe_dump(cfg))
-        engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "batches")))
-        batches = first_batches(engine.train_loader, 4)
-        del engine
+        batches = engine_batches(device, sizes, work)
         attempt("warm-up run", engine_run, engine_config(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
         sides = {
             "largebatch engine, bf16": attempt("engine", profile_engine, device, sizes, work / "engine", "stop"),

@@ -66,11 +66,10 @@ def rotation(against: pathlib.Path | None) -> list[tuple[str, pathlib.Path, list
 
 
 def ratio(times: dict[str, list[float]], a: str, b: str) -> str:
-    per_round = [x / y for x, y in zip(times[a], times[b])]
-    if len(per_round) < 2:
-        return f"{per_round[0]:.3f}"
-    q1, _, q3 = statistics.quantiles(per_round, n=4, method="inclusive")
-    return f"{statistics.median(per_round):.3f} ({q1:.3f}-{q3:.3f})"
+    from bench.lamb_step import per_round_ratio  # imports torch: only once the timing is done
+
+    median, q1, q3 = per_round_ratio([[t] for t in times[a]], [[t] for t in times[b]])
+    return f"{median:.3f}" if len(times[a]) < 2 else f"{median:.3f} ({q1:.3f}-{q3:.3f})"
 
 
 def main() -> None:

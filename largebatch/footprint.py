@@ -32,7 +32,6 @@ this estimate.
 
 from __future__ import annotations
 
-import ast
 from typing import Any
 
 from largebatch import vit
@@ -63,10 +62,9 @@ def _argument(section: OptimizerConfig, name: str) -> Any:
         return section.extra[name]
     from largebatch.optim import optimizer_signature
 
-    default = next((p.default for p in optimizer_signature(section.type).parameters if p.name == name), None)
     try:
-        return ast.literal_eval(default) if default is not None else None
-    except (ValueError, SyntaxError):  # a default that is not a plain value
+        return optimizer_signature(section.type).default(name)
+    except (KeyError, ValueError):
         return None
 
 

@@ -148,7 +148,7 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
 def _build_error(name: str, kwargs: dict[str, Any], exc: Exception) -> ConfigError:
     """timm refused the model section's values (``embed_dim`` not a multiple of ``num_heads``,
     a patch of 0, a negative depth): its reason, and the arguments it was given."""
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "no reason given"
+    reason = _first_line(exc, "no reason given")
     given = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
     return ConfigError(
         f"timm could not build {name!r} with {given} (the rest: {name}'s defaults): {type(exc).__name__}: {reason}; "
@@ -167,8 +167,14 @@ def _argument_error(timm: Any, name: str, kwargs: dict[str, Any], exc: TypeError
     return ConfigError(f"{name} does not take the argument {bad!r}; {hint}", key=f"model.{bad}")
 
 
+def _first_line(exc: Exception, otherwise: str) -> str:
+    """The first line of ``exc``'s message, or ``otherwise`` when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else otherwise
+
+
 def _weights_error(model: ModelConfig, name: str, exc: Exception) -> ConfigError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = _first_line(exc, type(exc).__name__)
     if model.init_from:
         return ConfigError(
             f"the weights of {model.init_from!r} do not fit {name} with this config's model arguments "

@@ -21,7 +21,6 @@ every shipped config and for every keyword covered here.
 
 from __future__ import annotations
 
-import ast
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -127,7 +126,8 @@ def architecture(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     rules = {**SHAPE_KEYWORDS, **NEUTRAL_KEYWORDS}
     if any(key not in rules for key in kwargs):
         return None
-    defaults = {p.name: ast.literal_eval(p.default) for p in signatures.VISION_TRANSFORMER.parameters if p.name in SHAPE_KEYWORDS}
+    model = signatures.VISION_TRANSFORMER
+    defaults = {name: model.default(name) for name in model.names() if name in SHAPE_KEYWORDS}
     args = {**defaults, **NAMED_SIZES[name], **kwargs}
     if not all(rules[key](value) for key, value in args.items()):
         return None

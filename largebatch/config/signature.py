@@ -19,6 +19,7 @@ is used only with the library version it was read from (``RecordedFrom``).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import importlib
@@ -116,6 +117,21 @@ class Signature:
 
     def names(self) -> list[str]:
         return [p.name for p in self.parameters]
+
+    def default(self, name: str) -> Any:
+        """Parameter ``name``'s default as a value (its recorded ``repr`` read back).
+
+        Raises:
+            KeyError: no parameter ``name``.
+            ValueError: a default that is not a plain value (an object, a class).
+        """
+        param = next((p for p in self.parameters if p.name == name), None)
+        if param is None:
+            raise KeyError(name)
+        try:
+            return ast.literal_eval(param.default)
+        except SyntaxError as exc:
+            raise ValueError(f"{self.owner}'s {name} defaults to {param.default}, not a plain value") from exc
 
     def check(self, kwargs: Mapping[str, Any], key_prefix: str, *, skip: tuple[str, ...] = ()) -> None:
         """Check ``kwargs`` against the parameters (a name it lacks is the caller's to judge).

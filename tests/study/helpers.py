@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 import pathlib
+import subprocess
 
 import yaml
 
-from tests.conftest import tiny_config
+from tests.conftest import PYTHON, clean_env, tiny_config
 
 # adamw's learning-rate range is too low on purpose: its best trial is the one at the top
 # of the range (Sobol point 0 of sampler_seed 6 sits at 0.97 of it), an edge the report marks.
@@ -26,6 +27,13 @@ TINY_STUDY = {
     "noise_scale": {"at_eval_loss": 1.3, "min_ratio": 2},
     "workers": {"heartbeat_seconds": 0.5, "stale_seconds": 30, "poll_seconds": 0.2},
 }
+
+
+def study_cli(*args, cwd, timeout=600) -> subprocess.CompletedProcess:
+    """``python -m largebatch study ARGS`` in ``cwd``, its output captured."""
+    return subprocess.run(
+        [PYTHON, "-m", "largebatch", "study", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=clean_env()
+    )
 
 
 def tiny_base() -> dict:

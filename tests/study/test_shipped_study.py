@@ -11,7 +11,7 @@ import pytest
 
 from largebatch.data import convert
 from tests.conftest import REPO
-from tests.study.test_study_runs import study_cli
+from tests.study.helpers import study_cli
 
 SHIPPED = REPO / "studies" / "fashion-mnist"
 

@@ -14,13 +14,7 @@ import pytest
 
 from largebatch.study.spec import load_study
 from tests.conftest import PYTHON, REPO, clean_env, wait_until
-from tests.study.helpers import process_gone, tiny_base, write_study
-
-
-def study_cli(*args, cwd, timeout=600):
-    return subprocess.run(
-        [PYTHON, "-m", "largebatch", "study", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=clean_env()
-    )
+from tests.study.helpers import process_gone, study_cli, tiny_base, write_study
 
 
 def trials(folder):
