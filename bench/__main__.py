@@ -11,6 +11,7 @@ lamb_step          our LAMB's step time against timm's, torch-optimizer's and
 lars_step          our LARS's step time against timm's Lars, with an A/A control
 loaders            the native TFRecord loader against DALI (CPU) and ImageFolder
 startup            the commands that do not train against ``import torch, timm``
+convert            ``largebatch data convert | verify`` with several workers against one
 =================  ==============================================================
 
 The benchmarks run one after another as subprocesses (``OMP_NUM_THREADS=1`` unless
@@ -63,6 +64,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "lars_step": ("bench/lars_step.py", ["--steps", "3", "--rounds", "8"], ["--steps", "1", "--rounds", "2", "--compare-steps", "1"]),
     "loaders": ("bench/loaders.py", ["--images", "512"], ["--images", "32", "--rounds", "1", "--batch", "8"]),
     "startup": ("bench/startup.py", ["--rounds", "7"], ["--rounds", "1"]),
+    "convert": ("bench/convert.py", ["--images", "2000", "--rounds", "5"], ["--images", "64", "--rounds", "1"]),
 }
 
 

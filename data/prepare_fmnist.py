@@ -7,7 +7,7 @@ images, 10 classes). When the package is missing: as root, runs ``apt-get update
 and exits 1. Then converts (8 train shards, 2 validation shards, labels 0..9);
 finished shards are kept on a re-run.
 
-    python data/prepare_fmnist.py [--out DIR] [--limit N]
+    python data/prepare_fmnist.py [--out DIR] [--limit N] [--workers N]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from largebatch.data import convert  # noqa: E402 - after the sys.path line
+from largebatch.data.shardpool import default_workers  # noqa: E402
 from largebatch.errors import UserError  # noqa: E402
 
 PACKAGE = "dataset-fashion-mnist"
@@ -50,11 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "data" / "fashion-mnist"))
     parser.add_argument("--src", default=convert.FASHION_MNIST_DIR)
     parser.add_argument("--limit", type=int, help="only the first N records per split")
+    parser.add_argument(
+        "--workers", type=int, default=default_workers(), help="shards written at once (default: the usable CPUs, at most 8)"
+    )
     args = parser.parse_args(argv)
     if not ensure_package(Path(args.src)):
         return 1
     try:
-        meta = convert.convert_fashion_mnist(args.out, src=args.src, limit=args.limit)
+        meta = convert.convert_fashion_mnist(args.out, src=args.src, limit=args.limit, workers=args.workers)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

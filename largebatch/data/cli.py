@@ -26,6 +26,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _workers(args: argparse.Namespace) -> int:
+    from largebatch.data.shardpool import default_workers
+
+    return args.workers or default_workers()
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from largebatch.data import convert
 
@@ -33,6 +39,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         "limit": args.limit,
         "quality": args.quality,
         "progress": None if not args.quiet else False,
+        "workers": _workers(args),
     }
     if args.source == "folder":
         if args.src is None:
@@ -45,9 +52,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
             validation_shards=args.validation_shards or 128,
             label_offset=1 if args.label_offset is None else args.label_offset,
             max_pixels=args.max_pixels,
+            val_labels=args.val_labels,
             **common,
         )
     else:
+        if args.val_labels is not None:
+            raise UserError("--val-labels is for 'convert folder' (a flat val/ folder's classes)")
         out = args.out or "data/fashion-mnist"
         meta = convert.convert_fashion_mnist(
             out,
@@ -65,7 +75,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     from largebatch.data import convert
 
-    for path in convert.index_files(args.files):
+    for path in convert.index_files(args.files, workers=_workers(args)):
         print(path)
     return 0
 
@@ -86,11 +96,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
             decode=not args.no_decode,
             progress=None if not args.quiet else False,
             max_pixels=args.max_pixels,
+            workers=_workers(args),
         )
         print(f"{args.dir}: {split}: {count} records OK")
     if num_classes is None:
         print("note: labels not range-checked (no dataset.json; pass --num-classes)")
     return 0
+
+
+def _add_workers(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        metavar="N",
+        help=f"{what} (default: the CPUs this process may use, at most 8)",
+    )
 
 
 def register(subparsers) -> None:
@@ -108,11 +128,18 @@ def register(subparsers) -> None:
     p.add_argument(
         "src",
         nargs="?",
-        help=f"the folder with train/<class>/ (and val/<class>/); for fashion-mnist default {FASHION_MNIST_DIR}",
+        help=f"the folder with train/<class>/ (and val/<class>/, or val/ with --val-labels); for fashion-mnist default {FASHION_MNIST_DIR}",
     )
     p.add_argument(
         "--out",
         help="output folder (default data/<folder name>, or data/fashion-mnist)",
+    )
+    p.add_argument(
+        "--val-labels",
+        metavar="FILE",
+        help="the classes of a flat val/ folder (ImageNet's validation archive unpacked as it is): one class "
+        "folder name per line in file-name order (TensorFlow's imagenet_2012_validation_synset_labels.txt), "
+        "or Kaggle's LOC_val_solution.csv",
     )
     p.add_argument(
         "--train-shards",
@@ -146,11 +173,13 @@ def register(subparsers) -> None:
         default=MAX_PIXELS,
         help=f"refuse an image larger than this (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
     )
+    _add_workers(p, "shards written at once, each by a process of its own; the output is the same for any number")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
 
     p = subparsers.add_parser("index", help="write <file>.idx (DALI tfrecord2idx format) for TFRecord files")
     p.add_argument("files", nargs="+", help="TFRecord files")
+    _add_workers(p, "files indexed at once")
     p.set_defaults(func=cmd_index)
 
     p = subparsers.add_parser("verify", help="check every record's CRCs, index, JPEG and label")
@@ -169,6 +198,7 @@ def register(subparsers) -> None:
         default=MAX_PIXELS,
         help=f"the largest image accepted (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
     )
+    _add_workers(p, "shards checked at once; the first problem in shard order is reported, as with one")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_verify)
 

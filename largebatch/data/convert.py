@@ -44,6 +44,7 @@ from tqdm import tqdm
 from largebatch.config.schema import default_of
 from largebatch.data import FASHION_MNIST_DIR
 from largebatch.data.example import ExampleDecodeError, decode_example, encode_example
+from largebatch.data.shardpool import Tick, run_jobs
 from largebatch.data.size_limit import checked_size, too_large
 from largebatch.data.tfrecord import (
     SHARD_NAME_PATTERN,
@@ -80,7 +81,7 @@ IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".
 class Sample:
     """One image to write: where its pixels come from, its 0-based class and its name."""
 
-    source: object  # a Path, or an index into an in-memory array
+    source: object  # a Path, or the pixels (an array); what the encoder reads
     label: int
     filename: str
 
@@ -101,7 +102,7 @@ def _jpeg_of_file(path: Path, quality: int, max_pixels: int = MAX_PIXELS) -> tup
         _check_pixels(path, height, width, max_pixels)
         if colorspace in ("Gray", "YCbCr", "RGB"):
             return data, height, width, "Gray" if colorspace == "Gray" else "RGB"
-    from PIL import Image  # only for non-JPEG or CMYK sources
+    from PIL import Image, UnidentifiedImageError  # only for non-JPEG or CMYK sources
 
     try:
         with Image.open(io.BytesIO(data)) as image:  # reads the header only
@@ -109,6 +110,8 @@ def _jpeg_of_file(path: Path, quality: int, max_pixels: int = MAX_PIXELS) -> tup
             pixels = np.asarray(image.convert("RGB"))
     except DataError:
         raise
+    except UnidentifiedImageError as err:  # its text names an in-memory file object
+        raise DataError(f"cannot read image: not an image format Pillow knows ({len(data)} bytes)", path=str(path)) from err
     except Exception as err:
         raise DataError(f"cannot read image: {err}", path=str(path)) from err
     encoded = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, colorspace="RGB")
@@ -154,21 +157,19 @@ def _shard_done(path: Path) -> bool:
     return path.is_file() and index_path_for(path).is_file()
 
 
-def write_split(
+def split_jobs(
     out: Path,
     split: str,
     samples: Sequence[Sample],
     num_shards: int,
     encode: Callable[[Sample], bytes],
     progress: tqdm | None = None,
-) -> int:
-    """Write ``samples`` as ``num_shards`` shards of ``split`` under ``out``.
-
-    Finished shards (shard and index present) are skipped. Returns the shards written.
-    """
+) -> list[tuple]:
+    """:func:`write_shard`'s arguments for each unfinished shard of ``split`` (a finished
+    one moves ``progress`` on by its records)."""
     num_shards = max(1, min(num_shards, len(samples)))
     bounds = shard_bounds(len(samples), num_shards)
-    written = 0
+    jobs = []
     for number in range(num_shards):
         path = out / shard_name(split, number, num_shards)
         chunk = samples[bounds[number] : bounds[number + 1]]
@@ -176,18 +177,21 @@ def write_split(
             if progress is not None:
                 progress.update(len(chunk))
             continue
-        tmp = path.with_name(path.name + ".tmp")
-        with TFRecordWriter(tmp) as writer:
-            for sample in chunk:
-                writer.write(encode(sample))
-                if progress is not None:
-                    progress.update(1)
-            writer.close(fsync=True)
-        # Index first, shard last: a shard file present means its index is too.
-        write_index(index_path_for(path), writer.index)
-        os.replace(tmp, path)
-        written += 1
-    return written
+        jobs.append((path, chunk, encode))
+    return jobs
+
+
+def write_shard(path: Path, samples: Sequence[Sample], encode: Callable[[Sample], bytes], tick: Tick) -> None:
+    """Write one shard: a temporary file, fsynced, its index, then the rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    with TFRecordWriter(tmp) as writer:
+        for sample in samples:
+            writer.write(encode(sample))
+            tick(1)
+        writer.close(fsync=True)
+    # Index first, shard last: a shard file present means its index is too.
+    write_index(index_path_for(path), writer.index)
+    os.replace(tmp, path)
 
 
 def _no_bar(progress: bool | None) -> bool | None:
@@ -205,12 +209,19 @@ def _limit(samples: list[Sample], limit: int | None) -> list[Sample]:
     return samples if limit is None else samples[:limit]
 
 
-def scan_image_folder(src: Path) -> tuple[list[str], dict[str, list[Sample]]]:
+def scan_image_folder(src: Path, val_labels: str | os.PathLike | None = None) -> tuple[list[str], dict[str, list[Sample]]]:
     """Classes (sorted folder names of ``train/``) and the samples of each split found.
 
+    ``val/`` (or ``validation/``) holds ``<class>/`` folders, or, as ImageNet's validation
+    archive unpacks, the images themselves with their classes in ``val_labels``: either
+    one class folder name per line in file-name order (TensorFlow's
+    ``imagenet_2012_validation_synset_labels.txt``) or a CSV with ``ImageId`` (the file
+    name without its extension) and ``PredictionString`` (the class first), as Kaggle's
+    ``LOC_val_solution.csv``. Both layouts give the same samples in the same order.
+
     Raises:
-        DataError: when ``src/train`` is missing or empty, or ``val/`` names a class that
-            ``train/`` lacks.
+        DataError: when ``src/train`` is missing or empty, ``val/`` names a class that
+            ``train/`` lacks, or a flat ``val/`` has no (or a mismatched) labels file.
     """
     train_dir = src / "train"
     if not train_dir.is_dir():
@@ -241,15 +252,90 @@ def scan_image_folder(src: Path) -> tuple[list[str], dict[str, list[Sample]]]:
             for image in sorted(class_dir.iterdir()):
                 if image.suffix.lower() in IMAGE_EXTENSIONS:
                     samples.append(Sample(image, number[class_dir.name], image.name))
+        loose = sorted(p for p in split_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        if split == "validation" and samples and (loose or val_labels is not None):
+            what = "loose images" if loose else "no loose images for --val-labels to label"
+            raise DataError(
+                f"holds class folders and {what}; use one layout: class folders, or images and --val-labels", path=str(split_dir)
+            )
+        if split == "validation" and loose:
+            samples = _labelled_images(split_dir, loose, val_labels, number)
         if not samples:
             raise DataError("no images found", path=str(split_dir))
         splits[split] = samples
+    if val_labels is not None and "validation" not in splits:
+        raise DataError("--val-labels given, but there is no val/ folder", path=str(src))
     return classes, splits
+
+
+def _labelled_images(split_dir: Path, images: list[Path], labels_file: str | os.PathLike | None, number: dict[str, int]) -> list[Sample]:
+    """A flat validation folder's samples, classes from ``labels_file`` (see
+    :func:`scan_image_folder`), ordered as the class-folder layout orders them."""
+    if labels_file is None:
+        raise DataError(
+            f"holds {len(images)} images and no class folders; give their classes with --val-labels FILE "
+            "(one class folder name per line in file-name order, as TensorFlow's "
+            "imagenet_2012_validation_synset_labels.txt, or Kaggle's LOC_val_solution.csv)",
+            path=str(split_dir),
+        )
+    path = Path(labels_file)
+    if not path.is_file():
+        raise DataError("labels file not found", path=str(path))
+    lines = path.read_text().splitlines()
+    if lines and lines[0].replace(" ", "").startswith("ImageId,PredictionString"):
+        by_stem = {}
+        for line_number, line in enumerate(lines[1:], start=2):
+            if line.strip():
+                image_id, _, prediction = line.partition(",")
+                by_stem[image_id.strip()] = (prediction.split() or [""])[0], line_number
+        labelled = []
+        for image in images:
+            if image.stem not in by_stem:
+                raise DataError(f"no row for {image.name} (ImageId {image.stem})", path=str(path))
+            labelled.append((image, *by_stem[image.stem]))
+    else:
+        names = [(line.strip(), n) for n, line in enumerate(lines, start=1) if line.strip()]
+        if len(names) != len(images):
+            raise DataError(
+                f"{len(names)} class names for the {len(images)} images in {split_dir}; "
+                "it should have one line per image, in file-name order",
+                path=str(path),
+            )
+        labelled = [(image, name, n) for image, (name, n) in zip(images, names)]
+    samples = []
+    for image, name, line_number in labelled:
+        if name not in number:
+            raise DataError(f"line {line_number}: class {name!r} (for {image.name}) is not a folder in train/", path=str(path))
+        samples.append(Sample(image, number[name], image.name))
+    return sorted(samples, key=lambda sample: (sample.label, sample.filename))
 
 
 def _shuffled(samples: list[Sample]) -> list[Sample]:
     order = np.random.RandomState(TRAIN_SHUFFLE_SEED).permutation(len(samples))
     return [samples[i] for i in order]
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderEncoder:
+    """An image file's record (picklable, for worker processes)."""
+
+    classes: tuple[str, ...]
+    label_offset: int
+    quality: int
+    max_pixels: int
+
+    def __call__(self, sample: Sample) -> bytes:
+        assert isinstance(sample.source, Path)
+        jpeg, height, width, colorspace = _jpeg_of_file(sample.source, self.quality, self.max_pixels)
+        return make_example(
+            jpeg,
+            height,
+            width,
+            colorspace,
+            sample.label + self.label_offset,
+            self.classes[sample.label],
+            sample.filename,
+        )
 
 
 def convert_image_folder(
@@ -263,6 +349,8 @@ def convert_image_folder(
     quality: int = 95,
     progress: bool | None = None,
     max_pixels: int = MAX_PIXELS,
+    workers: int = 1,
+    val_labels: str | os.PathLike | None = None,
 ) -> dict:
     """Convert ``src/train/<class>/*`` (and ``src/val/<class>/*``) into shards under ``out``.
 
@@ -277,42 +365,23 @@ def convert_image_folder(
         progress: show a progress bar (``None``: when stderr is a terminal).
         max_pixels: the largest image (height x width) accepted, read from its header
             before decoding; the loaders' ``data.max_pixels`` by default.
+        workers: shards written at once, each in a process of its own; the output is the
+            same for any number.
+        val_labels: the classes of a flat ``val/`` folder (see :func:`scan_image_folder`).
 
     Returns:
         The metadata written to ``dataset.json``.
 
     Raises:
-        DataError: an unreadable image, or one above ``max_pixels`` (naming the file).
+        DataError: an unreadable image, or one above ``max_pixels`` (naming the file);
+            the first in shard order, whatever ``workers`` is.
     """
     src, out = Path(src), Path(out)
-    classes, splits = scan_image_folder(src)
+    classes, splits = scan_image_folder(src, val_labels)
     splits = {s: _limit(_shuffled(v) if s == "train" else v, limit) for s, v in splits.items()}
-
-    def encode(sample: Sample) -> bytes:
-        jpeg, height, width, colorspace = _jpeg_of_file(sample.source, quality, max_pixels)
-        return make_example(
-            jpeg,
-            height,
-            width,
-            colorspace,
-            sample.label + label_offset,
-            classes[sample.label],
-            sample.filename,
-        )
-
+    encode = FolderEncoder(tuple(classes), label_offset, quality, max_pixels)
     shards = {"train": train_shards, "validation": validation_shards}
-    return _convert(
-        out,
-        "image-folder",
-        str(src),
-        classes,
-        splits,
-        shards,
-        encode,
-        label_offset,
-        3,
-        progress,
-    )
+    return _convert(out, "image-folder", str(src), classes, splits, shards, encode, label_offset, 3, progress, workers)
 
 
 def _read_idx(path: Path, magic: int, header: int) -> np.ndarray:
@@ -346,6 +415,30 @@ def load_fashion_mnist(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class GrayEncoder:
+    """A record of a 28x28 grayscale array (``Sample.source``), encoded as JPEG (picklable)."""
+
+    classes: tuple[str, ...]
+    label_offset: int
+    quality: int
+
+    def __call__(self, sample: Sample) -> bytes:
+        assert isinstance(sample.source, np.ndarray)
+        pixels = np.ascontiguousarray(sample.source[:, :, None])
+        jpeg = simplejpeg.encode_jpeg(pixels, quality=self.quality, colorspace="GRAY")
+        height, width = sample.source.shape
+        return make_example(
+            jpeg,
+            height,
+            width,
+            "Gray",
+            sample.label + self.label_offset,
+            self.classes[sample.label],
+            sample.filename,
+        )
+
+
 def convert_fashion_mnist(
     out: str | os.PathLike,
     *,
@@ -356,6 +449,7 @@ def convert_fashion_mnist(
     limit: int | None = None,
     quality: int = 95,
     progress: bool | None = None,
+    workers: int = 1,
 ) -> dict:
     """Convert Debian's Fashion-MNIST package into grayscale-JPEG shards under ``out``.
 
@@ -366,30 +460,12 @@ def convert_fashion_mnist(
     prefixes = {"train": "train", "validation": "t10k"}
     splits = {
         split: _limit(
-            [Sample(i, int(labels[i]), f"{prefixes[split]}-{i:05d}.jpg") for i in range(len(labels))],
+            [Sample(images[i], int(labels[i]), f"{prefixes[split]}-{i:05d}.jpg") for i in range(len(labels))],
             limit,
         )
-        for split, (_, labels) in arrays.items()
+        for split, (images, labels) in arrays.items()
     }
-
-    def encoder(split: str) -> Callable[[Sample], bytes]:
-        images = arrays[split][0]
-
-        def encode(sample: Sample) -> bytes:
-            pixels = np.ascontiguousarray(images[sample.source][:, :, None])
-            jpeg = simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="GRAY")
-            return make_example(
-                jpeg,
-                28,
-                28,
-                "Gray",
-                sample.label + label_offset,
-                FASHION_MNIST_CLASSES[sample.label],
-                sample.filename,
-            )
-
-        return encode
-
+    encode = GrayEncoder(FASHION_MNIST_CLASSES, label_offset, quality)
     shards = {"train": train_shards, "validation": validation_shards}
     return _convert(
         out,
@@ -398,14 +474,15 @@ def convert_fashion_mnist(
         list(FASHION_MNIST_CLASSES),
         splits,
         shards,
-        encoder,
+        encode,
         label_offset,
         1,
         progress,
+        workers,
     )
 
 
-def _convert(out, source, src, classes, splits, shards, encode, label_offset, channels, progress) -> dict:
+def _convert(out, source, src, classes, splits, shards, encode, label_offset, channels, progress, workers) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     total = sum(len(v) for v in splits.values())
     meta = {
@@ -418,11 +495,12 @@ def _convert(out, source, src, classes, splits, shards, encode, label_offset, ch
         "splits": {},
     }
     with tqdm(total=total, unit="img", desc=f"convert {source}", disable=_no_bar(progress)) as bar:
+        jobs = []
         for split, samples in splits.items():
             num_shards = max(1, min(shards[split], len(samples)))
-            split_encode = encode(split) if source == "fashion-mnist" else encode
-            write_split(out, split, samples, num_shards, split_encode, bar)
+            jobs += split_jobs(out, split, samples, num_shards, encode, bar)
             meta["splits"][split] = {"shards": num_shards, "records": len(samples)}
+        run_jobs(write_shard, jobs, workers=workers, bar=bar)
     _write_meta(out, meta)
     return meta
 
@@ -438,17 +516,22 @@ def read_meta(root: str | os.PathLike) -> dict | None:
         raise DataError(f"not valid JSON: {err}", path=str(path)) from err
 
 
-def index_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """Write ``<file>.idx`` for each TFRecord file (CRCs are checked while walking it)."""
-    written = []
+def index_files(paths: Sequence[str | os.PathLike], *, workers: int = 1) -> list[Path]:
+    """Write ``<file>.idx`` for each TFRecord file (CRCs are checked while walking it),
+    ``workers`` files at a time."""
+    paths = [Path(path) for path in paths]
     for path in paths:
-        path = Path(path)
         if not path.is_file():
             raise DataError("no such TFRecord file", path=str(path))
-        entries = [(offset, size) for offset, size, _ in iter_records(path, verify_crc=True)]
-        write_index(index_path_for(path), entries)
-        written.append(index_path_for(path))
-    return written
+    return run_jobs(index_file, [(path,) for path in paths], workers=workers)
+
+
+def index_file(path: Path, tick: Tick) -> Path:
+    """Write one file's index; its path."""
+    entries = [(offset, size) for offset, size, _ in iter_records(path, verify_crc=True)]
+    write_index(index_path_for(path), entries)
+    tick(1)
+    return index_path_for(path)
 
 
 def find_splits(root: str | os.PathLike) -> list[str]:
@@ -462,6 +545,16 @@ def find_splits(root: str | os.PathLike) -> list[str]:
     return splits
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordChecks:
+    """What :func:`verify_shard` checks in each record besides its CRCs and index entry."""
+
+    num_classes: int | None
+    label_offset: int
+    decode: bool
+    max_pixels: int
+
+
 def verify_split(
     root: str | os.PathLike,
     split: str,
@@ -471,15 +564,18 @@ def verify_split(
     decode: bool = True,
     progress: bool | None = None,
     max_pixels: int = MAX_PIXELS,
+    workers: int = 1,
 ) -> int:
     """Check every record of a split: index against file, both CRCs, Example, label, the
-    JPEG header's size against ``max_pixels`` (before decoding), the JPEG.
+    JPEG header's size against ``max_pixels`` (before decoding), the JPEG; ``workers``
+    shards at a time.
 
     Returns:
         The number of records checked.
 
     Raises:
-        DataError: on the first problem, naming the file, record number and byte offset.
+        DataError: on the first problem (in shard order, whatever ``workers`` is), naming
+            the file, record number and byte offset.
     """
     shards = list_shards(root, split)
     indexes = []
@@ -493,49 +589,57 @@ def verify_split(
         )
         indexes.append(index)
     total = sum(len(i) for i in indexes)
-    checked = 0
+    checks = RecordChecks(num_classes, label_offset, decode, max_pixels)
     with tqdm(total=total, unit="rec", desc=f"verify {split}", disable=_no_bar(progress)) as bar:
-        for path, index in zip(shards, indexes):
-            in_file = 0
-            for record, (offset, size, data) in enumerate(iter_records(path, verify_crc=True)):
-                where = f"record {record} at byte offset {offset}"
-                if record >= len(index) or tuple(index[record]) != (offset, size):
-                    raise DataError(
-                        f"{where}: not in its index file; rebuild with `largebatch data index {path}`",
-                        path=str(path),
-                    )
-                try:
-                    features = decode_example(data, ("image/encoded", "image/class/label"))
-                except ExampleDecodeError as err:
-                    raise DataError(f"{where}: not a tf.train.Example ({err})", path=str(path)) from err
-                if len(features.get("image/encoded", ())) != 1 or len(features.get("image/class/label", ())) != 1:
-                    raise DataError(
-                        f"{where}: missing image/encoded or image/class/label",
-                        path=str(path),
-                    )
-                label = features["image/class/label"][0] - label_offset
-                if num_classes is not None and not 0 <= label < num_classes:
-                    raise DataError(
-                        f"{where}: label {label + label_offset} is outside "
-                        f"{label_offset}..{label_offset + num_classes - 1} (num_classes {num_classes}, "
-                        f"label_offset {label_offset})",
-                        path=str(path),
-                    )
-                jpeg = features["image/encoded"][0]
-                try:
-                    checked_size(jpeg, max_pixels, lambda: where)  # noqa: B023 - called at once
-                    if decode:
-                        simplejpeg.decode_jpeg(jpeg, colorspace="GRAY")
-                except DataError as err:
-                    raise DataError(err.message, path=str(path)) from err
-                except ValueError as err:
-                    raise DataError(f"{where}: JPEG does not decode ({err})", path=str(path)) from err
-                checked += 1
-                bar.update(1)
-                in_file = record + 1
-            if in_file != len(index):
-                raise DataError(
-                    f"index lists {len(index)} records, the file holds {in_file}; rebuild with `largebatch data index {path}`",
-                    path=str(index_path_for(path)),
-                )
-    return checked
+        jobs = [(path, index, checks) for path, index in zip(shards, indexes)]
+        return sum(run_jobs(verify_shard, jobs, workers=workers, bar=bar))
+
+
+def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick) -> int:
+    """Check one shard's records against its index and ``checks``; the records checked.
+
+    Raises:
+        DataError: the first problem, naming the file, record number and byte offset.
+    """
+    in_file = 0
+    for record, (offset, size, data) in enumerate(iter_records(path, verify_crc=True)):
+        where = f"record {record} at byte offset {offset}"
+        if record >= len(index) or tuple(index[record]) != (offset, size):
+            raise DataError(
+                f"{where}: not in its index file; rebuild with `largebatch data index {path}`",
+                path=str(path),
+            )
+        try:
+            features = decode_example(data, ("image/encoded", "image/class/label"))
+        except ExampleDecodeError as err:
+            raise DataError(f"{where}: not a tf.train.Example ({err})", path=str(path)) from err
+        if len(features.get("image/encoded", ())) != 1 or len(features.get("image/class/label", ())) != 1:
+            raise DataError(
+                f"{where}: missing image/encoded or image/class/label",
+                path=str(path),
+            )
+        label = features["image/class/label"][0] - checks.label_offset
+        if checks.num_classes is not None and not 0 <= label < checks.num_classes:
+            raise DataError(
+                f"{where}: label {label + checks.label_offset} is outside "
+                f"{checks.label_offset}..{checks.label_offset + checks.num_classes - 1} "
+                f"(num_classes {checks.num_classes}, label_offset {checks.label_offset})",
+                path=str(path),
+            )
+        jpeg = features["image/encoded"][0]
+        try:
+            checked_size(jpeg, checks.max_pixels, lambda: where)  # noqa: B023 - called at once
+            if checks.decode:
+                simplejpeg.decode_jpeg(jpeg, colorspace="GRAY")
+        except DataError as err:
+            raise DataError(err.message, path=str(path)) from err
+        except ValueError as err:
+            raise DataError(f"{where}: JPEG does not decode ({err})", path=str(path)) from err
+        tick(1)
+        in_file = record + 1
+    if in_file != len(index):
+        raise DataError(
+            f"index lists {len(index)} records, the file holds {in_file}; rebuild with `largebatch data index {path}`",
+            path=str(index_path_for(path)),
+        )
+    return in_file

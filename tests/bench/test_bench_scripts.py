@@ -146,6 +146,14 @@ def test_startup_times_every_command_and_another_checkout():
         assert f"| {row} |" in out, out
 
 
+def test_convert_bench_times_every_job_with_an_aa_control():
+    out = run_script("bench/convert.py", "--images", "24", "--rounds", "1", "--workers", "2", "--jobs", "folder", "verify")
+    for job in ("convert folder", "verify (decode)"):
+        match = re.search(rf"{re.escape(job)}: 1 worker / 2 workers = ([0-9.]+) \(A/A 1 worker / 1 worker = ([0-9.]+)\)", out)
+        assert match and all(float(value) > 0 for value in match.groups()), out
+    assert "fashion-mnist" not in out
+
+
 @pytest.mark.slow
 def test_lars_step_runs():
     out = run_script("bench/lars_step.py", "--model", "vit_tiny_patch16_224", "--steps", "1", "--rounds", "2", "--compare-steps", "1")

@@ -13,9 +13,15 @@ from PIL import Image
 from largebatch.config.sections import DataConfig
 from largebatch.config.typed import section
 from largebatch.data import convert
-from largebatch.data.convert import Sample, make_example, write_split
+from largebatch.data.convert import Sample, make_example, split_jobs, write_shard
+from largebatch.data.shardpool import run_jobs
 
 FASHION_MNIST = Path(convert.FASHION_MNIST_DIR)
+
+
+def write_split(out: Path, split: str, samples: list[Sample], num_shards: int, encode) -> None:
+    """``samples`` as ``num_shards`` shards of ``split``, as the converter writes them (in this process)."""
+    run_jobs(write_shard, split_jobs(out, split, samples, num_shards, encode))
 
 
 def noise_jpeg(rng: np.random.Generator, height: int, width: int, channels: int = 3) -> bytes:

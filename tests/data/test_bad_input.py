@@ -13,10 +13,10 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.data import cli, native
-from largebatch.data.convert import Sample, make_example, write_split
+from largebatch.data.convert import Sample, make_example
 from largebatch.data.tfrecord import index_path_for, read_index
 from largebatch.errors import DataError
-from tests.data.conftest import data_cfg, header_claiming, write_unique_label_shards
+from tests.data.conftest import data_cfg, header_claiming, write_split, write_unique_label_shards
 
 SHARD = "train-00001-of-00002"
 CPU = torch.device("cpu")

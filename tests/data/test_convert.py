@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
+import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import simplejpeg
 from PIL import Image
+from tqdm import tqdm
 
 from largebatch.data import cli, convert
 from largebatch.data.example import decode_example
+from largebatch.data.shardpool import run_jobs
 from largebatch.data.tfrecord import (
     count_records,
     index_path_for,
@@ -22,8 +27,10 @@ from largebatch.data.tfrecord import (
     read_index,
     scan_index,
 )
+from largebatch.errors import DataError
 
 CLASSES = ["n02", "n01", "n03"]  # deliberately unsorted on creation
+CHECKS = convert.RecordChecks(num_classes=3, label_offset=1, decode=True, max_pixels=convert.MAX_PIXELS)
 
 
 def make_image_folder(root: Path, per_class: int = 3, val_per_class: int = 2) -> Path:
@@ -221,3 +228,135 @@ def test_images_above_the_size_limit_are_refused_before_decoding(tmp_path, capsy
     assert err.count("\n") == 1 and err.startswith(
         f"error: {png}: the image header says 300x200 pixels (0.1 megapixels), more than --max-pixels 1000"
     )
+
+
+def test_workers_write_the_bytes_one_writes(tmp_path, fmnist_shards):
+    src = make_image_folder(tmp_path / "src", per_class=6)
+    one, three = tmp_path / "one", tmp_path / "three"
+    convert.convert_image_folder(src, one, train_shards=5, validation_shards=2, progress=False)
+    convert.convert_image_folder(src, three, train_shards=5, validation_shards=2, progress=False, workers=3)
+    assert digest(three) == digest(one) and len(digest(one)) == 2 * 7 + 1
+    # Fashion-MNIST's arrays travel to the workers with the samples: the fixture's shards, by two workers
+    two = tmp_path / "fmnist"
+    convert.convert_fashion_mnist(two, limit=64, train_shards=4, validation_shards=2, progress=False, workers=2)
+    assert digest(two) == digest(fmnist_shards)
+
+
+def bad_images_folder(root: Path) -> Path:
+    src = make_image_folder(root, per_class=8)  # 26 train images; shuffled, the broken are 11th and 17th
+    for name in ("n01", "n03"):
+        (src / "train" / name / "broken.png").write_bytes(b"not an image at all")
+    return src
+
+
+def test_workers_stop_at_the_problem_one_worker_reports(tmp_path):
+    # A serial run stops at the first bad image in shard order; a parallel one lets the
+    # shards before it finish and reports the same image, whichever worker met a bad one first.
+    src = bad_images_folder(tmp_path / "src")
+    errors = {}
+    for workers in (1, 4):
+        with pytest.raises(DataError) as error:
+            convert.convert_image_folder(src, tmp_path / f"out{workers}", train_shards=6, progress=False, workers=workers)
+        errors[workers] = str(error.value)
+    assert errors[4] == errors[1]
+    assert errors[1].endswith("broken.png: cannot read image: not an image format Pillow knows (19 bytes)")
+    # every shard before the failing one is complete and identical, in both
+    done = {name: sha for name, sha in digest(tmp_path / "out1").items() if not name.endswith(".tmp")}
+    assert sorted(done) == [f"train-0000{n}-of-00006{idx}" for n in (0, 1) for idx in ("", ".idx")]  # bounds 0, 4, 8, 13
+    assert {k: v for k, v in digest(tmp_path / "out4").items() if k in done} == done
+
+
+def test_verify_and_index_with_workers_match_one_worker(tmp_path, capsys):
+    src = make_image_folder(tmp_path / "src", per_class=6)
+    out = tmp_path / "out"
+    convert.convert_image_folder(src, out, train_shards=4, validation_shards=2, progress=False)
+    indexes = {p.name: p.read_bytes() for p in out.glob("*.idx")}
+    for p in out.glob("*.idx"):
+        p.unlink()
+    written = convert.index_files(sorted(p for p in out.iterdir() if p.name != "dataset.json"), workers=3)
+    assert {p.name: p.read_bytes() for p in written} == indexes
+    bar_file = io.StringIO()
+    counts = {}
+    for workers in (1, 3):
+        with tqdm(total=0, file=bar_file) as bar:
+            counts[workers] = sum(
+                run_jobs(
+                    convert.verify_shard,
+                    [(p, read_index(index_path_for(p)), CHECKS) for p in list_shards(out, "train")],
+                    workers=workers,
+                    bar=bar,
+                )
+            )
+            assert bar.n == counts[workers]  # the workers' progress reached the bar
+    assert counts[1] == counts[3] == 18
+    # two damaged shards: both worker counts name the earlier one, at the same record
+    for shard in (list_shards(out, "train")[1], list_shards(out, "train")[3]):
+        data = bytearray(shard.read_bytes())
+        data[-5] ^= 0xFF  # the last record's data CRC
+        shard.write_bytes(bytes(data))
+    messages = []
+    for workers in ("1", "3"):
+        assert run(["verify", str(out), "--quiet", "--workers", workers]) == 2
+        messages.append(capsys.readouterr().err)
+    assert messages[0] == messages[1] and messages[0].startswith(f"error: {list_shards(out, 'train')[1]}: record ")
+
+
+def foldered_and_flat_validation(root: Path) -> tuple[Path, Path, list[tuple[str, str]]]:
+    """The same images twice: val/<class>/ILSVRC2012_val_*.JPEG, and a flat val/ as
+    ImageNet's archive unpacks; file-name order differs from class order."""
+    foldered = make_image_folder(root / "foldered")
+    images = sorted((root / "foldered" / "val").rglob("img*"))
+    numbers = np.random.default_rng(3).permutation(len(images)) + 1
+    truth = []
+    for image, k in zip(images, numbers):
+        name = f"ILSVRC2012_val_{k:08d}{image.suffix}"
+        image.rename(image.parent / name)
+        truth.append((name, image.parent.name))
+    flat = root / "flat"
+    shutil.copytree(foldered / "train", flat / "train")
+    (flat / "val").mkdir()
+    for name, wnid in truth:
+        shutil.copy(foldered / "val" / wnid / name, flat / "val" / name)
+    return foldered, flat, sorted(truth)
+
+
+def test_a_flat_validation_folder_with_either_labels_file_makes_the_foldered_shards(tmp_path):
+    foldered, flat, truth = foldered_and_flat_validation(tmp_path)
+    synsets = tmp_path / "imagenet_2012_validation_synset_labels.txt"
+    synsets.write_text("".join(f"{wnid}\n" for _, wnid in truth))  # in file-name order
+    solution = tmp_path / "LOC_val_solution.csv"
+    rows = [f"{Path(name).stem},{wnid} 12 8 30 25 {wnid} 1 2 20 20" for name, wnid in reversed(truth)]
+    solution.write_text("ImageId,PredictionString\n" + "\n".join(rows) + "\n")
+    expected = tmp_path / "expected"
+    convert.convert_image_folder(foldered, expected, train_shards=2, validation_shards=2, progress=False)
+    for labels in (synsets, solution):
+        out = tmp_path / labels.stem
+        argv = ["convert", "folder", str(flat), "--out", str(out), "--val-labels", str(labels), "--quiet"]
+        assert run([*argv, "--train-shards", "2", "--validation-shards", "2", "--workers", "1"]) == 0
+        assert digest(out) == {k: v for k, v in digest(expected).items() if k != "dataset.json"} | {
+            "dataset.json": digest(out)["dataset.json"]
+        }
+        assert json.loads((out / "dataset.json").read_text())["splits"] == json.loads((expected / "dataset.json").read_text())["splits"]
+
+
+def test_a_flat_validation_folder_without_good_labels_is_one_clear_error(tmp_path, capsys):
+    _, flat, truth = foldered_and_flat_validation(tmp_path)
+    labels = tmp_path / "labels.txt"
+    argv = ["convert", "folder", str(flat), "--out", str(tmp_path / "out"), "--quiet"]
+    cases = {
+        None: f"error: {flat / 'val'}: holds 6 images and no class folders; give their classes with --val-labels FILE",
+        "".join(f"{wnid}\n" for _, wnid in truth[:-1]): f"error: {labels}: 5 class names for the 6 images in {flat / 'val'}",
+        "".join(f"{wnid}\n" for _, wnid in truth[:2]) + "n09\n" + "".join(f"{wnid}\n" for _, wnid in truth[3:]): (
+            f"error: {labels}: line 3: class 'n09' (for {truth[2][0]}) is not a folder in train/"
+        ),
+        "ImageId,PredictionString\n" + "".join(f"{Path(n).stem},{w} 1 1 2 2\n" for n, w in truth[1:]): (
+            f"error: {labels}: no row for {truth[0][0]} (ImageId {Path(truth[0][0]).stem})"
+        ),
+    }
+    for text, message in cases.items():
+        if text is not None:
+            labels.write_text(text)
+        assert run(argv + ([] if text is None else ["--val-labels", str(labels)])) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()  # nothing written before the labels are right

@@ -75,6 +75,9 @@ COVERED = {
     "scontrol update JobId=<job id> StartTime=now": "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly",
     "python data/prepare_fmnist.py": "tests/data/test_convert.py::test_fashion_mnist_subset  # its converter on Debian's files, 64 images",
     "largebatch data convert folder /path/imagenet --out data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
+    "largebatch data convert folder /path/imagenet --out data/imagenet --val-labels LOC_val_solution.csv": (
+        "tests/data/test_convert.py::test_a_flat_validation_folder_with_either_labels_file_makes_the_foldered_shards"
+    ),
     "largebatch data convert fashion-mnist --out data/fashion-mnist": "tests/data/test_convert.py::test_fashion_mnist_subset",
     "largebatch data index data/other/train-00000-of-00004": "tests/data/test_convert.py::test_cli_convert_index_verify",
     "largebatch data verify data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",

@@ -1,0 +1,128 @@
+"""``largebatch data convert`` and ``verify`` with several workers against one.
+
+Three jobs, each timed with one worker and with ``--workers N`` (default: the CPUs this
+process may use), plus an A/A control (one worker again, same placement in the round):
+
+* ``convert folder``: an ImageNet-style folder of generated photo-like JPEGs (stored as
+  they are: reading, header checks, CRCs, writing, as for ImageNet's 1.28M files);
+* ``verify``: the shards it wrote, every JPEG decoded;
+* ``convert fashion-mnist``: Debian's 70,000 images, each encoded as JPEG (skipped when
+  the package is missing).
+
+Rounds take turns through the sides, the order reversed every other round, after one
+warm-up round (files in the page cache from then on); each ratio is the median over
+rounds of that round's ratio, quartiles in brackets.
+
+    python bench/convert.py [--images 2000] [--rounds 5] [--workers N] [--jobs folder verify fashion-mnist]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.machine import machine_description  # noqa: E402
+from largebatch.data import convert  # noqa: E402
+from largebatch.data.shardpool import default_workers  # noqa: E402
+
+
+def job_runners(work: Path, chosen: list[str]) -> dict[str, Callable[[int, Path], object]]:
+    """Each chosen job as ``run(workers, scratch)``."""
+    shards = work / "shards"
+
+    def folder(workers: int, scratch: Path) -> object:
+        return convert.convert_image_folder(work / "folder", scratch, train_shards=32, progress=False, workers=workers)
+
+    def verify(workers: int, scratch: Path) -> object:
+        return convert.verify_split(shards, "train", num_classes=8, label_offset=1, progress=False, workers=workers)
+
+    def fmnist(workers: int, scratch: Path) -> object:
+        return convert.convert_fashion_mnist(scratch, progress=False, workers=workers)
+
+    jobs = {"folder": ("convert folder", folder), "verify": ("verify (decode)", verify), "fashion-mnist": ("convert fashion-mnist", fmnist)}
+    return dict(jobs[name] for name in chosen)
+
+
+def timed(run: Callable[[int, Path], object], workers: int, work: Path) -> float:
+    scratch = work / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    start = time.perf_counter()
+    run(workers, scratch)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000, help="JPEGs in the generated folder")
+    parser.add_argument("--rounds", type=int, default=5, help="counted rounds, after one warm-up round")
+    parser.add_argument("--workers", type=int, default=default_workers(), help="the parallel side's workers")
+    parser.add_argument(
+        "--jobs",
+        nargs="+",
+        choices=["folder", "verify", "fashion-mnist"],
+        default=["folder", "verify", "fashion-mnist"],
+        help="which jobs (fashion-mnist only where Debian's package is installed)",
+    )
+    args = parser.parse_args()
+    # Imported here, not above: worker processes import this module (as any pool started by
+    # a fork server does), and these two import torch, which the workers do not need.
+    from bench.lamb_step import per_round_ratio
+    from bench.loaders import make_images
+
+    work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
+    try:
+        make_images(work / "folder", args.images)
+        convert.convert_image_folder(work / "folder", work / "shards", train_shards=32, progress=False)
+        if not (Path(convert.FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file() and "fashion-mnist" in args.jobs:
+            print(f"fashion-mnist skipped: not installed at {convert.FASHION_MNIST_DIR}", file=sys.stderr)
+            args.jobs.remove("fashion-mnist")
+        jobs = job_runners(work, args.jobs)
+        sides = {"one": 1, "many": args.workers, "A/A": 1}
+        times: dict[str, dict[str, list[float]]] = {job: {side: [] for side in sides} for job in jobs}
+        load_before = os.getloadavg()
+        for round_number in range(args.rounds + 1):
+            order = list(sides) if round_number % 2 == 0 else list(reversed(sides))
+            for job, run in jobs.items():
+                for side in order:
+                    seconds = timed(run, sides[side], work)
+                    if round_number:  # the first round warms the page cache and the fork server
+                        times[job][side].append(seconds)
+        load_after = os.getloadavg()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"Machine: {machine_description()}.")
+    print(f"Load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; {args.images} generated JPEGs, 32 shards.")
+    print()
+    print(f"| job | 1 worker, s | {args.workers} workers, s | 1 worker / {args.workers} workers [quartiles] | A/A |")
+    print("|---|---|---|---|---|")
+    for job, sides_times in times.items():
+        one = [[t] for t in sides_times["one"]]
+        many = [[t] for t in sides_times["many"]]
+        again = [[t] for t in sides_times["A/A"]]
+        speedup, low, high = per_round_ratio(one, many)
+        aa, aa_low, aa_high = per_round_ratio(one, again)
+        print(
+            f"| {job} | {statistics.median(sides_times['one']):.2f} | {statistics.median(sides_times['many']):.2f} "
+            f"| {speedup:.2f} [{low:.2f}, {high:.2f}] | {aa:.2f} [{aa_low:.2f}, {aa_high:.2f}] |"
+        )
+    print()
+    for job, sides_times in times.items():
+        one = [[t] for t in sides_times["one"]]
+        speedup = per_round_ratio(one, [[t] for t in sides_times["many"]])[0]
+        aa = per_round_ratio(one, [[t] for t in sides_times["A/A"]])[0]
+        print(f"{job}: 1 worker / {args.workers} workers = {speedup:.2f} (A/A 1 worker / 1 worker = {aa:.2f})")
+
+
+if __name__ == "__main__":
+    main()
