@@ -18,9 +18,12 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from tqdm import tqdm
+
+from largebatch.errors import UserError
 
 MAX_DEFAULT_WORKERS = 8
 
@@ -64,6 +67,7 @@ def run_jobs(
     Raises:
         The exception of the earliest job (in ``jobs``' order) that raised one; jobs after
         it may or may not have run.
+        UserError: a worker process died (killed, out of memory) before its job ended.
     """
     tick: Tick = bar.update if bar is not None else _no_tick
     workers = min(workers, len(jobs))
@@ -89,7 +93,13 @@ def run_jobs(
         pool.shutdown(wait=True, cancel_futures=True)
     for future in futures:
         if future.done() and not future.cancelled() and future.exception() is not None:
-            raise future.exception()  # type: ignore[misc]
+            error = future.exception()
+            if isinstance(error, BrokenProcessPool):
+                raise UserError(
+                    f"a worker process died before its job ended ({error}); what was finished is kept: "
+                    "run the command again, with fewer --workers if memory ran out"
+                ) from error
+            raise error  # type: ignore[misc]
     return [future.result() for future in futures]
 
 

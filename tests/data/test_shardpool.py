@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
 
 from largebatch.data.shardpool import default_workers, run_jobs
-from largebatch.errors import DataError
+from largebatch.errors import DataError, UserError
 
 
 def square(number: int, delay: float, tick) -> tuple[int, int]:
@@ -49,6 +50,17 @@ def test_the_earliest_jobs_error_is_raised_not_the_first_to_happen(workers):
     with pytest.raises(DataError) as error:
         run_jobs(fail_some, [(n,) for n in range(6)], workers=workers)
     assert str(error.value) == "shard-1: record 1 is bad"
+
+
+def die(number: int, tick) -> int:
+    if number == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer does
+    return number
+
+
+def test_a_worker_killed_mid_job_is_one_user_error():
+    with pytest.raises(UserError, match=r"^a worker process died before its job ended .*run the command again"):
+        run_jobs(die, [(n,) for n in range(4)], workers=2)
 
 
 def test_default_workers_is_the_usable_cpus_at_most_eight():
