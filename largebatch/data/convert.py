@@ -304,6 +304,13 @@ def _labelled_images(split_dir: Path, images: list[Path], labels_file: str | os.
         labelled = [(image, name, n) for image, (name, n) in zip(images, names)]
     samples = []
     for image, name, line_number in labelled:
+        if name.isdigit() and name not in number:
+            raise DataError(
+                f"line {line_number}: {name!r} is a class number, not a class folder name: this looks like the "
+                "devkit's ILSVRC2012_validation_ground_truth.txt, whose numbers follow the devkit's own class order; "
+                "give TensorFlow's imagenet_2012_validation_synset_labels.txt or Kaggle's LOC_val_solution.csv",
+                path=str(path),
+            )
         if name not in number:
             raise DataError(f"line {line_number}: class {name!r} (for {image.name}) is not a folder in train/", path=str(path))
         samples.append(Sample(image, number[name], image.name))

@@ -349,6 +349,10 @@ def test_a_flat_validation_folder_without_good_labels_is_one_clear_error(tmp_pat
         "".join(f"{wnid}\n" for _, wnid in truth[:2]) + "n09\n" + "".join(f"{wnid}\n" for _, wnid in truth[3:]): (
             f"error: {labels}: line 3: class 'n09' (for {truth[2][0]}) is not a folder in train/"
         ),
+        "".join(f"{k}\n" for k in (490, 361, 171, 822, 297, 482)): (
+            f"error: {labels}: line 1: '490' is a class number, not a class folder name: this looks like the devkit's "
+            "ILSVRC2012_validation_ground_truth.txt"
+        ),
         "ImageId,PredictionString\n" + "".join(f"{Path(n).stem},{w} 1 1 2 2\n" for n, w in truth[1:]): (
             f"error: {labels}: no row for {truth[0][0]} (ImageId {Path(truth[0][0]).stem})"
         ),
