@@ -106,22 +106,18 @@ def main() -> None:
     print()
     print(f"| job | 1 worker, s | {args.workers} workers, s | 1 worker / {args.workers} workers [quartiles] | A/A |")
     print("|---|---|---|---|---|")
+    ratios = {}
     for job, sides_times in times.items():
         one = [[t] for t in sides_times["one"]]
-        many = [[t] for t in sides_times["many"]]
-        again = [[t] for t in sides_times["A/A"]]
-        speedup, low, high = per_round_ratio(one, many)
-        aa, aa_low, aa_high = per_round_ratio(one, again)
+        ratios[job] = (per_round_ratio(one, [[t] for t in sides_times["many"]]), per_round_ratio(one, [[t] for t in sides_times["A/A"]]))
+        (speedup, low, high), (aa, aa_low, aa_high) = ratios[job]
         print(
             f"| {job} | {statistics.median(sides_times['one']):.2f} | {statistics.median(sides_times['many']):.2f} "
             f"| {speedup:.2f} [{low:.2f}, {high:.2f}] | {aa:.2f} [{aa_low:.2f}, {aa_high:.2f}] |"
         )
     print()
-    for job, sides_times in times.items():
-        one = [[t] for t in sides_times["one"]]
-        speedup = per_round_ratio(one, [[t] for t in sides_times["many"]])[0]
-        aa = per_round_ratio(one, [[t] for t in sides_times["A/A"]])[0]
-        print(f"{job}: 1 worker / {args.workers} workers = {speedup:.2f} (A/A 1 worker / 1 worker = {aa:.2f})")
+    for job, (speedup_quartiles, aa_quartiles) in ratios.items():
+        print(f"{job}: 1 worker / {args.workers} workers = {speedup_quartiles[0]:.2f} (A/A 1 worker / 1 worker = {aa_quartiles[0]:.2f})")
 
 
 if __name__ == "__main__":

@@ -252,14 +252,15 @@ def scan_image_folder(src: Path, val_labels: str | os.PathLike | None = None) ->
             for image in sorted(class_dir.iterdir()):
                 if image.suffix.lower() in IMAGE_EXTENSIONS:
                     samples.append(Sample(image, number[class_dir.name], image.name))
-        loose = sorted(p for p in split_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-        if split == "validation" and samples and (loose or val_labels is not None):
-            what = "loose images" if loose else "no loose images for --val-labels to label"
-            raise DataError(
-                f"holds class folders and {what}; use one layout: class folders, or images and --val-labels", path=str(split_dir)
-            )
-        if split == "validation" and loose:
-            samples = _labelled_images(split_dir, loose, val_labels, number)
+        if split == "validation":  # class folders, or loose images labelled by val_labels
+            loose = sorted(p for p in split_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            if samples and (loose or val_labels is not None):
+                what = "loose images" if loose else "no loose images for --val-labels to label"
+                raise DataError(
+                    f"holds class folders and {what}; use one layout: class folders, or images and --val-labels", path=str(split_dir)
+                )
+            if loose:
+                samples = _labelled_images(split_dir, loose, val_labels, number)
         if not samples:
             raise DataError("no images found", path=str(split_dir))
         splits[split] = samples
