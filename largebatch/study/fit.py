@@ -1,25 +1,32 @@
-"""The steps-samples trade-off of McCandlish et al. 2018, fitted, with a bootstrap over seeds.
+"""The steps-samples trade-off of McCandlish et al. 2018, fitted by a censored likelihood.
 
 "An Empirical Model of Large-Batch Training" (arXiv:1812.06162, eq. 2.11) models the
 optimizer steps S and samples E = S B needed to reach a given loss at batch B as
 
     S = S_min (1 + B_crit / B),        E = E_min (1 + B / B_crit),        E_min = S_min B_crit,
 
-the same curve in two forms: (S / S_min - 1)(E / E_min - 1) = 1. ``fit_scaling`` fits it
-to measured (batch, steps) pairs by least squares on log(steps), with S_min in closed
-form for each B_crit (the mean log residual) and B_crit found on a grid over log B_crit,
-refined on a 200 times finer grid around its minimum. A B_crit at the end of the searched span (1/1000 of the
-smallest batch to 1000 times the largest) means the data show no bend: steps fall as 1/B
-throughout (B_crit above the batches measured) or not at all (below them); ``bounded``
-says which.
+the same curve in two forms: (S / S_min - 1)(E / E_min - 1) = 1.
 
-``bootstrap`` resamples the seeds of each batch with replacement (stratified by batch) and
-refits, giving percentile intervals for S_min, B_crit and E_min.
+**Every run counts.** ``fit_scaling`` takes each run as a ``Point``: the batch, the steps
+it took to reach the target, or None when it had not reached it within the ``budget``
+steps it ran. Log steps are modelled as the curve plus Gaussian noise of a fitted
+standard deviation sigma; a run that reached the target contributes the density of its
+log steps, one that did not contributes the probability that its log steps exceed
+log(budget) (a censored, Tobit, likelihood). Dropping the runs that did not finish would
+keep only the lucky draws at the batches where the budget is tight and bend the curve
+down there; counting them as "more than their budget" uses what they say.
 
-Zhang et al. 2024 ("How Does Critical Batch Size Scale in Pre-training?") place the
-critical batch where the steps exceed perfect scaling by 20%; against perfect scaling from
-the smallest batch B0 measured, the fitted curve crosses that line at
-``B = 1.2 B0 + 0.2 B_crit`` (``batch_at_overhead``).
+The likelihood is maximised over S_min, B_crit and sigma: B_crit on a grid over
+log B_crit, refined on a 60 times finer grid around its maximum, and for each B_crit
+(S_min, sigma) by Newton's method in Olsen's parameters (log S_min / sigma, 1 / sigma),
+in which the censored likelihood is concave (Olsen 1978, "Note on the Uniqueness of the
+Maximum Likelihood Estimator for the Tobit Model"), so the inner maximum is unique.
+sigma is held at least ``SIGMA_FLOOR``: steps read off evaluations are not known more
+finely, and a curve through every point would otherwise have an unbounded likelihood.
+
+A B_crit at the end of the searched span (1/1000 of the smallest batch to 1000 times the
+largest) means the data show no bend: steps fall as 1/B throughout (B_crit above the
+batches measured) or not at all (below them); ``bounded`` says which.
 """
 
 from __future__ import annotations
@@ -27,10 +34,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
+from scipy.special import log_ndtr
 
 SPAN = 1000.0  # B_crit searched from smallest batch / SPAN to largest batch x SPAN
+SIGMA_FLOOR = 1e-3  # the smallest noise of log steps the fit allows (0.1% in steps)
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class Point(NamedTuple):
+    """One run: its batch, its steps to target (None: not reached within ``budget`` steps)."""
+
+    batch: float
+    steps: float | None
+    budget: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,16 +57,19 @@ class Fit:
     """A fitted S = S_min (1 + B_crit / B).
 
     Attributes:
-        s_min, b_crit, e_min: the fitted constants (E_min = S_min B_crit).
-        rms_log: root-mean-square residual of log(steps).
+        s_min, b_crit: the fitted constants (E_min = S_min B_crit).
+        sigma: the fitted standard deviation of log steps about the curve.
         bounded: '' for an interior fit; 'above' or 'below' when B_crit sits at the end of
             the searched span (the data bound it, they do not locate it).
+        reached, censored: the runs that reached the target and those that did not.
     """
 
     s_min: float
     b_crit: float
-    rms_log: float
+    sigma: float
     bounded: str = ""
+    reached: int = 0
+    censored: int = 0
 
     @property
     def e_min(self) -> float:
@@ -57,71 +79,78 @@ class Fit:
         return self.s_min * (1 + self.b_crit / batch)
 
 
-def _profile(log_b: np.ndarray, log_s: np.ndarray, log_bcrit: float) -> tuple[float, float]:
-    """(sum of squared log residuals, log S_min) for one B_crit."""
-    shape = np.log1p(np.exp(log_bcrit - log_b))
-    log_smin = float(np.mean(log_s - shape))
-    residual = log_s - log_smin - shape
-    return float(np.sum(residual**2)), log_smin
+def _tobit(z: np.ndarray, censor: np.ndarray, hit: np.ndarray, a: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Log-likelihood, gradient and Hessian in Olsen's (a, h) = (mu / sigma, 1 / sigma), for
+    every row of ``z`` (log steps less the curve's shape; rows: B_crit values) at once.
+    ``hit``: reached (density at ``z``); otherwise censored above ``censor``."""
+    a2, h2 = a[:, None], h[:, None]
+    r = h2 * z - a2  # reached: standardised residual
+    u = a2 - h2 * censor  # censored: log P(log steps > log budget) = log Phi(u)
+    log_phi_u = log_ndtr(u)
+    mills = np.exp(-0.5 * u**2 - _HALF_LOG_2PI - log_phi_u)
+    curvature = -mills * (u + mills)
+    ll = np.where(hit, np.log(h2) - _HALF_LOG_2PI - 0.5 * r**2, log_phi_u).sum(axis=1)
+    g_a = np.where(hit, r, mills).sum(axis=1)
+    g_h = np.where(hit, 1 / h2 - r * z, -mills * censor).sum(axis=1)
+    h_aa = np.where(hit, -1.0, curvature).sum(axis=1)
+    h_ah = np.where(hit, z, -curvature * censor).sum(axis=1)
+    h_hh = np.where(hit, -1 / h2**2 - z**2, curvature * censor**2).sum(axis=1)
+    return ll, g_a, g_h, h_aa, h_ah, h_hh
 
 
-def _losses(log_b: np.ndarray, log_s: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """The profile's loss at every point of ``grid`` (log B_crit) at once."""
-    residuals = log_s[None, :] - np.log1p(np.exp(grid[:, None] - log_b[None, :]))
-    return np.sum((residuals - residuals.mean(axis=1, keepdims=True)) ** 2, axis=1)
+def _profile(log_b: np.ndarray, log_y: np.ndarray, hit: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(log-likelihood, log S_min, sigma) maximised over S_min and sigma at each log B_crit of ``grid``."""
+    shape = np.log1p(np.exp(grid[:, None] - log_b[None, :]))
+    z = log_y[None, :] - shape  # log S_min plus noise, for reached runs; the censoring point otherwise
+    h_max = 1 / SIGMA_FLOOR
+    reached = np.where(hit, z, np.nan)
+    mu = np.nanmean(reached, axis=1)
+    spread = np.nanstd(reached, axis=1)
+    sigma = np.clip(np.where(np.isfinite(spread) & (spread > 0), spread, 0.1), SIGMA_FLOOR, None)
+    a, h = mu / sigma, 1 / sigma
+    state = _tobit(z, z, hit, a, h)
+    for _ in range(100):
+        ll, g_a, g_h, h_aa, h_ah, h_hh = state
+        det = h_aa * h_hh - h_ah**2
+        step_a = np.where(det > 0, -(h_hh * g_a - h_ah * g_h) / det, g_a / np.abs(h_aa))
+        step_h = np.where(det > 0, -(h_aa * g_h - h_ah * g_a) / det, 0.0)
+        pinned = (h >= h_max) & (step_h > 0)  # at the noise floor: maximise over a alone
+        step_a = np.where(pinned, -g_a / h_aa, step_a)
+        step_h = np.where(pinned, 0.0, step_h)
+        scale = np.ones_like(a)
+        for _ in range(40):  # halve a row's step until its likelihood does not fall (and h stays positive)
+            new_a, new_h = a + scale * step_a, np.minimum(h + scale * step_h, h_max)
+            new_h = np.where(new_h > 0, new_h, h / 2)
+            state = _tobit(z, z, hit, new_a, new_h)
+            bad = state[0] < ll - 1e-12
+            if not bad.any():
+                break
+            scale = np.where(bad, scale / 2, scale)
+        moved = np.maximum(np.abs(new_a - a), np.abs(new_h - h) / h)
+        a, h = new_a, new_h
+        if np.all(moved < 1e-10):
+            break
+    ll = state[0]
+    return ll, a / h, 1 / h
 
 
-def fit_scaling(points: Sequence[tuple[float, float]]) -> Fit | None:
-    """Least-squares fit of log(steps) to log(S_min (1 + B_crit / B)); None with fewer
-    than two distinct batch sizes."""
-    batches = np.array([b for b, _ in points], dtype=float)
-    steps = np.array([s for _, s in points], dtype=float)
-    if len(set(batches.tolist())) < 2 or np.any(steps <= 0):
+def fit_scaling(points: Sequence[Point]) -> Fit | None:
+    """The maximum-likelihood S = S_min (1 + B_crit / B) over every run, censored ones
+    included; None unless runs reached the target at two or more distinct batches."""
+    batches = np.array([p.batch for p in points], dtype=float)
+    hit = np.array([p.steps is not None for p in points], dtype=bool)
+    values = np.array([p.budget if p.steps is None else p.steps for p in points], dtype=float)
+    if len(set(batches[hit].tolist())) < 2 or np.any(values <= 0):
         return None
-    log_b, log_s = np.log(batches), np.log(steps)
+    log_b, log_y = np.log(batches), np.log(values)
     lo, hi = math.log(batches.min() / SPAN), math.log(batches.max() * SPAN)
-    grid = np.linspace(lo, hi, 801)
-    losses = _losses(log_b, log_s, grid)
-    i = int(np.argmin(losses))
-    fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 401)  # the cell around the minimum, 200x finer
-    best = float(fine[int(np.argmin(_losses(log_b, log_s, fine)))])
-    loss, log_smin = _profile(log_b, log_s, best)
+    grid = np.linspace(lo, hi, 121)
+    i = int(np.argmax(_profile(log_b, log_y, hit, grid)[0]))
+    fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 121)  # the cells around the maximum, 60x finer
+    ll, log_smin, sigma = _profile(log_b, log_y, hit, fine)
+    j = int(np.argmax(ll))
     bounded = "above" if i >= len(grid) - 2 else "below" if i <= 1 else ""
-    return Fit(math.exp(log_smin), math.exp(best), math.sqrt(loss / len(steps)), bounded)
-
-
-@dataclasses.dataclass(frozen=True)
-class Interval:
-    """A bootstrap percentile interval."""
-
-    low: float
-    high: float
-
-
-def bootstrap(by_batch: dict[int, list[float]], samples: int = 1000, level: float = 0.95, seed: int = 0) -> dict[str, Interval] | None:
-    """Percentile intervals of ``s_min``, ``b_crit`` and ``e_min`` from refits on the seeds
-    of each batch resampled with replacement; None when the data cannot be fitted."""
-    rng = np.random.default_rng(seed)
-    batches = sorted(b for b, steps in by_batch.items() if steps)
-    if len(batches) < 2:
-        return None
-    draws: dict[str, list[float]] = {"s_min": [], "b_crit": [], "e_min": []}
-    for _ in range(samples):
-        points = [(b, float(s)) for b in batches for s in rng.choice(by_batch[b], size=len(by_batch[b]), replace=True)]
-        fit = fit_scaling(points)
-        if fit is None:
-            continue
-        draws["s_min"].append(fit.s_min)
-        draws["b_crit"].append(fit.b_crit)
-        draws["e_min"].append(fit.e_min)
-    tail = 100 * (1 - level) / 2
-    return {k: Interval(float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))) for k, v in draws.items()}
-
-
-def batch_at_overhead(fit: Fit, smallest: float, overhead: float = 1.2) -> float:
-    """The batch where the fitted steps exceed perfect scaling from ``smallest`` by ``overhead``
-    (Zhang et al. 2024's critical batch at 1.2): (B + B_crit) / (B0 + B_crit) = overhead."""
-    return overhead * smallest + (overhead - 1) * fit.b_crit
+    return Fit(math.exp(log_smin[j]), math.exp(fine[j]), float(sigma[j]), bounded, int(hit.sum()), int((~hit).sum()))
 
 
 def crossing_batch(batches: Sequence[float], efficiency: Sequence[float | None], threshold: float) -> float | None:

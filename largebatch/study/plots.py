@@ -1,9 +1,11 @@
 """A study's three figures (matplotlib, written as PNG files):
 
 * ``steps_vs_batch.png``: steps to target against the global batch, log-log, per
-  optimizer: the median over seeds with the seeds' range, perfect scaling from the
-  smallest batch (dotted), the fitted S_min (1 + B_crit / B) (solid); a cell whose re-runs
-  did not reach the target is an open triangle at its budget (the steps are above it);
+  optimizer: the median over seeds with the seeds' range, the censored fit
+  S_min (1 + B_crit / B) (solid) and its perfect-scaling line E_min / B up to B_crit
+  (dotted); a cell
+  without a median (most re-runs did not reach the target) is an open triangle at its
+  budget (the steps are above it);
 * ``steps_vs_samples.png``: the same cells as steps against samples (S against E = S B),
   with the fitted curve (S / S_min - 1)(E / E_min - 1) = 1: the trade-off between time and
   compute;
@@ -18,7 +20,8 @@ import pathlib
 
 import numpy as np
 
-from largebatch.study.analysis import CellResult, OptimizerResult
+from largebatch.study.analysis import CellResult
+from largebatch.study.statistics import CellStats, OptimizerStats
 
 
 def _pyplot():
@@ -52,14 +55,14 @@ def _finish(fig, ax, path: pathlib.Path, drawn: bool, batches: list[int] | None 
     return path
 
 
-def steps_vs_batch(cells: list[CellResult], fits: list[OptimizerResult], label: str, path: pathlib.Path) -> pathlib.Path:
+def steps_vs_batch(cells: list[CellResult], fits: list[OptimizerStats], label: str, path: pathlib.Path) -> pathlib.Path:
     fig, ax = _pyplot().subplots(figsize=(7, 5))
     batches = sorted({c.batch for c in cells})
     grid = np.geomspace(min(batches), max(batches), 200)
     drawn = False
     for i, result in enumerate(fits):
         color = f"C{i}"
-        mine = [c for c in cells if c.optimizer == result.optimizer]
+        mine = [c.stats for c in cells if c.optimizer == result.optimizer]
         done = [c for c in mine if c.median is not None]
         if done:
             lows = [c.median - (c.low or c.median) for c in done]
@@ -73,29 +76,30 @@ def steps_vs_batch(cells: list[CellResult], fits: list[OptimizerResult], label: 
                 capsize=3,
                 label=result.optimizer,
             )
-            base = done[0]
-            ax.plot(grid, base.median * base.batch / grid, ":", color=color, alpha=0.6)
         bounds = [c for c in mine if c.median is None and c.budget]
         if bounds:
             ax.plot([c.batch for c in bounds], [c.budget for c in bounds], "^", mfc="white", color=color)
         if result.fit is not None:
             ax.plot(grid, [result.fit.steps(b) for b in grid], "-", color=color, alpha=0.8)
+            near = grid[grid <= result.fit.b_crit]  # where perfect scaling is within 2x of the fit: the axis stays on the data
+            ax.plot(near, result.fit.e_min / near, ":", color=color, alpha=0.6)
         drawn = drawn or bool(done or bounds)
     ax.set_xlabel("global batch size")
     ax.set_ylabel(f"steps to {label}")
     ax.set_title(
-        "steps to target: median and range over seeds\n(dotted: perfect scaling; solid: fit; open triangle: not reached in budget)",
+        "steps to target: median and range over seeds\n(solid: censored fit; dotted: its perfect scaling E_min / B, up to B_crit; "
+        "open triangle: not reached in budget)",
         fontsize=9,
     )
     return _finish(fig, ax, path, drawn, batches)
 
 
-def steps_vs_samples(cells: list[CellResult], fits: list[OptimizerResult], label: str, path: pathlib.Path) -> pathlib.Path:
+def steps_vs_samples(cells: list[CellResult], fits: list[OptimizerStats], label: str, path: pathlib.Path) -> pathlib.Path:
     fig, ax = _pyplot().subplots(figsize=(7, 5))
     drawn = False
     for i, result in enumerate(fits):
         color = f"C{i}"
-        done = [c for c in cells if c.optimizer == result.optimizer and c.median is not None]
+        done = [c.stats for c in cells if c.optimizer == result.optimizer and c.stats.median is not None]
         if not done:
             continue
         drawn = True
@@ -112,13 +116,17 @@ def steps_vs_samples(cells: list[CellResult], fits: list[OptimizerResult], label
     return _finish(fig, ax, path, drawn)
 
 
-def noise_scale(cells: list[CellResult], fits: list[OptimizerResult], loss: float, path: pathlib.Path) -> pathlib.Path:
+def noise_scale(cells: list[CellResult], fits: list[OptimizerStats], loss: float, path: pathlib.Path) -> pathlib.Path:
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
     batches = sorted({c.batch for c in cells})
     drawn = False
     for i, result in enumerate(fits):
         color = f"C{i}"
-        measured = [c for c in cells if c.optimizer == result.optimizer and c.b_simple is not None and c.b_simple_range is not None]
+        measured: list[CellStats] = [
+            c.stats
+            for c in cells
+            if c.optimizer == result.optimizer and c.stats.b_simple is not None and c.stats.b_simple_range is not None
+        ]
         if measured:
             drawn = True
             spread = [[c.b_simple - c.b_simple_range[0] for c in measured], [c.b_simple_range[1] - c.b_simple for c in measured]]

@@ -12,6 +12,7 @@ failures, and the time it took.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,24 +20,27 @@ import pathlib
 from typing import Any
 
 from largebatch.config.redact import redact_text
-from largebatch.study import analysis, ledger, plots
+from largebatch.study import analysis, ledger, plots, statistics
+from largebatch.study import fit as fitting
 from largebatch.study.space import PARAMS
 from largebatch.study.spec import StudySpec
 
 EDGE_MARK = "†"
+TUNING_MARK = "‡"
 
 
-def _steps(cell: analysis.CellResult) -> str:
+def _steps(cell: statistics.CellStats) -> str:
     if cell.median is None:
         if not cell.reruns:
             return "-"
         reached = sum(r.steps is not None for r in cell.reruns)
-        return f"not reached in {cell.budget}" if not reached else f"{reached}/{len(cell.reruns)} seeds reached it in {cell.budget}"
-    high = f"{cell.high:.0f}" if cell.high is not None else f">{cell.budget}"
+        budget = _num(cell.budget)
+        return f"not reached in {budget}" if not reached else f"{reached}/{len(cell.reruns)} seeds reached it in {budget}"
+    high = f"{cell.high:.0f}" if cell.high is not None else f">{_num(cell.budget)}"
     return f"{cell.median:.0f} [{cell.low:.0f}, {high}]"
 
 
-def _efficiency(cell: analysis.CellResult) -> str:
+def _efficiency(cell: statistics.CellStats) -> str:
     if cell.efficiency is not None and cell.efficiency_range is not None:
         return f"{cell.efficiency:.2f} [{cell.efficiency_range[0]:.2f}, {cell.efficiency_range[1]:.2f}]"
     if cell.efficiency_below is not None:
@@ -72,9 +76,7 @@ def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) 
     from optuna.trial import TrialState
 
     trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in ledger.attrs(t)]
-    cells = analysis.collect(spec, trials, ledger.skipped(study))
-    optimizers = analysis.per_optimizer(spec, cells, bootstrap_samples)
-    resolutions = [c.resolution for c in cells if c.resolution is not None]
+    cells, found = analysis.collect(spec, trials, ledger.skipped(study), samples=bootstrap_samples)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
     busy, span = _busy_seconds(finished)
     trial_seconds = sum((ledger.attrs(t).get("outcome") or {}).get("seconds", 0.0) for t in finished)
@@ -98,10 +100,11 @@ def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) 
         },
         "evaluation": spec.evaluation,
         "noise_scale": spec.noise_scale,
-        "resolution": {"worst": max(resolutions) if resolutions else None, "median": _median(resolutions)},
+        "bootstrap_samples": bootstrap_samples,
+        "resolution": dataclasses.asdict(found.resolution),
         "cells": [_cell_json(c) for c in cells],
-        "optimizers": [_optimizer_json(o) for o in optimizers],
-        "comparisons": analysis.comparisons(spec, cells),
+        "optimizers": [_optimizer_json(o) for o in found.optimizers],
+        "comparisons": [_comparison_json(c) for c in found.comparisons],
         "time": {
             "trials": len(finished),
             "trial_seconds": round(trial_seconds, 1),
@@ -109,62 +112,77 @@ def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) 
             "span_wall_seconds": round(span, 1),
         },
         "_cells": cells,
-        "_optimizers": optimizers,
+        "_found": found,
     }
 
 
-def _median(values: list[float]) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+RERUN_FIELDS = ("seed", "number", "steps", "resolution", "budget", "heldout_steps", "b_simple", "stopped")
 
 
 def _cell_json(c: analysis.CellResult) -> dict[str, Any]:
+    s = c.stats
     return {
-        "optimizer": c.optimizer,
-        "batch": c.batch,
+        "optimizer": s.optimizer,
+        "batch": s.batch,
         "tuned": c.tuned,
         "planned": c.planned,
         "best": c.best,
-        "reruns": [r.__dict__ for r in c.reruns],
-        "steps_median": c.median,
-        "steps_low": c.low,
-        "steps_high": c.high,
-        "budget_steps": c.budget,
-        "resolution": c.resolution,
-        "efficiency": c.efficiency,
-        "efficiency_range": c.efficiency_range,
-        "efficiency_below": c.efficiency_below,
-        "b_simple": c.b_simple,
-        "b_simple_range": c.b_simple_range,
+        "reruns": [{k: getattr(r, k) for k in RERUN_FIELDS} for r in s.reruns],
+        "steps_median": s.median,
+        "steps_low": s.low,
+        "steps_high": s.high,
+        "budget_steps": s.budget,
+        "resolution": s.resolution,
+        "efficiency": s.efficiency,
+        "efficiency_range": s.efficiency_range,
+        "efficiency_below": s.efficiency_below,
+        "runner_up_margin": s.margin,
+        "seed_spread": s.spread,
+        "tuning_decides": s.tuning_decides,
+        "b_simple": s.b_simple,
+        "b_simple_range": s.b_simple_range,
         "failed": c.failed,
     }
 
 
-def _optimizer_json(o: analysis.OptimizerResult) -> dict[str, Any]:
-    fit = o.fit
+def _fit_json(fit: fitting.Fit | None) -> dict[str, Any] | None:
+    if fit is None:
+        return None
+    return {**dataclasses.asdict(fit), "e_min": fit.e_min}
+
+
+def _optimizer_json(o: statistics.OptimizerStats) -> dict[str, Any]:
     return {
         "optimizer": o.optimizer,
         "base_batch": o.base_batch,
-        "fit": None
-        if fit is None
-        else {"s_min": fit.s_min, "b_crit": fit.b_crit, "e_min": fit.e_min, "rms_log": fit.rms_log, "bounded": fit.bounded},
-        "interval_95": None if o.intervals is None else {k: [v.low, v.high] for k, v in o.intervals.items()},
-        "points": o.points,
-        "batches_not_reached": o.left_out,
-        "b20_fit": o.b20_fit,
+        "fit": _fit_json(o.fit),
+        "interval_95": {k: [v.low, v.high] for k, v in o.intervals.items()} or None,
+        "leave_one_batch_out": [{"batch": x.batch, "fit": _fit_json(x.fit), "b_crit_inside_interval": x.inside} for x in o.left_out],
+        "b20": o.b20,
+        "b20_from_smallest_batch": o.b20_b0,
         "b20_measured": o.b20_measured,
         "b20_measured_range": list(o.b20_measured_range),
         "b_simple": o.b_simple,
     }
 
 
+def _comparison_json(c: statistics.Comparison) -> dict[str, Any]:
+    return {
+        "a": c.a,
+        "b": c.b,
+        "ratio": c.ratio,
+        "interval_95": None if c.interval is None else [c.interval.low, c.interval.high],
+        "separated": c.separated,
+        "seeds": c.seeds,
+        "seeds_needed": c.seeds_needed,
+    }
+
+
 def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path) -> list[pathlib.Path]:
     """Write report.json, the plots and report.md into ``out``; the paths written."""
     data = build(spec, study, url)
-    cells, optimizers = data.pop("_cells"), data.pop("_optimizers")
+    cells, found = data.pop("_cells"), data.pop("_found")
+    optimizers = found.optimizers
     label = f"{spec.target.metric} {spec.target.value:g} ({data['reported_split']})"
     paths = [
         plots.steps_vs_batch(cells, optimizers, label, out / "steps_vs_batch.png"),
@@ -172,9 +190,21 @@ def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path) -> list[path
     ]
     if spec.noise_scale is not None:
         paths.append(plots.noise_scale(cells, optimizers, float(spec.noise_scale["at_eval_loss"]), out / "noise_scale.png"))
-    _replace(out / "report.json", json.dumps(data, indent=1, default=str) + "\n")
-    _replace(out / "report.md", markdown(spec, data, cells, optimizers, [p.name for p in paths]))
+    _replace(out / "report.json", json.dumps(_strict(data), indent=1, default=str, allow_nan=False) + "\n")
+    _replace(out / "report.md", markdown(spec, data, cells, found, [p.name for p in paths]))
     return [out / "report.md", out / "report.json", *paths]
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every infinite or NaN number as null (strict JSON: an open bound, a
+    seed that did not reach the target, a crossing at the first evaluation)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _replace(path: pathlib.Path, text: str) -> None:
@@ -184,9 +214,7 @@ def _replace(path: pathlib.Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def markdown(
-    spec: StudySpec, data: dict[str, Any], cells: list[analysis.CellResult], optimizers: list[analysis.OptimizerResult], images: list[str]
-) -> str:
+def markdown(spec: StudySpec, data: dict[str, Any], cells: list[analysis.CellResult], found: statistics.Findings, images: list[str]) -> str:
     t = spec.target
     sign = ">=" if t.mode == "max" else "<="
     batches = list(spec.batches)
@@ -194,7 +222,6 @@ def markdown(
     labels = [o.label for o in spec.optimizers]
     header = "| optimizer | " + " | ".join(f"{b:,}" for b in batches) + " |"
     rule = "|---|" + "---:|" * len(batches)
-    worst, median_res = data["resolution"]["worst"], data["resolution"]["median"]
     lines = [
         f"# Study `{spec.name}`: steps to {t.metric} {sign} {t.value:g}",
         "",
@@ -218,8 +245,7 @@ def markdown(
             else f"{spec.evaluation['fine']}x apart within {spec.evaluation['dense_within']:g} of the target"
         )
         + "; steps to target interpolated linearly in log(step) between the two evaluations around the crossing.",
-        f"- **Resolution**: the evaluations around each reported crossing are at most {_pct(worst)} apart "
-        f"(median {_pct(median_res)}); a steps figure is known to that relative precision.",
+        _resolution_line(found.resolution, t, data["reported_split"]),
         "",
         "Search space (ranges at the smallest batch; `sqrt`/`linear`: both ends scale with the batch):",
         "",
@@ -240,13 +266,14 @@ def markdown(
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += ["", f"## Steps to {t.metric} {sign} {t.value:g} on `{data['reported_split']}`", ""]
     lines += [
-        f"Median [range] over seeds; `{EDGE_MARK}`: the cell's choice sits in the outer 10% of a searched range (see below).",
+        f"Median [range] over seeds; `{EDGE_MARK}`: the cell's choice sits in the outer 10% of a searched range; `{TUNING_MARK}`: its "
+        "margin over the runner-up tuning trial lies within its seeds' spread, so tuning, not the batch, decides its figure (see below).",
         "",
         header,
         rule,
     ]
     for label in labels:
-        row = [_steps(by[(label, b)]) + (f" {EDGE_MARK}" if (by[(label, b)].best or {}).get("edges") else "") for b in batches]
+        row = [_steps(by[(label, b)].stats) + _marks(by[(label, b)]) for b in batches]
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += [
         "",
@@ -256,9 +283,10 @@ def markdown(
         rule,
     ]
     for label in labels:
-        lines.append(f"| {label} | " + " | ".join(_efficiency(by[(label, b)]) for b in batches) + " |")
-    lines += _fit_section(optimizers, spec)
-    lines += _separation_section(data["comparisons"])
+        lines.append(f"| {label} | " + " | ".join(_efficiency(by[(label, b)].stats) for b in batches) + " |")
+    lines += _fit_section(found.optimizers, spec, data["bootstrap_samples"])
+    lines += _left_out_section(found.optimizers)
+    lines += _separation_section(found.comparisons)
     lines += _edge_section(spec, cells)
     lines += _choices_section(spec, cells, shown)
     lines += _failure_section(cells)
@@ -275,36 +303,57 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def _marks(cell: analysis.CellResult) -> str:
+    return (f" {EDGE_MARK}" if (cell.best or {}).get("edges") else "") + (f" {TUNING_MARK}" if cell.stats.tuning_decides else "")
+
+
 def _pct(value: float | None) -> str:
     if value is None:
         return "-"
     return "unbounded (reached at the first evaluation)" if math.isinf(value) else f"{100 * value:.1f}%"
 
 
-def _fit_section(optimizers: list[analysis.OptimizerResult], spec: StudySpec) -> list[str]:
+def _resolution_line(res: statistics.Resolution, t: Any, split: str) -> str:
+    line = (
+        f"- **Resolution**: the evaluations around a reported crossing are {_pct(res.median)} apart at the median over its "
+        f"{res.crossings} crossings, {_pct(res.worst)} at worst; a steps figure is known to that relative precision"
+    )
+    if res.standard_error is None or res.samples is None:
+        return line + "."
+    return (
+        line + f". The `{split}` split's {res.samples:,} samples measure {t.metric} near {t.value:g} with a standard error of "
+        f"{100 * res.standard_error:.2f} points (sqrt(p (1 - p) / n)): a shift of one standard error moves a crossing by "
+        f"{_pct(res.steps_per_error)} of its steps (median over the crossings, from the curve's slope there)."
+    )
+
+
+def _fit_section(optimizers: list[statistics.OptimizerStats], spec: StudySpec, samples: int) -> list[str]:
     lines = [
         "",
         "## Critical batch",
         "",
-        "S = S_min (1 + B_crit / B) fitted to every re-run that reached the target (least squares on log steps; 95% bootstrap "
-        "interval over seeds); E_min = S_min B_crit. B_20%: where steps exceed perfect scaling from the smallest batch by 20% "
-        "(Zhang et al. 2024), from the fit and from the measured efficiencies (interpolated in log batch; range from the seeds' extremes).",
+        "S = S_min (1 + B_crit / B) fitted to every re-run by a censored likelihood on log steps (a run that did not reach the "
+        "target counts as more steps than it ran); E_min = S_min B_crit; sigma: the noise of log steps about the fit. 95% "
+        f"percentile intervals from {samples:,} bootstrap replicates that redraw each cell's seeds and its tuning choice. "
+        "B_20% (Zhang et al. 2024): where steps exceed the fit's perfect scaling E_min / B by 20%, 0.2 B_crit; beside it, "
+        "the same 20% against perfect scaling from the smallest batch B0, from the fit (1.2 B0 + 0.2 B_crit) and from the "
+        "measured efficiencies (interpolated in log batch; range from the seeds' extremes).",
         "",
-        "| optimizer | S_min | B_crit | E_min (samples) | B_20% (fit) | B_20% (measured) | B_simple | points |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| optimizer | S_min | B_crit | E_min (samples) | sigma | B_20% | B0-relative: fit, measured | B_simple | runs |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for o in optimizers:
         if o.fit is None:
-            lines.append(f"| {o.optimizer} | - | - | - | - | - | {_num(o.b_simple)} | {o.points} (too few batches reached the target) |")
+            lines.append(f"| {o.optimizer} | - | - | - | - | - | - | {_num(o.b_simple)} | too few batches reached the target |")
             continue
-        iv = o.intervals or {}
+        iv = o.intervals
         b_crit = _band(iv, "b_crit", o.fit.b_crit) + (f" ({o.fit.bounded} the batches measured)" if o.fit.bounded else "")
         low, high = o.b20_measured_range
         measured = "-" if o.b20_measured is None else f"{_num(o.b20_measured)} [{_num(low)}, {_num(high)}]"
-        left = f"; not reached at {', '.join(map(str, o.left_out))}" if o.left_out else ""
+        runs = f"{o.fit.reached} reached, {o.fit.censored} not"
         lines.append(
-            f"| {o.optimizer} | {_band(iv, 's_min', o.fit.s_min)} | {b_crit} | {_band(iv, 'e_min', o.fit.e_min)} | {_num(o.b20_fit)} | {measured} | "
-            f"{_num(o.b_simple)} | {o.points}{left} |"
+            f"| {o.optimizer} | {_band(iv, 's_min', o.fit.s_min)} | {b_crit} | {_band(iv, 'e_min', o.fit.e_min)} | {o.fit.sigma:.3f} | "
+            f"{_band(iv, 'b20', o.b20)} | {_num(o.b20_b0)}, {measured} | {_num(o.b_simple)} | {runs} |"
         )
     if spec.noise_scale is not None:
         lines += [
@@ -314,20 +363,78 @@ def _fit_section(optimizers: list[analysis.OptimizerResult], spec: StudySpec) ->
     return lines
 
 
-def _band(intervals: dict[str, Any], name: str, value: float) -> str:
+def _band(intervals: dict[str, statistics.Interval], name: str, value: float | None) -> str:
     """``value [low, high]`` with its bootstrap interval, when there is one."""
     if name not in intervals:
         return _num(value)
     return f"{_num(value)} [{_num(intervals[name].low)}, {_num(intervals[name].high)}]"
 
 
-def _separation_section(comparisons: list[dict[str, Any]]) -> list[str]:
-    apart = [f"{c['a']} and {c['b']}" for c in comparisons if c["separated"]]
-    together = [f"{c['a']} and {c['b']}" for c in comparisons if c["separated"] is False]
-    lines = ["", "## What the seeds and the resolution separate", ""]
-    lines.append("Two cells are told apart when their ranges over seeds do not overlap by more than the resolution.")
-    lines += ["", f"- Separated ({len(apart)}): " + ("; ".join(apart) if apart else "none") + "."]
-    lines += [f"- Not separated ({len(together)}): " + ("; ".join(together) if together else "none") + "."]
+def _left_out_section(optimizers: list[statistics.OptimizerStats]) -> list[str]:
+    fitted = [o for o in optimizers if o.fit is not None and o.left_out]
+    if not fitted:
+        return []
+    batches = sorted({x.batch for o in fitted for x in o.left_out})
+    lines = [
+        "",
+        "## Leave one batch out",
+        "",
+        "B_crit fitted without each batch in turn; `out`: outside the full fit's 95% interval (the fit rests on that batch).",
+        "",
+        "| optimizer | B_crit | " + " | ".join(f"without {b:,}" for b in batches) + " |",
+        "|---|---:|" + "---:|" * len(batches),
+    ]
+    for o in fitted:
+        assert o.fit is not None
+        by = {x.batch: x for x in o.left_out}
+        row = []
+        for b in batches:
+            x = by.get(b)
+            if x is None or x.fit is None:
+                row.append("-")
+                continue
+            row.append(_num(x.fit.b_crit) + (" out" if x.inside is False else "") + (f" ({x.fit.bounded})" if x.fit.bounded else ""))
+        lines.append(f"| {o.optimizer} | {_band(o.intervals, 'b_crit', o.fit.b_crit)} | " + " | ".join(row) + " |")
+    moved = [f"{o.optimizer} without {x.batch:,}" for o in fitted for x in o.left_out if x.inside is False]
+    lines += ["", "B_crit moves outside its interval: " + ("; ".join(moved) if moved else "never") + "."]
+    return lines
+
+
+def _separation_section(comparisons: list[statistics.Comparison]) -> list[str]:
+    lines = [
+        "",
+        "## What the statistics separate",
+        "",
+        "Ratio of median steps (second cell over first) with its 95% bootstrap interval over seeds and the tuning choice; two "
+        "cells differ when the interval excludes 1. Where it does not, the seeds per cell that would separate them were the "
+        "ratio as measured (the interval taken to narrow as 1/sqrt(seeds); the tuning choice's part does not narrow: a lower bound).",
+        "",
+        "| cells | ratio | 95% interval | differ | seeds that would separate them |",
+        "|---|---:|---|---|---:|",
+    ]
+    for c in comparisons:
+        if c.interval is None or c.ratio is None:
+            continue
+        needed = (
+            "-"
+            if c.separated
+            else _num(c.seeds_needed)
+            if c.seeds_needed is not None
+            else "none: " + ("equal medians" if c.ratio == 1 else "the interval is open (a replicate's median not reached)")
+        )
+        interval = f"[{c.interval.low:.2f}, {'inf' if math.isinf(c.interval.high) else f'{c.interval.high:.2f}'}]"
+        lines.append(f"| {c.a} / {c.b} | {c.ratio:.2f} | {interval} | {'yes' if c.separated else 'no'} | {needed} |")
+    missing = [f"{c.a} / {c.b}" for c in comparisons if c.interval is None]
+    if missing:
+        lines += ["", "Not comparable (a median is missing: most seeds did not reach the target): " + "; ".join(missing) + "."]
+    apart = [c for c in comparisons if c.separated]
+    together = [c for c in comparisons if c.separated is False]
+    compared = len(apart) + len(together)
+    lines += [
+        "",
+        f"{len(apart)} of {compared} comparable pairs differ. Each interval holds 95%: were none of the {compared} pairs "
+        f"different, about {compared / 20:.1f} would appear to differ by chance.",
+    ]
     return lines
 
 
@@ -364,15 +471,24 @@ def _choices_section(spec: StudySpec, cells: list[analysis.CellResult], shown: l
         "",
         "## Each cell's choice",
         "",
-        "| cell | trial | " + " | ".join(shown) + " | held-out steps | re-runs |",
-        "|---|---:|" + "---:|" * (len(shown) + 2),
+        "Held-out steps of the choice; margin: its runner-up's held-out steps over its own, less 1; spread: its re-runs' "
+        f"held-out steps, largest over smallest, less 1. `{TUNING_MARK}`: a margin within the spread (which tuning trial won "
+        "is inside the seeds' noise, so tuning, not the batch, decides the cell's figure).",
+        "",
+        "| cell | trial | " + " | ".join(shown) + " | held-out steps | margin | spread | re-runs |",
+        "|---|---:|" + "---:|" * (len(shown) + 4),
     ]
     for c in cells:
         if c.best is None:
-            lines.append(f"| {c.key} | - | " + " | ".join("-" for _ in shown) + f" | - | tuned {c.tuned}/{c.planned} |")
+            lines.append(f"| {c.key} | - | " + " | ".join("-" for _ in shown) + f" | - | - | - | tuned {c.tuned}/{c.planned} |")
             continue
         params = " | ".join(_num(c.best["params"].get(name)) for name in shown)
-        lines.append(f"| {c.key} | #{c.best['number']} | {params} | {_num(c.best['heldout_steps'])} | {len(c.reruns)}/{len(spec.seeds)} |")
+        margin, spread = _pct(c.stats.margin), _pct(c.stats.spread).replace("unbounded (reached at the first evaluation)", "open")
+        mark = f" {TUNING_MARK}" if c.stats.tuning_decides else ""
+        lines.append(
+            f"| {c.key} | #{c.best['number']} | {params} | {_num(c.best['heldout_steps'])} | {margin}{mark} | {spread} | "
+            f"{len(c.stats.reruns)}/{len(spec.seeds)} |"
+        )
     return lines
 
 
@@ -399,7 +515,7 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
         "",
         f"{'cell':<18} {'tuned':>7} {'running':>8} {'re-runs':>8}  steps to target (median [range])",
     ]
-    cells = analysis.collect(spec, trials, ledger.skipped(study))
+    cells, _ = analysis.collect(spec, trials, ledger.skipped(study), samples=0)
     running = {(ledger.attrs(t).get("optimizer"), ledger.attrs(t).get("batch")): 0 for t in trials}
     for t in trials:
         if t.state == TrialState.RUNNING:
@@ -407,7 +523,7 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
             running[key] = running.get(key, 0) + 1
     for c in cells:
         lines.append(
-            f"{c.key:<18} {c.tuned:>3}/{c.planned:<3} {running.get((c.optimizer, c.batch), 0):>8} {len(c.reruns):>4}/{len(spec.seeds):<3}  {_steps(c)}"
+            f"{c.key:<18} {c.tuned:>3}/{c.planned:<3} {running.get((c.stats.optimizer, c.stats.batch), 0):>8} {len(c.stats.reruns):>4}/{len(spec.seeds):<3}  {_steps(c.stats)}"
         )
     for c in cells:
         for f in c.failed:

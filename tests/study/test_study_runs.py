@@ -62,7 +62,8 @@ def test_a_tiny_study_reports_its_cells_seeds_fit_and_edge_marks(tiny):
         "**Resolution**",
         "## Critical batch",
         "B_crit",
-        "## What the seeds and the resolution separate",
+        "## Leave one batch out",
+        "## What the statistics separate",
         "widen to",
         "†",
     ):

@@ -1,0 +1,67 @@
+"""The table of runs read from a study's trials: the shipped Fashion-MNIST storage as the
+reference (its stored crossings and the choices its re-runs were made for)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+
+from largebatch.study import analysis, ledger, plan, statistics
+from largebatch.study.spec import load_study
+from tests.conftest import REPO
+
+SHIPPED = REPO / "studies" / "fashion-mnist"
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    folder = tmp_path_factory.mktemp("study")
+    shutil.copy(SHIPPED / "study.db", folder / "study.db")
+    spec = load_study(SHIPPED / "study.py")
+    study = optuna.load_study(study_name=spec.name, storage=f"sqlite:///{folder / 'study.db'}")
+    return spec, study.get_trials(deepcopy=False)
+
+
+def test_the_table_holds_every_finished_trial_with_the_crossings_it_recorded(shipped):
+    spec, trials = shipped
+    table = {r.number: r for r in analysis.runs(spec, trials)}
+    assert len(table) == 198
+    for trial in trials:
+        run, outcome = table[trial.number], ledger.attrs(trial)["outcome"]
+        heldout, test = outcome["eval_crossing"], outcome["test_crossing"]
+        assert run.heldout_steps == (None if heldout is None else pytest.approx(heldout["steps"]))
+        if run.rerun:
+            assert run.steps == (None if test is None else pytest.approx(test["steps"]))
+        if run.steps is None:  # censored where it stopped, or at its whole budget
+            assert run.budget == outcome["steps_run"] or outcome["stopped"] == "diverged"
+
+
+def test_each_cells_choice_is_the_one_its_reruns_were_made_for(shipped):
+    spec, trials = shipped
+    cells, found = analysis.collect(spec, trials, set(), samples=0)
+    for (label, batch), cell in plan.cells(spec, trials).items():
+        chosen = plan.best([t for ts in cell.tune.values() for t in ts], spec.target.mode)
+        result = next(c for c in cells if (c.optimizer, c.batch) == (label, batch))
+        assert result.best["number"] == chosen.number
+        assert len(result.stats.reruns) == 3 and {r.point for r in result.stats.reruns} == {ledger.attrs(chosen)["slot"]}
+    assert found.resolution.samples == 10_000  # the test split of Fashion-MNIST
+
+
+def test_another_target_is_read_from_the_same_trials(shipped):
+    """A higher target on the same metric: no run reaches it earlier than the shipped one,
+    and runs that reached 0.78 but not 0.80 are censored where they stopped."""
+    spec, trials = shipped
+    low = {r.number: r for r in analysis.runs(spec, trials)}
+    high = analysis.runs(spec, trials, dataclasses.replace(spec.target, value=0.80))
+    assert sum(r.steps is not None for r in high) < sum(r.steps is not None for r in low.values())
+    for run in high:
+        before = low[run.number]
+        assert run.steps is None or (before.steps is not None and run.steps >= before.steps)
+        assert run.budget == before.budget
+    assert isinstance(statistics.findings(high, 0.80, samples=0), statistics.Findings)
+    with pytest.raises(ValueError, match="top1"):
+        analysis.runs(spec, trials, dataclasses.replace(spec.target, metric="top5"))
