@@ -359,8 +359,10 @@ def bootstrap(runs: Sequence[Run], samples: int, seed: int = 0) -> Draws:
             pool = by_point.get(point, []) if point is not None else []
             if pool:
                 replicate[key] = [pool[i] for i in rng.integers(0, len(pool), size=len(pool))]
-            else:
+            elif by_point:  # a re-run cell whose replicate chose a point never re-run
                 replicate[key] = [r for r in tuning if r.point == point][:1]
+            else:  # not re-run yet: no figures, as in the fit to the data
+                replicate[key] = []
         draws.append(replicate)
     return draws
 
