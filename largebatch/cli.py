@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(func, args: argparse.Namespace) -> int:
     """Call ``func(args)``, turning user errors into one ``error:`` line and status 2
-    (credentials in URIs redacted: ``largebatch.config.redact``)."""
+    (credentials redacted: ``largebatch.config.redact``)."""
     from largebatch.config.redact import redact_text
 
     try:

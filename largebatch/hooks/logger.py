@@ -4,7 +4,7 @@ At each logging step (every ``log.interval`` steps and the last) it collects
 ``state.current.metrics``: tensor values are averaged over ranks in one all-reduce, plain
 numbers are taken as they are. Each line of ``metrics.jsonl`` is one JSON object with at
 least ``step``, ``epoch``, ``loss``, ``lr`` and ``samples_per_sec``; evaluation results
-are written as their own lines, with ``eval/`` keys; text values have credentials in URIs
+are written as their own lines, with ``eval/`` keys; text values have credentials
 redacted (``largebatch.config.redact``). The record is also left in
 ``state.current.log_record`` for the other sinks (``progress``, ``csv``, ``tensorboard``), which
 run after this hook and so need no second all-reduce.
@@ -98,7 +98,7 @@ class MetricsLogger(ClosingHook):
         import torch
 
         names = [k for k, v in state.current.metrics.items() if isinstance(v, torch.Tensor)]
-        # text values (a hook's) with credentials in URIs redacted, for every sink after this one
+        # text values (a hook's) with credentials redacted, for every sink after this one
         values = {
             k: redact_text(v) if isinstance(v, str) else v for k, v in state.current.metrics.items() if not isinstance(v, torch.Tensor)
         }

@@ -15,8 +15,10 @@ Both log the same things:
   preemption signal, killed (MLflow) / preempting (W&B).
 
 Credentials never reach a tracker: the parameters, tags and W&B's record of the command
-line are redacted as ``config.yaml`` is (``largebatch.config.redact``: user-info in URIs,
-values of keys such as ``token`` or ``api_key``), and so are the hook's messages. The hook
+line are redacted as ``config.yaml`` is (``largebatch.config.redact``: user-info, query
+parameters and ``NAME=value`` pairs named like credentials in any text, every text under a
+key named like one: ``token``, ``api_key``, ``HFToken``, ...), and so are the hook's
+messages and error lines (a ``tracking_uri``'s ``?token=``). The hook
 itself uses the real values (a ``tracking_uri`` with user-info logs in with it); the
 trackers' own environment variables (``MLFLOW_TRACKING_USERNAME`` /
 ``MLFLOW_TRACKING_PASSWORD``, ``MLFLOW_TRACKING_TOKEN``, ``WANDB_API_KEY``) keep
@@ -66,8 +68,8 @@ MLFLOW_PARAM_CHARS = 6000
 
 
 def _first_line(err: BaseException, limit: int = 200) -> str:
-    """``Type: the message's first line`` (cut at ``limit`` characters, credentials in URIs
-    redacted) for one-line reports."""
+    """``Type: the message's first line`` (cut at ``limit`` characters, credentials
+    redacted: ``largebatch.config.redact``) for one-line reports."""
     text = redact_text(str(err)).strip().splitlines()
     first = text[0] if text else ""
     if len(first) > limit:

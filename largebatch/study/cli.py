@@ -62,6 +62,24 @@ def _url(args: argparse.Namespace, spec: Any) -> str:
     return args.storage or spec.storage or default_url(spec.folder)
 
 
+def _shown(url: str) -> str:
+    """The storage URL as printed and reported: credentials redacted (``largebatch.config.redact``)."""
+    from largebatch.config.redact import redact_text
+
+    return redact_text(url)
+
+
+def _stored_study_file(path: Any) -> str:
+    """The study file as the storage keeps it: its values as YAML, credentials redacted (a
+    storage URL's password, a ``set`` entry's token); the real values stay in the file."""
+    import yaml
+
+    from largebatch.config.loader import read_plain_file
+    from largebatch.config.redact import redact
+
+    return yaml.safe_dump(redact(read_plain_file(path)), sort_keys=False)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from largebatch.errors import UserError
     from largebatch.study import checks, report, storage, worker
@@ -78,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stored = study.user_attrs.get("fingerprint")
     if stored is None:
         study.set_user_attr("fingerprint", fingerprint)
-        study.set_user_attr("study_file", spec.path.read_text())
+        study.set_user_attr("study_file", _stored_study_file(spec.path))
     elif stored != fingerprint:
         raise UserError(
             f"storage {url!r} holds study {spec.name!r} made from another version of the study file or its base config "
@@ -88,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = worker.Options(args.jobs, args.retry_failed, args.skip_failed, args.max_trials, args.threads)
     outcome = worker.Workers(spec, base, study, options).run()
     if not args.no_report:
-        for path in report.write(spec, study, url, spec.folder):
+        for path in report.write(spec, study, _shown(url), spec.folder):
             print(path)
     for key, error in outcome.blocked:
         last = error.strip().splitlines()[-1] if error.strip() else "failed"
@@ -110,7 +128,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     url = _url(args, spec)
     study = storage.load_existing(storage.open_storage(url), spec.name, url)
-    sys.stdout.write(report.status_text(spec, study, url))
+    sys.stdout.write(report.status_text(spec, study, _shown(url)))
     return 0
 
 
@@ -126,6 +144,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     study = storage.load_existing(storage.open_storage(url), spec.name, url)
     out = pathlib.Path(args.out) if args.out else spec.folder
     out.mkdir(parents=True, exist_ok=True)
-    for path in report.write(spec, study, url, out):
+    for path in report.write(spec, study, _shown(url), out):
         print(path)
     return 0

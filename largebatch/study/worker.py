@@ -10,6 +10,9 @@ atomic (``ledger.claim``). A worker with nothing to claim waits while trials run
 Stopping (SIGINT, SIGTERM, Slurm's USR1) ends the running trials and records them as
 killed; a later ``study run`` runs them again. ``max_trials`` ends this invocation after
 that many trials, to run a study in parts.
+
+What the storage keeps of a trial (its ``--set`` overrides, its error) is redacted
+(``largebatch.config.redact``); the trial's command line holds the real values.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from largebatch.config.redact import redact_text
 from largebatch.study import ledger, plan, runner
 from largebatch.study.spec import StudySpec
 
@@ -128,9 +132,10 @@ class Workers:
             try:
                 self._execute(trial)
             except Exception:  # noqa: BLE001 - the trial is recorded as failed with the traceback; the worker goes on
-                ledger.fail(self.study, trial._trial_id, "error", traceback.format_exc())
+                error = redact_text(traceback.format_exc())
+                ledger.fail(self.study, trial._trial_id, "error", error)
                 self.outcome.failed.append(ledger.attrs(trial)["key"])
-                self.say(f"trial {trial.number} {ledger.attrs(trial)['key']}: failed in the worker:\n{traceback.format_exc()}")
+                self.say(f"trial {trial.number} {ledger.attrs(trial)['key']}: failed in the worker:\n{error}")
 
     def _execute(self, trial: Any) -> None:
         import optuna
@@ -156,7 +161,7 @@ class Workers:
             self.say(f"trial {trial.number}: {run_dir} existed (from an earlier storage?); moved to {aside.name}")
         storage = self.study._storage
         storage.set_trial_user_attr(trial._trial_id, "run_dir", str(run_dir.relative_to(spec.folder)))
-        storage.set_trial_user_attr(trial._trial_id, "overrides", sets)
+        storage.set_trial_user_attr(trial._trial_id, "overrides", [redact_text(s) for s in sets])  # the real ones: argv only
         storage.set_trial_user_attr(trial._trial_id, "stop_after", cap)
         argv = ["--config", str(spec.base_config), "--run-dir", str(run_dir)] + [arg for s in sets for arg in ("--set", s)]
         self.say(
@@ -183,7 +188,7 @@ class Workers:
             self.say(f"trial {trial.number} {info['key']}: {outcome.get('stopped')}, held-out target {reached} ({seconds:.0f} s)")
             return
         killed = self.stop.is_set() or status < 0 or status == REQUEUE_STATUS
-        error = runner.tail(run_dir / "train.log") or f"exit status {status}"
+        error = redact_text(runner.tail(run_dir / "train.log")) or f"exit status {status}"
         ledger.fail(self.study, trial._trial_id, "killed" if killed else "error", f"exit status {status}: {error}")
         self.outcome.failed.append(info["key"])
         self.say(
