@@ -94,9 +94,9 @@ COVERED = {
         "tests/test_finetune.py::test_the_shipped_fine_tune_config_starts_from_the_run_the_readmes_first_command_writes"
         "  # this config after setup.sh's demo command, both shortened to two steps on a small shard set"
     ),
-    "python -m bench": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # the same entry point at --quick sizes",
-    "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report",
-    "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # --quick --only",
+    "python -m bench": "tests/bench/test_bench_scripts.py::test_the_whole_quick_suite_runs_every_benchmark  # the same at --quick sizes",
+    "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_the_whole_quick_suite_runs_every_benchmark",
+    "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_the_suite_fails_when_one_benchmark_fails  # --quick --only",
     "python -m bench --device cpu --quick": (
         "tests/bench/test_accelerator.py::test_gpu_pack_then_check_rehearse_every_section_on_the_cpu"
         "  # scripts/gpu-check.sh with GPU_CHECK_DEVICE=cpu runs it, with --budget"
