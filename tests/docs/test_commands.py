@@ -30,7 +30,7 @@ import subprocess
 
 import pytest
 
-from largebatch import cli
+from largebatch import cli, train_command
 from largebatch.errors import UserError
 from largebatch.launch import resolve_config
 from tests.conftest import clean_env
@@ -269,7 +269,7 @@ def _node_exists(node: str) -> bool:
 def _call(argv: list[str]) -> int:
     try:
         if argv and argv[0] == "train.py":
-            return cli.train_main(argv[1:])
+            return train_command.train_main(argv[1:])
         return cli.main(argv)
     except SystemExit as exc:  # argparse: --help, or a mistake
         return exc.code if isinstance(exc.code, int) else 1
@@ -313,8 +313,8 @@ def check_parses(command: markdown.Command) -> None:
             rest = []
         argv = ["--config", *rest] if rest else None
     if argv is not None:
-        parser = cli.ArgumentParser(prog="train.py")
-        cli.add_train_arguments(parser)
+        parser = train_command.ArgumentParser(prog="train.py")
+        train_command.add_train_arguments(parser)
         try:
             args = parser.parse_args(argv)
         except SystemExit:
