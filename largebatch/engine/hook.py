@@ -51,7 +51,7 @@ class Hook:
         priority: where the hook runs among others (``Priority`` or 0-100).
 
     Override any of the event methods below; the engine calls only the ones a hook
-    overrides. Hooks read the state freely and write ``state.metrics``; they must not
+    overrides. Hooks read the state freely and write ``state.current.metrics``; they must not
     write the counters (only the engine does). ``state.request_stop(reason)`` ends the
     run at the next step boundary.
     """
