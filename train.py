@@ -13,7 +13,7 @@ from largebatch.preemption import install_signal_handlers
 
 install_signal_handlers()
 
-from largebatch.cli import train_main  # noqa: E402
+from largebatch.train_command import train_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(train_main())

@@ -40,9 +40,11 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from largebatch.batching import BatchPlan
+from largebatch import data as data_mod
+from largebatch.config import derive, resolve_config
 from largebatch.data import convert, native
 
+REPO = Path(__file__).resolve().parent.parent
 CEILING = "decode only, 1 core x workers"
 NATIVE, DALI, FOLDER = "native (TFRecord)", "DALI CPU (TFRecord)", "ImageFolder + PIL"
 DECODE_STEP, DEVICE_STEP = "full-size decode (simplejpeg)", "normalise, contiguous NCHW uint8 batch (used)"
@@ -73,25 +75,11 @@ def make_images(folder: Path, count: int, subsampling: str = "420", classes: int
         (out / f"img{i:05d}.JPEG").write_bytes(jpeg)
 
 
-def data_cfg(root: Path, workers: int) -> dict:
-    return {
-        "root": str(root),
-        "train_split": "train",
-        "eval_split": "validation",
-        "image_size": 224,
-        "channels": 3,
-        "num_classes": 8,
-        "label_offset": 1,
-        "mean": (0.485, 0.456, 0.406),
-        "std": (0.229, 0.224, 0.225),
-        "num_workers": workers,
-        "prefetch": 2,
-        "scale": (0.08, 1.0),
-        "ratio": (3 / 4, 4 / 3),
-        "hflip": 0.5,
-        "eval_crop_ratio": 0.875,
-        "verify_crc": True,
-    }
+def run_config(root: Path, workers: int, batch: int):
+    """The shipped ViT-B/16 recipe (ImageNet's data settings: 224 px, random-resized-crop,
+    flip, labels from 1) on the generated shards, resolved as ``largebatch train`` resolves it."""
+    overrides = [f"data.root={root}", "data.loader=native", "data.num_classes=8", f"data.num_workers={workers}"]
+    return resolve_config(REPO / "configs" / "vit-b16.py", [*overrides, f"global_batch_size={batch}", f"micro_batch_size={batch}"])
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -309,17 +297,17 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-loaders-"))
     make_images(work / "folder", args.images, args.subsampling)
     convert.convert_image_folder(work / "folder", work / "shards", train_shards=8, progress=False)
-    count = native.count_samples({"root": str(work / "shards")}, "train")
-    plan = BatchPlan.create(global_batch_size=args.batch, micro_batch_size=args.batch, world_size=1, num_samples=count)
-    cfg = data_cfg(work / "shards", args.workers)
+    cfg = run_config(work / "shards", args.workers, args.batch)
+    count = data_mod.count_samples(cfg.data, "train")
+    plan = derive(cfg, 1, count).plan
     cpu = torch.device("cpu")
     sizes = [p.stat().st_size for p in (work / "folder").rglob("*.JPEG")]
 
-    loaders = {NATIVE: native.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)}
+    loaders = {NATIVE: native.build_train_loader(cfg.data, plan, rank=0, seed=0, device=cpu)}
     try:
         from largebatch.data import dali
 
-        loaders[DALI] = dali.build_train_loader(cfg, plan, rank=0, seed=0, device=cpu)
+        loaders[DALI] = dali.build_train_loader(cfg.data, plan, rank=0, seed=0, device=cpu)
     except Exception as err:  # noqa: BLE001 - report, keep the other rows
         print(f"DALI skipped: {err}", file=sys.stderr)
     loaders[FOLDER] = imagefolder_loader(work / "folder", args.workers, args.batch)

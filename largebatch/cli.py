@@ -1,107 +1,22 @@
 """The ``largebatch`` command line: ``train``, ``config show|keys|import``, ``data ...``, ``export``, ``plot``, ``study ...``.
 
-A user mistake (``UserError``) prints one line starting with ``error:`` and exits with
-status 2; ``--debug`` shows the traceback instead. A training run stopped by SIGUSR1, SIGUSR2 or
-SIGTERM checkpoints and exits with status 75 (``largebatch.preemption.EXIT_REQUEUE``).
+Every command runs through ``largebatch.train_command.run``: a user mistake
+(``UserError``) prints one line starting with ``error:`` and exits with status 2, a hook
+that raises one ``error:`` line and status 1; ``--debug`` shows the traceback as well. The
+``train`` command is ``largebatch.train_command``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import pathlib
-import re
 import sys
-import traceback
 import typing
 from collections.abc import Sequence
 
-from largebatch import preemption
 from largebatch.errors import UserError
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with its mistakes as one ``error:`` line (status 2) and a "did you mean"
-    for a misspelled flag or command. A misspelled flag is named even when argparse would
-    first complain that the flag it stands for is missing."""
-
-    _seen: list[str] | None = None
-
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        self._seen = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
-
-    def _flags(self) -> list[str]:
-        return [opt for action in self._actions for opt in action.option_strings if opt.startswith("--")]
-
-    def _misspelt_flag(self, words: list[str]) -> tuple[str, str] | None:
-        flags = self._flags()
-        for word in words:
-            name = word.split("=")[0]
-            if not name.startswith("-") or name in flags:
-                continue
-            close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
-            if close:
-                return name, close[0]
-        return None
-
-    def error(self, message: str) -> typing.NoReturn:
-        hint = ""
-        found = self._misspelt_flag(re.findall(r"(?<![\w-])(--?[\w-]+)", message))
-        if found is None and "are required" in message:
-            found = self._misspelt_flag(self._seen or [])
-            if found is not None:
-                message = f"unrecognized argument {found[0]} ({message})"
-        if found is not None:
-            hint = f"; did you mean {found[1]}?"
-        else:
-            choices = re.search(r"invalid choice: '([^']+)' \(choose from (.+)\)", message)
-            if choices:
-                names = re.findall(r"'?([\w-]+)'?", choices.group(2))
-                close = difflib.get_close_matches(choices.group(1), names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-        self.exit(2, f"error: {self.prog}: {message}{hint} (see {self.prog} --help)\n")
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", help="a .py or .yaml config file (with --resume: optional, the run continues with its saved config.yaml)"
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set optimizer.lr=0.02 (repeatable)",
-    )
-    parser.add_argument("--run-dir", help="run directory (default: runs/<config name>-<timestamp>)")
-    parser.add_argument(
-        "--resume",
-        metavar="auto|PATH",
-        help="resume from the newest checkpoint in the run directory (auto) or from a file, with the run's saved config "
-        "and any --set on top",
-    )
-    parser.add_argument("--resume-ignore-config", action="store_true", help="resume even if the config differs from the checkpoint's")
-    parser.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="load a checkpoint (--resume, model.init_from) that holds more than tensors and plain values; loading it may "
-        "run code it carries, so only for files you trust",
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    """Train; status 0 when done, ``EXIT_REQUEUE`` (75) when stopped by a preemption signal."""
-    preemption.install_signal_handlers()  # before torch is imported: a signal before it would kill us
-    from largebatch.launch import TrainArgs, train
-
-    state = train(
-        TrainArgs(args.config, args.overrides, args.run_dir, args.resume, args.resume_ignore_config, trust_checkpoint=args.trust_checkpoint)
-    )
-    return preemption.EXIT_REQUEUE if state.interrupted else 0
+from largebatch.train_command import ArgumentParser, add_train_arguments, cmd_train, run
 
 
 def train_sample_count(cfg: typing.Any) -> tuple[int, str]:
@@ -246,42 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(func, args: argparse.Namespace) -> int:
-    """Call ``func(args)``, turning user errors into one ``error:`` line and status 2
-    (credentials redacted: ``largebatch.config.redact``)."""
-    from largebatch.config.redact import redact_text
-
-    try:
-        return func(args)
-    except UserError as exc:
-        if getattr(args, "debug", False):
-            traceback.print_exc()
-        print(f"error: {redact_text(exc.render())}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a hook failing on a user mistake is still a user mistake
-        cause = exc.__cause__
-        if isinstance(cause, UserError):
-            if getattr(args, "debug", False):
-                traceback.print_exc()
-            print(f"error: {redact_text(str(exc))}", file=sys.stderr)
-            return 2
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "debug", False):
         os.environ.setdefault("LARGEBATCH_DEBUG", "1")
     return run(args.func, args)
-
-
-def train_main(argv: Sequence[str] | None = None) -> int:
-    """``python train.py ...``: the same as ``largebatch train ...``."""
-    parser = ArgumentParser(prog="train.py", description="Large-batch ViT pretraining (same as `largebatch train`).")
-    add_train_arguments(parser)
-    args = parser.parse_args(argv)
-    return run(cmd_train, args)
 
 
 if __name__ == "__main__":

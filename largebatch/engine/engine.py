@@ -21,7 +21,6 @@ from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
 from largebatch.engine.state import Step, TrainState
 from largebatch.engine.update import take_update
-from largebatch.errors import UserError
 
 
 class Engine:
@@ -62,8 +61,7 @@ class Engine:
             try:
                 getattr(hook, event.value)(self.state)
             except Exception as exc:
-                detail = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"  # a user's mistake speaks for itself
-                raise HookError(f"hook {hook.name} failed in {event.value}: {detail}") from exc
+                raise HookError(hook, event, exc) from exc
             if times is not None:
                 entry = times.setdefault((hook.name, event.value), [0, 0.0])
                 entry[0] += 1

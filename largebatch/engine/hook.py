@@ -9,9 +9,12 @@ order, lowest number first; equal priorities keep registration order. A hook's
 from __future__ import annotations
 
 import enum
+import os
+import traceback
 from typing import Any
 
 from largebatch.engine.events import Event
+from largebatch.errors import UserError
 
 
 class Priority(enum.IntEnum):
@@ -48,7 +51,7 @@ class Hook:
         priority: where the hook runs among others (``Priority`` or 0-100).
 
     Override any of the event methods below; the engine calls only the ones a hook
-    overrides. Hooks read the state freely and write ``state.metrics``; they must not
+    overrides. Hooks read the state freely and write ``state.current.metrics``; they must not
     write the counters (only the engine does). ``state.request_stop(reason)`` ends the
     run at the next step boundary.
     """
@@ -97,4 +100,36 @@ class Hook:
 
 
 class HookError(RuntimeError):
-    """A hook raised; the message names the hook and the event."""
+    """A hook raised ``exc`` in ``event``: the message names the hook's class, the event
+    and the exception; for anything but a ``UserError`` (a mistake that speaks for
+    itself), also the line of the hook's file it came from (``raised_at``)."""
+
+    def __init__(self, hook: Hook, event: Event, exc: BaseException) -> None:
+        if isinstance(exc, UserError):
+            detail = str(exc)
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+            where = raised_at(getattr(type(hook), event.value), exc)
+            if where is not None:
+                detail += f" at {where}"
+        super().__init__(f"hook {type(hook).__name__} failed in {event.value}: {detail}")
+
+
+def raised_at(method: Any, exc: BaseException) -> str | None:
+    """``FILE:LINE`` of the deepest frame of ``exc``'s traceback in the file that defines
+    ``method`` (the hook's event method): the line that raised, or the call in the hook's
+    own code that led there. ``FILE`` is relative to the working directory when inside it;
+    None when no frame is in that file."""
+    code = getattr(method, "__code__", None)
+    if code is None:
+        return None
+    frames = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)]
+    found = [(name, line) for name, line in frames if name == code.co_filename]
+    if not found:
+        return None
+    name, line = found[-1]
+    try:
+        relative = os.path.relpath(name)
+    except (OSError, ValueError):  # no working directory, another drive
+        relative = name
+    return f"{name if relative.startswith('..') else relative}:{line}"

@@ -28,6 +28,7 @@ Counters are named by their unit:
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any
 
 import torch
@@ -196,6 +197,38 @@ class Step:
             self.skip_reason = reason
 
 
+# What the state held before it was grouped by lifetime: old name -> (its place now, a note).
+MOVED: dict[str, tuple[str, str]] = {
+    **{
+        name: (f"state.run.{name}", "")
+        for name in (
+            "derived plan dist backend model train_model optimizer schedule scaler mixup task run_dir random hooks "
+            "extra_models skip_eval_models sync_first_micro sync_every_micro sharded rank world_size is_main total_steps"
+        ).split()
+    },
+    **{
+        name: (f"state.current.{name}", "")
+        for name in "batch outputs loss step_loss lr window_size micro_in_window grad_norms metrics log_record".split()
+    },
+    "cfg": ("state.run.config", ""),
+    "config": ("state.run.config", "typed and frozen; state.run.config.to_dict() is the plain dict"),
+    "accumulation": ("state.run.plan.accumulation", ""),
+    "epochs": ("state.run.config.epochs", ""),
+    "grad_norm": ("state.current.grad_norms.total", "after state.compute_grad_norms()"),
+    "skip_step": ("state.current.skipped", "to skip: state.current.request_skip(reason)"),
+    "stop_resumable": ("state.interrupted", ""),
+}
+
+
+def moved_error(name: str) -> AttributeError:
+    """The error for a name ``TrainState`` held before it was grouped by lifetime."""
+    place, note = MOVED[name]
+    return AttributeError(
+        f"state.{name} moved to {place}{f' ({note})' if note else ''}: the state is grouped by lifetime "
+        "(state.run, state.current, the counters); CHANGELOG.md lists every moved name"
+    )
+
+
 class TrainState:
     """Everything a hook may read, by lifetime (module docstring); hooks write only
     ``current.metrics``, and ask with ``current.request_skip``, ``request_eval`` and
@@ -216,6 +249,9 @@ class TrainState:
         hook_times: ``{(hook name, event): [calls, seconds]}`` when the ``hook_timer``
             hook is on (None: the engine does not time hooks).
         stop_reason: why the run ends early, once a hook asked (``request_stop``).
+
+    A name the state held before it was grouped by lifetime (``MOVED``: ``state.run_dir``,
+    ``state.metrics``, ...) read or written raises an ``AttributeError`` naming its new place.
     """
 
     def __init__(self, run: Run) -> None:
@@ -230,6 +266,18 @@ class TrainState:
         self.hook_times: dict[tuple[str, str], list[float]] | None = None
         self.stop_reason: str | None = None
         self._stop_resumable = False
+
+    if not typing.TYPE_CHECKING:  # hidden from the type checker: a name the state lacks stays an error there
+
+        def __getattr__(self, name: str) -> Any:  # called only for names the state lacks
+            if name in MOVED:
+                raise moved_error(name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in MOVED:
+            raise moved_error(name)
+        super().__setattr__(name, value)
 
     # The counters, read-only.
     step = property(lambda self: self.counters.step)

@@ -16,7 +16,8 @@ while the trial runs). A trial whose worker died (``kill -9``, a lost node) is f
 **stale**, its heartbeat older than ``stale_seconds``, or its worker's pid gone on this
 host, and ended as FAIL with ``failure='killed'``; a trial whose training failed ends as
 FAIL with ``failure='error'``. Both keep their error text; ``largebatch.study.plan``
-decides whether a key is run again.
+decides whether a key is run again, as a new trial with the same key (``endings`` tells
+``study status`` which trial re-ran a killed one).
 """
 
 from __future__ import annotations
@@ -142,3 +143,22 @@ def fail_stale(study: Any, stale_seconds: float, now: float | None = None) -> li
             if fail(study, trial._trial_id, "killed", f"killed: {why}"):
                 ended.append(trial.number)
     return ended
+
+
+def endings(trials: list[Any], shown: int = 5) -> str:
+    """How the ``trials`` that ended without a result ended, for ``study status``: ``N
+    failed, M killed``, then each killed trial with the trial that ran its key again
+    (``trial 5 lamb/b32/q0/s1 re-run as #12``, or ``not re-run``), the first ``shown`` of them."""
+    from optuna.trial import TrialState
+
+    ended = [t for t in trials if t.state == TrialState.FAIL]
+    killed = [t for t in ended if attrs(t).get("failure") == "killed"]
+    text = f"{len(ended) - len(killed)} failed, {len(killed)} killed"
+    notes = []
+    for trial in sorted(killed, key=lambda t: t.number)[:shown]:
+        key = attrs(trial).get("key")
+        again = min((t.number for t in trials if t.number > trial.number and attrs(t).get("key") == key), default=None)
+        notes.append(f"trial {trial.number} {key} " + ("not re-run" if again is None else f"re-run as #{again}"))
+    if len(killed) > shown:
+        notes.append(f"{len(killed) - shown} more")
+    return text + (": " + "; ".join(notes) if notes else "")

@@ -511,7 +511,7 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
     counts = {s: sum(t.state == s for t in trials) for s in TrialState}
     lines = [
         f"study {spec.name} in {url}: {counts[TrialState.COMPLETE]} trials complete, {counts[TrialState.RUNNING]} running, "
-        f"{counts[TrialState.WAITING]} waiting, {counts[TrialState.FAIL]} failed",
+        f"{counts[TrialState.WAITING]} waiting, {ledger.endings(trials)}",
         "",
         f"{'cell':<18} {'tuned':>7} {'running':>8} {'re-runs':>8}  steps to target (median [range])",
     ]

@@ -11,7 +11,9 @@ They are kept with the trial (``overrides``), so any trial can be run again by h
 
 Trials are forked from a fork server that imported torch, timm and largebatch once
 (``multiprocessing``'s ``forkserver`` with ``PRELOAD``): a trial then runs exactly what
-``largebatch train`` runs (``largebatch.cli.main``) without paying seconds of imports.
+``largebatch train`` runs (``largebatch.train_command.train_main``, the training entry
+point, which imports nothing of the other commands and so nothing of the study's) without
+paying seconds of imports.
 A trial's process ends with its worker: it holds the read end of a pipe whose only write
 end is the worker's, and a thread of its own kills it at the pipe's end of file, so a
 worker killed with ``kill -9`` leaves no training behind. (Its parent is the fork server,
@@ -43,7 +45,7 @@ from largebatch.study.target import first_crossing
 
 EVAL_HOOK = "largebatch.study.evaluation:TargetEvalHook"
 # What the fork server imports once; every trial then starts in well under a second.
-PRELOAD = ["torch", "timm", "largebatch.cli", "largebatch.launch", "largebatch.study.evaluation", "largebatch.hooks.noise_scale"]
+PRELOAD = ["torch", "timm", "largebatch.train_command", "largebatch.launch", "largebatch.study.evaluation", "largebatch.hooks.noise_scale"]
 _SERVER_LOCK = threading.Lock()
 _CONTEXT: Any = None
 
@@ -134,9 +136,9 @@ def _train(argv: list[str], log: str, threads: int, worker: Any) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    from largebatch.cli import main
+    from largebatch.train_command import train_main
 
-    status = main(["train", *argv])
+    status = train_main(argv, prog="largebatch train")
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(status)

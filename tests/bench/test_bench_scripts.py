@@ -160,20 +160,33 @@ def test_lars_step_runs():
     assert "A/A control: ours vs ours" in out and "Lars |" in out
 
 
-@pytest.mark.slow
-def test_suite_quick_writes_its_report(tmp_path):
-    out = tmp_path / "suite.md"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "engine_overhead", "mfu", "--out", str(out)],
-        cwd=REPO,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
+def run_suite(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m bench ARGS`` from the repository root, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_whole_quick_suite_runs_every_benchmark(tmp_path):
+    # make bench-quick; every section must run to its end (a section that fails makes the
+    # suite end with status 1, naming it).
+    from bench.__main__ import BENCHES
+
+    out = tmp_path / "suite.md"
+    proc = run_suite("--quick", "--out", str(out), timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     report = out.read_text()
-    assert "Machine:" in report and "engine / bare = " in report and "MFU = " in report
+    rows = [line.split(" | ")[0].removeprefix("| ") for line in report.splitlines() if line.startswith("| ") and line.endswith(" |")]
+    assert set(BENCHES) <= set(rows) and "failed" not in report, report
+    assert "Machine:" in report and "engine / bare = " in report and "MFU = " in report and "native (TFRecord)" in report
+
+
+def test_the_suite_fails_when_one_benchmark_fails(tmp_path):
+    proc = run_suite("--quick", "--only", "startup", "--args", "startup=--no-such-flag", "--out", str(tmp_path / "suite.md"), timeout=300)
+    assert proc.returncode == 1 and "bench: startup failed (status 2)" in proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith("; failed: startup")
+    assert "| startup | failed, status 2 |" in (tmp_path / "suite.md").read_text()
 
 
 class _Busy(torch.utils.data.Dataset):

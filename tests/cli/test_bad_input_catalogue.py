@@ -20,7 +20,7 @@ import pytest
 import simplejpeg
 import torch
 
-from largebatch import cli
+from largebatch import cli, train_command
 from tests.config.colossal import shapes
 from tests.conftest import tiny_config, write_config
 from tests.data.conftest import header_claiming, write_unique_label_shards
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("preemption_handlers_restored")
 def invoke(argv: list[str]) -> int:
     try:
         if argv and argv[0] == TRAIN:
-            return cli.train_main(argv[1:])
+            return train_command.train_main(argv[1:])
         return cli.main(argv)
     except SystemExit as exc:  # argparse
         return exc.code if isinstance(exc.code, int) else 1

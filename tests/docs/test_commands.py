@@ -30,7 +30,7 @@ import subprocess
 
 import pytest
 
-from largebatch import cli
+from largebatch import cli, train_command
 from largebatch.errors import UserError
 from largebatch.launch import resolve_config
 from tests.conftest import clean_env
@@ -94,9 +94,9 @@ COVERED = {
         "tests/test_finetune.py::test_the_shipped_fine_tune_config_starts_from_the_run_the_readmes_first_command_writes"
         "  # this config after setup.sh's demo command, both shortened to two steps on a small shard set"
     ),
-    "python -m bench": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # the same entry point at --quick sizes",
-    "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report",
-    "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_suite_quick_writes_its_report  # --quick --only",
+    "python -m bench": "tests/bench/test_bench_scripts.py::test_the_whole_quick_suite_runs_every_benchmark  # the same at --quick sizes",
+    "python -m bench --quick": "tests/bench/test_bench_scripts.py::test_the_whole_quick_suite_runs_every_benchmark",
+    "python -m bench --only mfu timm_train": "tests/bench/test_bench_scripts.py::test_the_suite_fails_when_one_benchmark_fails  # --quick --only",
     "python -m bench --device cpu --quick": (
         "tests/bench/test_accelerator.py::test_gpu_pack_then_check_rehearse_every_section_on_the_cpu"
         "  # scripts/gpu-check.sh with GPU_CHECK_DEVICE=cpu runs it, with --budget"
@@ -269,7 +269,7 @@ def _node_exists(node: str) -> bool:
 def _call(argv: list[str]) -> int:
     try:
         if argv and argv[0] == "train.py":
-            return cli.train_main(argv[1:])
+            return train_command.train_main(argv[1:])
         return cli.main(argv)
     except SystemExit as exc:  # argparse: --help, or a mistake
         return exc.code if isinstance(exc.code, int) else 1
@@ -313,8 +313,8 @@ def check_parses(command: markdown.Command) -> None:
             rest = []
         argv = ["--config", *rest] if rest else None
     if argv is not None:
-        parser = cli.ArgumentParser(prog="train.py")
-        cli.add_train_arguments(parser)
+        parser = train_command.ArgumentParser(prog="train.py")
+        train_command.add_train_arguments(parser)
         try:
             args = parser.parse_args(argv)
         except SystemExit:

@@ -217,7 +217,7 @@ def test_loss_spike_stops_on_a_loss_above_factor_times_the_mean(tmp_path):
 @pytest.fixture
 def cli_in_process():
     """``train.py`` in this process; it installs preemption signal handlers, put back after."""
-    from largebatch.cli import train_main
+    from largebatch.train_command import train_main
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
     yield train_main

@@ -51,3 +51,13 @@ def test_a_trial_ended_by_its_worker_cannot_be_failed_by_another(tmp_path):
     assert ledger.fail(study, trial._trial_id, "killed", "late") is False
     done = study.get_trials()[0]
     assert done.state.name == "COMPLETE" and done.value == 12.5 and done.user_attrs["outcome"] == {"stopped": "target"}
+
+
+def test_endings_tell_killed_trials_from_failed_ones_and_name_each_re_run(tmp_path):
+    study, (killed, failed, waits) = running_study(tmp_path, count=3)
+    ledger.fail(study, killed._trial_id, "killed", "killed: its worker is gone")
+    ledger.fail(study, failed._trial_id, "error", "exit status 1: error: ...")
+    ledger.fail(study, waits._trial_id, "killed", "killed: no heartbeat for 90 s")
+    ledger.enqueue(study, {}, {"key": "k0", "order": "3"})  # k0 queued again, k2 not yet
+    assert ledger.endings(study.get_trials()) == "1 failed, 2 killed: trial 0 k0 re-run as #3; trial 2 k2 not re-run"
+    assert ledger.endings(study.get_trials(), shown=1) == "1 failed, 2 killed: trial 0 k0 re-run as #3; 1 more"

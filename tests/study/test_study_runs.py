@@ -86,7 +86,7 @@ def test_the_report_is_written_again_from_the_storage_alone(tiny, tmp_path):
 def test_status_lists_every_cell(tiny):
     folder, _ = tiny
     status = study_cli("status", "study.yaml", cwd=folder)
-    assert status.returncode == 0 and "20 trials complete, 0 running, 0 waiting, 0 failed" in status.stdout
+    assert status.returncode == 0 and "20 trials complete, 0 running, 0 waiting, 0 failed, 0 killed" in status.stdout
     assert "lamb/b16" in status.stdout and "3/3" in status.stdout and "2/2" in status.stdout
 
 
@@ -122,6 +122,10 @@ def test_a_study_killed_mid_trial_and_resumed_ends_with_the_trials_of_one_never_
     failed = [t for t in trials(stopped) if t.state.name == "FAIL"]
     assert [t.number for t in failed] == [killed[0].number] and failed[0].user_attrs["failure"] == "killed"
     assert "is gone" in failed[0].user_attrs["error"]
+    key = killed[0].user_attrs["key"]
+    (again,) = [t.number for t in trials(stopped) if t.user_attrs["key"] == key and t.state.name == "COMPLETE"]
+    status = study_cli("status", "study.yaml", cwd=stopped)
+    assert f"0 waiting, 0 failed, 1 killed: trial {killed[0].number} {key} re-run as #{again}" in status.stdout, status.stdout
 
 
 @pytest.mark.slow

@@ -69,6 +69,6 @@ def pausing_dcp_save(state_dict, *args, checkpoint_id=None, **kwargs):
 dcp.save = pausing_dcp_save
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-from largebatch.cli import train_main  # noqa: E402
+from largebatch.train_command import train_main  # noqa: E402
 
 sys.exit(train_main())

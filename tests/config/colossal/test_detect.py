@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from largebatch import cli
+from largebatch import train_command
 from largebatch.config import load_config, resolve_config
 from largebatch.errors import ConfigError
 from tests.config.colossal import shapes
@@ -27,7 +27,7 @@ def tiny_python_config(**overrides) -> str:
 
 def test_train_py_on_a_colossalai_config_is_one_line_naming_the_file_and_the_import(tmp_path, capsys):
     config, _ = shapes.data_parallel(tmp_path)
-    assert cli.train_main(["--config", str(config), "--run-dir", str(tmp_path / "run")]) == 2
+    assert train_command.train_main(["--config", str(config), "--run-dir", str(tmp_path / "run")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {config}: ")
     assert "imports colossalai at line 1" in lines[0]
