@@ -438,6 +438,8 @@ CASES = [
     ("hook-argument-type", case_hook({"type": "logger", "console": "maybe"}), ["hooks[0].console", "expected a boolean"]),
     ("hook-constructor-raises", case_hook(raising_hook), ["hooks[0]", "NeedsAGpu", "RuntimeError", "no CUDA device visible"]),
     ("custom-hook-argument-type", case_hook(hook_with_typed_argument), ["hooks[0].every", "expected an integer", "'often'"]),
+    ("hook-checkpoint-keep-negative", case_hook({"type": "checkpoint", "keep": -1}), ["hooks[0].keep", "got -1; must be >= 1"]),
+    ("hook-eval-interval-zero", case_hook({"type": "eval", "interval_steps": 0}), ["hooks[0].interval_steps", "must be >= 1"]),
     ("noise-scale-without-accumulation", case_set("global_batch_size=8", "hooks=[noise_scale]"), ["noise_scale", "accumulation"]),
     # the run directory and resuming
     ("run-dir-is-a-file", run_dir_is_a_file, ["--run-dir names a file", "taken"]),
