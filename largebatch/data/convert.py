@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from largebatch.config.schema import default_of
 from largebatch.data import FASHION_MNIST_DIR
-from largebatch.data.example import ExampleDecodeError, decode_example, encode_example
+from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, decode_example, encode_example, image_and_label
 from largebatch.data.shardpool import Tick, run_jobs
 from largebatch.data.size_limit import checked_size, too_large
 from largebatch.data.tfrecord import (
@@ -618,15 +618,10 @@ def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick
                 path=str(path),
             )
         try:
-            features = decode_example(data, ("image/encoded", "image/class/label"))
+            jpeg, stored = image_and_label(decode_example(data, (IMAGE, LABEL)))
         except ExampleDecodeError as err:
-            raise DataError(f"{where}: not a tf.train.Example ({err})", path=str(path)) from err
-        if len(features.get("image/encoded", ())) != 1 or len(features.get("image/class/label", ())) != 1:
-            raise DataError(
-                f"{where}: missing image/encoded or image/class/label",
-                path=str(path),
-            )
-        label = features["image/class/label"][0] - checks.label_offset
+            raise DataError(f"{where}: not an ImageNet-schema Example ({err})", path=str(path)) from err
+        label = stored - checks.label_offset
         if checks.num_classes is not None and not 0 <= label < checks.num_classes:
             raise DataError(
                 f"{where}: label {label + checks.label_offset} is outside "
@@ -634,7 +629,6 @@ def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick
                 f"(num_classes {checks.num_classes}, label_offset {checks.label_offset})",
                 path=str(path),
             )
-        jpeg = features["image/encoded"][0]
         try:
             checked_size(jpeg, checks.max_pixels, lambda: where)  # noqa: B023 - called at once
             if checks.decode:

@@ -99,15 +99,18 @@ def test_index_not_matching_file(shards, capsys):
         load_all(shards)
 
 
-def _rewrite_shard(root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None) -> None:
-    """Rewrite SHARD with record ``bad`` replaced by a broken JPEG or an out-of-range label."""
-    from largebatch.data.example import decode_example
+def _rewrite_shard(root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None, features: dict | None = None) -> None:
+    """Rewrite SHARD with record ``bad`` replaced by a broken JPEG or an out-of-range label,
+    or with ``features`` written over its own as they are (a float label, an int64 image)."""
+    from largebatch.data.example import decode_example, encode_example
     from largebatch.data.tfrecord import iter_records
 
     originals = [decode_example(data) for _, _, data in iter_records(root / SHARD)]
 
     def encode(sample: Sample) -> bytes:
         r = originals[sample.source]
+        if features is not None:
+            return encode_example({**r, **features} if sample.source == bad else r)
         return make_example(
             jpeg if sample.source == bad and jpeg is not None else r["image/encoded"][0],
             r["image/height"][0],
@@ -216,6 +219,69 @@ def test_label_out_of_range(shards, capsys):
     ):
         load_all(shards)
     assert "label 17 is outside 1..16" in verify(shards, capsys)
+
+
+@pytest.mark.parametrize(
+    ("features", "expected"),
+    [
+        ({"image/class/label": [1.5]}, "image/class/label holds 1 float value (1.5), expected one int64 class number"),
+        ({"image/class/label": [b"7"]}, "image/class/label holds 1 bytes value (b'7'), expected one int64 class number"),
+        ({"image/class/label": [3, 4]}, "image/class/label holds 2 int64 values, expected one int64 class number"),
+        ({"image/encoded": [255]}, "image/encoded holds 1 int64 value (255), expected one bytes value (the JPEG)"),
+        ({"image/encoded": []}, "image/encoded holds no value, expected one bytes value"),
+    ],
+    ids=["float-label", "bytes-label", "two-labels", "int64-image", "empty-image"],
+)
+def test_a_feature_of_another_kind_is_named_not_trained_on(shards, capsys, features, expected):
+    """A float label (1.5 trained as a class before), a bytes label or an int64 image is
+    named with its record, by the loaders and by verify."""
+    _rewrite_shard(shards, 6, features=features)
+    where = f"{SHARD} record 6 at byte offset {record_offset(shards, 6)}"
+    with pytest.raises(DataError, match=re.escape(f"{where}: not an ImageNet-schema Example ({expected}")):
+        load_all(shards)
+    assert expected in verify(shards, capsys)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [("0 \u00b2\n", "line 1: expected '<offset> <size>'"), ("0 " + "1" + "0" * 23 + "\n", "line 1: expected '<offset> <size>'")],
+    ids=["superscript-two", "beyond-int64"],
+)
+def test_an_index_line_that_is_no_pair_of_int64s_is_one_error_line(shards, capsys, line, expected):
+    index = index_path_for(shards / SHARD)
+    index.write_text(line)
+    with pytest.raises(DataError, match=re.escape(expected)):
+        load_all(shards)
+    err = verify(shards, capsys)
+    assert f"{SHARD}.idx: {expected}" in err and "largebatch data index" in err
+
+
+def test_an_index_larger_than_its_shard_could_need_is_refused_unread(shards, capsys):
+    """A sparse 4 GiB index is refused from its size: reading it would take 4 GiB."""
+    index = index_path_for(shards / SHARD)
+    with open(index, "r+b") as handle:
+        handle.truncate(4 << 30)
+    with pytest.raises(DataError, match=f"{SHARD}.idx: {4 << 30} bytes, more than an index of its"):
+        load_all(shards)
+    assert "not the index of" in verify(shards, capsys)
+
+
+def test_a_record_length_beyond_the_file_is_named_before_reading(shards, capsys):
+    """A length of 2^62 with a valid length CRC: ``data index`` names the record instead of
+    allocating the length."""
+    import struct
+
+    from largebatch.data.tfrecord import masked_crc
+
+    path = shards / SHARD
+    offset = record_offset(shards, 4)
+    data = bytearray(path.read_bytes())
+    length = struct.pack("<Q", 1 << 62)
+    data[offset : offset + 12] = length + struct.pack("<I", masked_crc(length))
+    path.write_bytes(bytes(data))
+    assert cli.main(["index", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"record 4 at byte offset {offset}: truncated data (its header claims {(1 << 62) + 4} bytes" in err
 
 
 def test_missing_or_empty_shard_list(tmp_path, capsys):
