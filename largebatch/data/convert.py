@@ -51,7 +51,7 @@ from largebatch.config.schema import default_of
 from largebatch.data import FASHION_MNIST_DIR
 from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, decode_example, encode_example, image_and_label
 from largebatch.data.shardpool import Tick, run_jobs
-from largebatch.data.size_limit import checked_size, too_large
+from largebatch.data.size_limit import checked_size, too_large, undecodable
 from largebatch.data.tfrecord import (
     INDEX_SUFFIX,
     SHARD_NAME_PATTERN,
@@ -775,7 +775,7 @@ def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick
         except DataError as err:
             raise DataError(err.message, path=str(path)) from err
         except ValueError as err:
-            raise DataError(f"{where}: JPEG does not decode ({err})", path=str(path)) from err
+            raise DataError(f"{where}: {undecodable(jpeg, err)}", path=str(path)) from err
         tick(1)
         in_file = record + 1
     if in_file != len(index):

@@ -193,6 +193,36 @@ def test_oversized_jpeg_header_dali(shards):
         list(evaluation)
 
 
+def png_bytes() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((40, 40, 3), 90, dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.dali
+def test_png_bytes_are_refused_by_dali_as_by_the_native_loader(shards):
+    """DALI decodes a PNG where a JPEG belongs; the native loader cannot: both refuse it,
+    naming the record, so the loader chosen does not decide what trains."""
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data import dali
+
+    _rewrite_shard(shards, 5, jpeg=png_bytes())
+    where = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}"
+    message = f"{where}: image/encoded is not a JPEG (it starts with 89504e47, a PNG)"
+    with pytest.raises(DataError, match=re.escape(message)):
+        load_all(shards)
+    plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
+    evaluation = dali.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(evaluation)
+
+
 def test_oversized_jpeg_header_media_pipeline_reader(shards):
     """The media pipeline's reader (plain Python; the pipeline itself needs a Gaudi)
     checks each header before the HPU decoder gets the bytes."""
