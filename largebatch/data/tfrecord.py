@@ -149,7 +149,7 @@ def iter_records(path: str | os.PathLike, verify_crc: bool = True) -> Iterator[t
                 raise DataError(
                     f"record {record} at byte offset {offset}: truncated data "
                     f"(its header claims {length + FOOTER_BYTES} bytes, the file holds {max(left, 0)} more; "
-                    "the file was cut short or the header is corrupt)",
+                    "the file was cut short or the header is corrupt); restore the file or convert its source again",
                     path=str(path),
                 )
             body = fh.read(length + FOOTER_BYTES)

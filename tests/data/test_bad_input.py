@@ -16,7 +16,7 @@ from largebatch.data import cli, native
 from largebatch.data.convert import Sample, make_example
 from largebatch.data.tfrecord import index_path_for, read_index
 from largebatch.errors import DataError
-from tests.data.conftest import data_cfg, header_claiming, write_split, write_unique_label_shards
+from tests.data.conftest import data_cfg, header_claiming, rewrite_record, write_split, write_unique_label_shards
 
 SHARD = "train-00001-of-00002"
 CPU = torch.device("cpu")
@@ -99,18 +99,15 @@ def test_index_not_matching_file(shards, capsys):
         load_all(shards)
 
 
-def _rewrite_shard(root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None, features: dict | None = None) -> None:
-    """Rewrite SHARD with record ``bad`` replaced by a broken JPEG or an out-of-range label,
-    or with ``features`` written over its own as they are (a float label, an int64 image)."""
-    from largebatch.data.example import decode_example, encode_example
+def _rewrite_shard(root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None) -> None:
+    """Rewrite SHARD with record ``bad`` replaced by a broken JPEG or an out-of-range label."""
+    from largebatch.data.example import decode_example
     from largebatch.data.tfrecord import iter_records
 
     originals = [decode_example(data) for _, _, data in iter_records(root / SHARD)]
 
     def encode(sample: Sample) -> bytes:
         r = originals[sample.source]
-        if features is not None:
-            return encode_example({**r, **features} if sample.source == bad else r)
         return make_example(
             jpeg if sample.source == bad and jpeg is not None else r["image/encoded"][0],
             r["image/height"][0],
@@ -265,7 +262,7 @@ def test_label_out_of_range(shards, capsys):
 def test_a_feature_of_another_kind_is_named_not_trained_on(shards, capsys, features, expected):
     """A float label (1.5 trained as a class before), a bytes label or an int64 image is
     named with its record, by the loaders and by verify."""
-    _rewrite_shard(shards, 6, features=features)
+    rewrite_record(shards / SHARD, 6, features)
     where = f"{SHARD} record 6 at byte offset {record_offset(shards, 6)}"
     with pytest.raises(DataError, match=re.escape(f"{where}: not an ImageNet-schema Example ({expected}")):
         load_all(shards)
