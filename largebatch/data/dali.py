@@ -56,7 +56,7 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
-from largebatch.data.base import MicroBatches, ShardLoader, check_normalisation, eval_shards, train_shards
+from largebatch.data.base import MicroBatches, ShardLoader, check_normalisation, eval_shards, labelled_jpeg, train_shards
 from largebatch.data.size_limit import JPEG_MAGIC, not_a_jpeg, too_large, undecodable
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
@@ -267,17 +267,14 @@ class DaliLoader(ShardLoader):
     def _name_bad_record(self, batch: np.ndarray, err: Exception) -> DataError:
         import simplejpeg
 
-        from largebatch.data.example import decode_example
-
         for index in batch.tolist():
-            jpeg = b""
             try:
-                jpeg = decode_example(self.shards.read(index), ["image/encoded"])["image/encoded"][0]
+                jpeg, _ = labelled_jpeg(self.shards, index, self._label_offset, self.num_classes)
                 simplejpeg.decode_jpeg(jpeg)
             except DataError as bad:
                 return bad
             except Exception as bad:  # noqa: BLE001 - any failure here names the record
-                return DataError(f"{self.shards.where(index)}: {undecodable(jpeg if isinstance(jpeg, bytes) else b'', bad)}")
+                return DataError(f"{self.shards.where(index)}: {undecodable(jpeg, bad)}")
         return DataError(f"DALI pipeline failed on a micro-batch of {self.shards.split!r}: {str(err).splitlines()[0]}")
 
     def _iterate(self, batches):
@@ -332,11 +329,10 @@ class DaliLoader(ShardLoader):
         bad = (labels < 0) | (labels >= self.num_classes)
         if bool(bad.any()):
             index = int(np.sort(batch)[int(bad.nonzero()[0, 0])])
-            raise DataError(
-                f"{self.shards.where(index)}: label {int(labels[bad][0]) + self._label_offset} is outside "
-                f"{self._label_offset}..{self._label_offset + self.num_classes - 1} "
-                f"(data.num_classes {self.num_classes}, data.label_offset {self._label_offset})"
-            )
+            # the record read as the native loader reads it names what is wrong: a label out of
+            # range, or one DALI cannot read as int64 (a float label's bits, a bytes label)
+            labelled_jpeg(self.shards, index, self._label_offset, self.num_classes)
+            raise AssertionError(f"DALI read label {int(labels[bad][0])} from {self.shards.where(index)}, whose label is in range")
 
     def close(self) -> None:
         """Remove the epoch's index files (idempotent)."""

@@ -269,6 +269,22 @@ def test_a_feature_of_another_kind_is_named_not_trained_on(shards, capsys, featu
     assert expected in verify(shards, capsys)
 
 
+@pytest.mark.dali
+def test_dali_names_a_float_label_as_the_native_loader_does(shards):
+    """DALI reads a float label's bits as an int64 (a label of 5.9e18): the record is named
+    with what is wrong with it, as the native loader names it. (An int64 image/encoded
+    crashes DALI 2.4's reader itself; data verify names it.)"""
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data import dali
+
+    rewrite_record(shards / SHARD, 5, {"image/class/label": [1.5]})
+    plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
+    expected = "image/class/label holds 1 float value (1.5), expected one int64 class number"
+    message = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}: not an ImageNet-schema Example ({expected}"
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
+
+
 @pytest.mark.parametrize(
     ("line", "expected"),
     [("0 \u00b2\n", "line 1: expected '<offset> <size>'"), ("0 " + "1" + "0" * 23 + "\n", "line 1: expected '<offset> <size>'")],
