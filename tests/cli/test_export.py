@@ -128,7 +128,7 @@ def test_export_replaces_files_only_with_force(finished_run, tmp_path):
     (out / "config.json").write_text("{}")
     result = run_cli("export", str(finished_run), "--out", str(out))
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert "already holds README.md, config.json" in result.stderr and "--force" in result.stderr
+    assert "already holds config.json, README.md" in result.stderr and "--force" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json"]
     assert (out / "README.md").read_text() == "my own notes" and (out / "config.json").read_text() == "{}"
     target = tmp_path / "elsewhere.safetensors"
