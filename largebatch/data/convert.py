@@ -584,10 +584,16 @@ def check_out(out: Path, meta: dict, force: bool) -> None:
     existing = _written_files(out)
     if not existing:
         return
-    recorded = read_meta(out) or _read_json(out / PARTIAL_META)
-    if recorded is None and not any(SHARD_NAME_PATTERN.match(p.name) for p in existing):
-        recorded = meta  # temporaries alone: nothing was finished
-    differs = ["it holds shards that no dataset.json describes"] if recorded is None else _differences(recorded, meta)
+    try:
+        recorded = read_meta(out) or _read_json(out / PARTIAL_META)
+    except DataError as err:
+        if not force:
+            raise
+        recorded, differs = None, [err.message]
+    else:
+        if recorded is None and not any(SHARD_NAME_PATTERN.match(p.name) for p in existing):
+            recorded = meta  # temporaries alone: nothing was finished
+        differs = ["it holds shards that no dataset.json describes"] if recorded is None else _differences(recorded, meta)
     if not differs:
         return
     if not force:

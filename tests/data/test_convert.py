@@ -447,3 +447,15 @@ def test_verify_finds_shards_that_disagree_with_dataset_json(tmp_path, capsys):
     assert run(["verify", str(tmp_path / "old"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "dataset.json says split 'train' has 10 records in 2 shards, its shards hold 9 in 2" in err
+
+
+def test_a_damaged_dataset_json_beside_shards_is_refused_and_replaced_with_force(tmp_path, capsys):
+    src, out, fresh = make_image_folder(tmp_path / "src"), tmp_path / "out", tmp_path / "fresh"
+    assert run(convert_cli(src, out)) == 0
+    (out / "dataset.json").write_text('{"classes": [')
+    assert run(convert_cli(src, out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset.json: not valid JSON" in err
+    assert run(convert_cli(src, out, "--force")) == 0
+    assert run(convert_cli(src, fresh)) == 0
+    assert digest(out) == digest(fresh)
