@@ -42,6 +42,7 @@ from largebatch import flops  # noqa: E402
 from largebatch.engine.engine import Engine  # noqa: E402
 from largebatch.engine.hook import Hook  # noqa: E402
 from largebatch.launch import TrainArgs, build_run  # noqa: E402
+from largebatch.rundir import RunDir, read_metrics  # noqa: E402
 
 CLASSES = 10
 GIB = 2**30
@@ -830,7 +831,7 @@ def section_accuracy(device: str, quick: bool) -> None:
         start = time.perf_counter()
         run_or_fail(cmd)
         seconds = time.perf_counter() - start
-        records = [json.loads(line) for line in pathlib.Path(tmp, "run", "metrics.jsonl").read_text().splitlines()]
+        records = read_metrics(RunDir(pathlib.Path(tmp, "run")).metrics)
     evals = [r for r in records if "eval/top1" in r]
     top1 = evals[-1]["eval/top1"] if evals else float("nan")
     print()

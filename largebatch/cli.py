@@ -81,7 +81,7 @@ def cmd_config_import_colossalai(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from largebatch.export import export_run
 
-    out = export_run(args.run_dir, args.out, ema=args.ema)
+    out = export_run(args.run_dir, args.out, ema=args.ema, force=args.force)
     what = "the EMA weights as model.safetensors" if args.ema else "model.safetensors"
     print(f"{out}: {what}, config.json and the model card README.md; load with timm.create_model('local-dir:{out}', pretrained=True)")
     return 0
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir", help="the run directory (holds config.yaml and model.safetensors)")
     export.add_argument("--out", required=True, help="the folder to write (timm 'local-dir:', Hub upload_folder)")
     export.add_argument("--ema", action="store_true", help="export the run's EMA weights (model_ema.safetensors) instead")
+    export.add_argument("--force", action="store_true", help="replace model.safetensors, config.json and README.md if --out holds them")
     export.add_argument("--debug", action="store_true")
     export.set_defaults(func=cmd_export)
 

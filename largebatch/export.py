@@ -23,6 +23,7 @@ A run that kept a model EMA (``ema.decay``) also holds ``model_ema.safetensors``
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -32,7 +33,8 @@ import torch
 
 from largebatch.config import Config, resolve_config
 from largebatch.errors import UserError
-from largebatch.rundir import WEIGHTS, RunDir
+from largebatch.rundir import HUB_CONFIG, WEIGHTS, RunDir, read_metrics
+from largebatch.safe_load import read_safetensors
 
 # The oldest timm whose ``save_config_for_hf`` takes ``data_config`` and records the
 # model's constructor arguments: ``config.json`` needs both (setup.cfg requires it too).
@@ -124,8 +126,6 @@ def load_run(run_dir: RunDir, model_name: str | None = None) -> tuple[Config, to
         UserError: not a finished run directory (no ``config.yaml`` or no final weights),
             or a finished run without that extra model.
     """
-    from safetensors.torch import load_file
-
     from largebatch.models import build_model
 
     weights = run_dir.weights(model_name)
@@ -140,7 +140,7 @@ def load_run(run_dir: RunDir, model_name: str | None = None) -> tuple[Config, to
         raise UserError(f"{run_dir} has no {weights.name}: the run kept no model EMA (set ema.decay to keep one)")
     cfg = resolve_config(run_dir.config)
     model = build_model(cfg.model, cfg.data)
-    model.load_state_dict(load_file(str(weights)))
+    model.load_state_dict(read_safetensors(weights))
     return cfg, model
 
 
@@ -149,8 +149,7 @@ def last_eval(run: RunDir, prefix: str = "eval") -> dict[str, float]:
     model, ``eval_ema`` for its EMA), with ``step``; empty when it never evaluated."""
     found: dict[str, float] = {}
     if run.metrics.is_file():
-        for line in run.metrics.read_text().splitlines():
-            record = json.loads(line)
+        for record in read_metrics(run.metrics):
             if f"{prefix}/top1" in record:
                 found = {"step": record["step"], **{k.split("/", 1)[1]: v for k, v in record.items() if k.startswith(prefix + "/")}}
     return found
@@ -266,12 +265,26 @@ with torch.no_grad():
 """
 
 
-def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path, *, ema: bool = False) -> pathlib.Path:
+EXPORTED = (WEIGHTS, HUB_CONFIG, "README.md")  # the files an export writes
+
+
+def export_run(run_dir: str | pathlib.Path, out: str | pathlib.Path, *, ema: bool = False, force: bool = False) -> pathlib.Path:
     """Copy a finished run's weights (``ema``: its EMA weights, ``model_ema.safetensors``)
     into ``out`` as ``model.safetensors`` with timm's ``config.json`` and a model card,
-    ``README.md``; returns ``out``."""
+    ``README.md``; returns ``out``. Each file is written beside its place and renamed
+    into it, so a link planted there is replaced, not followed.
+
+    Raises:
+        UserError: not a finished run, unreadable weights, or ``out`` already holds one
+            of these files and ``force`` is not set (checked before anything is written).
+    """
     check_timm()
     run, folder = RunDir(run_dir), RunDir(out)
+    if folder.path.exists() and not folder.path.is_dir():
+        raise UserError(f"{folder} is a file; give a folder for the export", key="--out")
+    taken = [name for name in EXPORTED if os.path.lexists(folder / name)]
+    if taken and not force:
+        raise UserError(f"{folder} already holds {', '.join(taken)}; give another --out, or --force to replace them", key="--out")
     cfg, model = load_run(run, "ema" if ema else None)
     folder.path.mkdir(parents=True, exist_ok=True)
     tmp = folder / (WEIGHTS + ".tmp")

@@ -134,7 +134,7 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
         try:
             if overlay is None:
                 return timm.create_model(name, pretrained=False, **kwargs)
-            return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+            built = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
         except TypeError as exc:
             raise _argument_error(timm, name, kwargs, exc) from exc
         except (RuntimeError, OSError, ValueError) as exc:
@@ -143,6 +143,29 @@ def build_model(model: ModelConfig, data: DataConfig, *, initial_weights: bool =
             raise _weights_error(model, name, exc) from exc
         except (AssertionError, ArithmeticError) as exc:  # timm's own checks: arguments that do not fit together
             raise _build_error(name, kwargs, exc) from exc
+        if "file" in overlay:
+            check_dtypes(built, pathlib.Path(overlay["file"]), model.init_from)
+        return built
+
+
+def check_dtypes(model: torch.nn.Module, weights: pathlib.Path, spec: str) -> None:
+    """The starting weights hold each tensor in the model's own dtype: timm's loader would
+    cast an int8 or float16 file silently, training from something else than was saved.
+
+    Raises:
+        ConfigError: naming the first tensor whose dtype differs, both dtypes and the fix.
+    """
+    from largebatch.safe_load import SAFETENSORS_DTYPE_NAMES, safetensors_dtypes
+
+    stored = safetensors_dtypes(weights)
+    for key, tensor in model.state_dict().items():
+        wanted = SAFETENSORS_DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
+        if key in stored and stored[key] != wanted:
+            raise ConfigError(
+                f"{spec!r} holds {key} as {stored[key]}, the model's is {wanted} ({tensor.dtype}); loading would cast it "
+                f"silently: start from weights saved in {tensor.dtype} (a largebatch run's model.safetensors is), or convert the file",
+                key="model.init_from",
+            )
 
 
 def _build_error(name: str, kwargs: dict[str, Any], exc: Exception) -> ConfigError:
@@ -196,7 +219,10 @@ def _weights_overlay(
     data's channels: saying so keeps timm from adapting (and warning about) the patch
     embedding as if they were its published 3-channel weights."""
     if section.init_from:
+        from largebatch.safe_load import safetensors_dtypes
+
         weights = weights_file(section.init_from, scratch, trust=trust)
+        safetensors_dtypes(weights)  # a malformed or oversized header is one line, before timm reads it
         channels = _channels_in(weights, name) or data.channels
         return {"file": str(weights), "num_classes": _classes_in(weights, name), "input_size": (channels, data.image_size, data.image_size)}
     return {} if section.pretrained else None

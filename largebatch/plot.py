@@ -13,12 +13,13 @@ matplotlib's Agg backend (no display needed); matplotlib is the ``plot`` extra.
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import pathlib
+import tempfile
 
 from largebatch.errors import UserError
-from largebatch.rundir import RunDir
+from largebatch.rundir import RunDir, read_metrics
 
 
 def _keys(*names: str):
@@ -53,28 +54,27 @@ FIGURES = (
 )
 
 
-def read_metrics(path: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
-    """``{key: [(step, value), ...]}`` of every finite number in a ``metrics.jsonl``.
+def read_series(path: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+    """``{key: [(step, value), ...]}`` of every finite number in a ``metrics.jsonl``
+    (read by ``largebatch.rundir.read_metrics``: a last line cut short is left out).
 
     Raises:
-        UserError: the file is missing or a line is not JSON.
+        UserError: the file is missing, or a line before the last is not a metrics record.
     """
     if not path.is_file():
         raise UserError("no metrics.jsonl here; give the run directory of a training run (it holds metrics.jsonl)", path=str(path))
     series: dict[str, list[tuple[int, float]]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"line {number} is not JSON ({exc.msg}); was the file edited or cut short?", path=str(path)) from None
-        step = record.get("step")
+    for record in read_metrics(path):
+        step = int(record["step"])
         for key, value in record.items():
             if key in ("step", "epoch", "samples_seen") or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            if step is not None and math.isfinite(value):
-                series.setdefault(key, []).append((int(step), float(value)))
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond any float
+                continue
+            if math.isfinite(number):
+                series.setdefault(key, []).append((step, number))
     return series
 
 
@@ -85,6 +85,19 @@ def distinct_curves(series: dict[str, list[tuple[int, float]]], keys: list[str])
     for key in keys:
         curves.setdefault(tuple(series[key]), []).append(key)
     return [(" = ".join(names), list(points)) for points, names in curves.items()]
+
+
+def _save(fig, path: pathlib.Path) -> None:
+    """Write ``fig`` as a PNG at ``path``: into a new file beside it, then renamed, so a
+    link (or anything else) at ``path`` is replaced, never written through."""
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as handle:
+        try:
+            fig.savefig(handle, format="png", dpi=100)
+        except BaseException:
+            os.unlink(handle.name)
+            raise
+    os.chmod(handle.name, 0o644)  # a temporary file is private; a plot is not
+    os.replace(handle.name, path)
 
 
 def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> list[pathlib.Path]:
@@ -103,7 +116,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
     import matplotlib.pyplot as plt
 
     run_dir = RunDir(run_dir)
-    series = read_metrics(run_dir.metrics)
+    series = read_series(run_dir.metrics)
     folder = RunDir(out if out is not None else run_dir)
     if folder.path.exists() and not folder.path.is_dir():
         raise UserError("--out names a file; give a folder for the PNGs", path=str(folder))
@@ -129,7 +142,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
         axes[-1, 0].set_xlabel("optimizer step")
         fig.tight_layout()
         path = folder.plot(stem)
-        fig.savefig(path, dpi=100)
+        _save(fig, path)
         plt.close(fig)
         written.append(path)
     if not written:

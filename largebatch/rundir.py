@@ -19,8 +19,13 @@ file is ``state.run.run_dir / name``.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import pathlib
+import sys
+
+from largebatch.errors import UserError
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -95,3 +100,50 @@ class RunDir:
     def extra_weights(self) -> list[pathlib.Path]:
         """The extra models' final weights, by name."""
         return sorted(self.path.glob("model_*.safetensors"))
+
+
+def read_metric_lines(path: str | os.PathLike[str]) -> list[tuple[str, dict]]:
+    """Each record of a ``metrics.jsonl`` with its line as written, in order; blank lines
+    skipped. A final line cut short (a disk that filled, a run killed while writing: not
+    JSON) is left out with a warning on stderr, so ``--resume auto``, ``export`` and
+    ``plot`` go on with the records before it.
+
+    Raises:
+        UserError: any other line is not a JSON object whose ``step`` is a whole number
+            (naming the file, the line and what it holds).
+    """
+    path = pathlib.Path(path)
+    lines = path.read_text(errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                print(f"warning: {path}: line {number}, the last, was cut short ({exc.msg}); it is left out", file=sys.stderr, flush=True)
+                break
+            raise UserError(
+                f"line {number} is not JSON ({exc.msg}); it was edited or damaged: remove the line, or restore the file",
+                path=str(path),
+            ) from None
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or not (
+            isinstance(step, int) and not isinstance(step, bool) or isinstance(step, float) and math.isfinite(step) and step.is_integer()
+        ):
+            shown = line if len(line) <= 60 else line[:57] + "..."
+            raise UserError(
+                f"line {number} is not a metrics record (a JSON object with a whole-number step), it holds {shown}; "
+                "remove the line, or restore the file",
+                path=str(path),
+            )
+        records.append((line, record))
+    return records
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (``read_metric_lines``, without the lines)."""
+    return [record for _, record in read_metric_lines(path)]

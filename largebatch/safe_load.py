@@ -170,6 +170,64 @@ def refuse_unsafe_file(path: pathlib.Path, what: str) -> None:
         )
 
 
+# --------------------------------------------------------------------------- safetensors files
+
+
+def _safetensors_error(path: pathlib.Path, exc: Exception) -> UserError:
+    return UserError(
+        f"not a readable safetensors file ({_first_line(str(exc))}); point at the model.safetensors of a finished run "
+        "or an export folder, or write the file again",
+        path=str(path),
+    )
+
+
+def safetensors_dtypes(path: pathlib.Path) -> dict[str, str]:
+    """Each tensor's dtype in a ``.safetensors`` file as the file names it (``F32``, ``I8``:
+    ``SAFETENSORS_DTYPE_NAMES``), from its header alone (the safetensors library checks the
+    header: its size, its JSON and that the offsets cover the file).
+
+    Raises:
+        UserError: the header is malformed, oversized, or does not fit the file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {key: f.get_slice(key).get_dtype() for key in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as exc:
+        raise _safetensors_error(path, exc) from exc
+
+
+def read_safetensors(path: pathlib.Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file, on the CPU.
+
+    Raises:
+        UserError: the file is not a well-formed safetensors file.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise _safetensors_error(path, exc) from exc
+
+
+# torch's dtypes by the names a safetensors header gives them
+SAFETENSORS_DTYPE_NAMES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
 # --------------------------------------------------------------------------- sharded (DCP) checkpoints
 
 

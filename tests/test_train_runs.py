@@ -93,6 +93,24 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, stop_at):
 
 
 @pytest.mark.slow
+def test_resume_auto_drops_a_cut_last_metrics_line_and_logs_each_step_once(tmp_path):
+    """A run killed while writing metrics.jsonl resumes: the cut line goes (with a warning),
+    and the file ends as an uninterrupted run's does: each step once, every line JSON."""
+    cfg = tiny_config(**{"log.interval": 1, "checkpoint.interval_steps": 2})
+    _train(tmp_path, cfg, tmp_path / "straight")
+    stopped = tmp_path / "stopped"
+    _train(tmp_path, {**cfg, "max_steps": 3}, stopped)
+    with open(stopped / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 4, "lo')
+    result = _train(tmp_path, cfg, stopped, "--resume", "auto", "--set", "max_steps=null")
+    assert "metrics.jsonl: line " in result.stderr and ", the last, was cut short" in result.stderr
+    steps = [
+        [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (tmp_path / "straight", stopped)
+    ]
+    assert steps[1] == steps[0] and len(steps[0]) > 3
+
+
+@pytest.mark.slow
 def test_resume_keeps_the_saved_config_and_refuses_a_set_that_changes_the_maths(tmp_path):
     cfg = tiny_config(**{"checkpoint.at_end": True})
     _train(tmp_path, {**cfg, "max_steps": 2}, tmp_path / "run")

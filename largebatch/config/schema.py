@@ -426,6 +426,25 @@ def describe_keys(section: Section, prefix: str = "") -> list[tuple[str, str, st
     return rows
 
 
+def check_argument(rule: str | Field, value: Any, key: str) -> Any:
+    """Check a value passed to a class (a hook's argument) as the config key ``rule``
+    names (``'checkpoint.keep'``) or as the ``Field`` given; errors name ``key``
+    (``hooks[0].keep``). Returns the value as validation leaves it.
+
+    Raises:
+        ConfigError: a value of the wrong type or out of range.
+    """
+    spec: Field | Section | None = SCHEMA
+    if isinstance(rule, str):
+        for part in rule.split("."):
+            spec = spec.fields.get(part) if isinstance(spec, Section) else None
+    else:
+        spec = rule
+    if not isinstance(spec, Field):
+        raise KeyError(f"{rule!r} is not a config key")
+    return _check_value(spec, value, key)
+
+
 def default_of(dotted: str) -> Any:
     """The schema's default for a dotted key (``REQUIRED`` for a required key or one the
     schema does not know)."""

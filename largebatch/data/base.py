@@ -22,7 +22,7 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
-from largebatch.data.example import ExampleDecodeError, decode_example
+from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, decode_example, image_and_label
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import DataError, UserError
@@ -217,9 +217,8 @@ def labelled_jpeg(shards: ShardSet, index: int, label_offset: int, num_classes: 
             the classes (naming the shard, record and byte offset, and the settings).
     """
     try:
-        features = decode_example(shards.read(index), ("image/encoded", "image/class/label"))
-        jpeg, raw_label = features["image/encoded"][0], features["image/class/label"][0]
-    except (ExampleDecodeError, KeyError, IndexError) as err:
+        jpeg, raw_label = image_and_label(decode_example(shards.read(index), (IMAGE, LABEL)))
+    except ExampleDecodeError as err:
         raise DataError(f"{shards.where(index)}: not an ImageNet-schema Example ({err})") from err
     label = raw_label - label_offset
     if not 0 <= label < num_classes:

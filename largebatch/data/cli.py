@@ -40,6 +40,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         "quality": args.quality,
         "progress": None if not args.quiet else False,
         "workers": _workers(args),
+        "force": args.force,
     }
     if args.source == "folder":
         if args.src is None:
@@ -98,6 +99,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             max_pixels=args.max_pixels,
             workers=_workers(args),
         )
+        convert.check_split_meta(args.dir, split, meta, count)
         print(f"{args.dir}: {split}: {count} records OK")
     if num_classes is None:
         print("note: labels not range-checked (no dataset.json; pass --num-classes)")
@@ -118,7 +120,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "convert",
         help="write TFRecord shards (ImageNet schema) from an image folder or Fashion-MNIST",
-        description="Write TFRecord shards with index files; finished shards are skipped on a re-run.",
+        description="Write TFRecord shards with index files; a re-run of the same conversion skips finished shards, "
+        "and shards of another conversion in --out are refused (or replaced with --force).",
     )
     p.add_argument(
         "source",
@@ -174,6 +177,11 @@ def register(subparsers) -> None:
         help=f"refuse an image larger than this (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
     )
     _add_workers(p, "shards written at once, each by a process of its own; the output is the same for any number")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the shards of another conversion (another source, classes, counts or options) found in --out",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
 

@@ -24,13 +24,19 @@ output is byte-for-byte deterministic.
 
 Each shard is written to a temporary file, fsynced and renamed, index first, so a shard
 with its index in place is complete; a re-run skips those. ``dataset.json`` beside the
-shards records classes, label offset and record counts.
+shards records classes, label offset, record counts and a fingerprint of the source (each
+file's path, size and modification time, or Fashion-MNIST's pixels, with the labels) and
+of the options; it is written as ``dataset.json.partial`` before the first shard. A re-run
+keeps finished shards only when all of these match: into a folder holding another
+conversion's shards it stops, naming what differs, unless ``force`` removes them first (the
+result is then byte for byte a fresh conversion's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -43,10 +49,11 @@ from tqdm import tqdm
 
 from largebatch.config.schema import default_of
 from largebatch.data import FASHION_MNIST_DIR
-from largebatch.data.example import ExampleDecodeError, decode_example, encode_example
+from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, decode_example, encode_example, image_and_label
 from largebatch.data.shardpool import Tick, run_jobs
-from largebatch.data.size_limit import checked_size, too_large
+from largebatch.data.size_limit import checked_size, too_large, undecodable
 from largebatch.data.tfrecord import (
+    INDEX_SUFFIX,
     SHARD_NAME_PATTERN,
     TFRecordWriter,
     check_index_layout,
@@ -199,10 +206,10 @@ def _no_bar(progress: bool | None) -> bool | None:
     return None if progress is None else not progress
 
 
-def _write_meta(out: Path, meta: dict) -> None:
+def _write_meta(out: Path, meta: dict, name: str = META_FILE) -> None:
     tmp = out / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out / META_FILE)
+    os.replace(tmp, out / name)
 
 
 def _limit(samples: list[Sample], limit: int | None) -> list[Sample]:
@@ -359,6 +366,7 @@ def convert_image_folder(
     max_pixels: int = MAX_PIXELS,
     workers: int = 1,
     val_labels: str | os.PathLike | None = None,
+    force: bool = False,
 ) -> dict:
     """Convert ``src/train/<class>/*`` (and ``src/val/<class>/*``) into shards under ``out``.
 
@@ -376,20 +384,24 @@ def convert_image_folder(
         workers: shards written at once, each in a process of its own; the output is the
             same for any number.
         val_labels: the classes of a flat ``val/`` folder (see :func:`scan_image_folder`).
+        force: replace the shards of another conversion found in ``out`` (see
+            :func:`check_out`) instead of refusing.
 
     Returns:
         The metadata written to ``dataset.json``.
 
     Raises:
         DataError: an unreadable image, or one above ``max_pixels`` (naming the file);
-            the first in shard order, whatever ``workers`` is.
+            the first in shard order, whatever ``workers`` is; ``out`` holds the shards of
+            another conversion and ``force`` is not set.
     """
     src, out = Path(src), Path(out)
     classes, splits = scan_image_folder(src, val_labels)
     splits = {s: _limit(_shuffled(v) if s == "train" else v, limit) for s, v in splits.items()}
     encode = FolderEncoder(tuple(classes), label_offset, quality, max_pixels)
     shards = {"train": train_shards, "validation": validation_shards}
-    return _convert(out, "image-folder", str(src), classes, splits, shards, encode, label_offset, 3, progress, workers)
+    inputs = Inputs(src, quality, limit)
+    return _convert(out, "image-folder", str(src), classes, splits, shards, encode, label_offset, 3, progress, workers, inputs, force)
 
 
 def _read_idx(path: Path, magic: int, header: int) -> np.ndarray:
@@ -458,6 +470,7 @@ def convert_fashion_mnist(
     quality: int = 95,
     progress: bool | None = None,
     workers: int = 1,
+    force: bool = False,
 ) -> dict:
     """Convert Debian's Fashion-MNIST package into grayscale-JPEG shards under ``out``.
 
@@ -487,10 +500,123 @@ def convert_fashion_mnist(
         1,
         progress,
         workers,
+        Inputs(Path(src), quality, limit),
+        force,
     )
 
 
-def _convert(out, source, src, classes, splits, shards, encode, label_offset, channels, progress, workers) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a conversion's bytes depend on besides what ``dataset.json`` lists (classes,
+    label offset, records and shards per split): the source's files and the options."""
+
+    src: Path
+    quality: int
+    limit: int | None
+
+    def fingerprint(self, splits: dict[str, Sequence[Sample]]) -> dict:
+        """``dataset.json``'s ``fingerprint``: a digest of every sample's source (a file's
+        path under ``src``, size and modification time; an array's pixels), label and
+        split, with the options."""
+        digest = hashlib.sha256()
+        for split, samples in splits.items():
+            for sample in samples:
+                if isinstance(sample.source, Path):
+                    stat = sample.source.stat()
+                    name = os.path.relpath(sample.source, self.src)
+                    item = [split, name, sample.label, stat.st_size, stat.st_mtime_ns]
+                else:
+                    item = [split, sample.filename, sample.label, hashlib.sha256(np.ascontiguousarray(sample.source)).hexdigest()]
+                digest.update(json.dumps(item).encode() + b"\n")
+        return {"sources": digest.hexdigest(), "quality": self.quality, "limit": self.limit}
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    """How the conversion ``old`` (a ``dataset.json``) differs from ``new``, in words."""
+    found = []
+    if old.get("source") != new["source"]:
+        found.append(f"source {old.get('source')!r}, now {new['source']!r}")
+    if old.get("classes") != new["classes"]:
+        before, now = list(old.get("classes") or []), new["classes"]
+        first = next((f"{a!r} -> {b!r}" for a, b in zip(before, now) if a != b), "the same first ones")
+        found.append(f"classes ({len(before)} -> {len(now)}; {first})")
+    if old.get("label_offset") != new["label_offset"]:
+        found.append(f"label_offset {old.get('label_offset')} -> {new['label_offset']}")
+    for split in sorted(set(old.get("splits") or {}) | set(new["splits"])):
+        a, b = (old.get("splits") or {}).get(split, {}), new["splits"].get(split, {})
+        if a != b:
+            found.append(
+                f"{split}: {a.get('records', 0)} records in {a.get('shards', 0)} shards -> {b.get('records', 0)} in {b.get('shards', 0)}"
+            )
+    recorded = old.get("fingerprint")
+    if recorded is not None:  # written by a largebatch that records it
+        if recorded.get("sources") != new["fingerprint"]["sources"]:
+            found.append("the source's files (names, sizes or modification times) or their labels")
+        for option in ("quality", "limit"):
+            if recorded.get(option) != new["fingerprint"][option]:
+                found.append(f"--{option} {recorded.get(option)} -> {new['fingerprint'][option]}")
+    return found
+
+
+def _written_files(out: Path) -> list[Path]:
+    """The files of ``out`` a conversion writes: shards, their indexes, their temporaries."""
+    return sorted(
+        p
+        for p in out.iterdir()
+        if SHARD_NAME_PATTERN.match(p.name.removesuffix(".tmp").removesuffix(INDEX_SUFFIX))
+        or p.name in (META_FILE, PARTIAL_META, META_FILE + ".tmp")
+    )
+
+
+PARTIAL_META = META_FILE + ".partial"  # a conversion's dataset.json while its shards are written
+
+
+def check_out(out: Path, meta: dict, force: bool) -> None:
+    """Make sure the shards already in ``out`` are this conversion's: a re-run after an
+    interruption keeps its finished shards, but shards of another source, other classes,
+    record counts or options are never kept beside a ``dataset.json`` that describes
+    others. With ``force`` they are removed (and the conversion starts afresh).
+
+    Raises:
+        DataError: ``out`` holds another conversion's shards (naming what differs) and
+            ``force`` is not set.
+    """
+    existing = _written_files(out)
+    if not existing:
+        return
+    try:
+        recorded = read_meta(out) or _read_json(out / PARTIAL_META)
+    except DataError as err:
+        if not force:
+            raise
+        recorded, differs = None, [err.message]
+    else:
+        if recorded is None and not any(SHARD_NAME_PATTERN.match(p.name) for p in existing):
+            recorded = meta  # temporaries alone: nothing was finished
+        differs = ["it holds shards that no dataset.json describes"] if recorded is None else _differences(recorded, meta)
+    if not differs:
+        return
+    if not force:
+        raise DataError(
+            f"holds the shards of another conversion ({'; '.join(differs)}); keeping them would mix two datasets: "
+            "give another --out, or --force to replace them",
+            path=str(out),
+        )
+    for path in existing:
+        path.unlink()
+    print(f"{out}: removed {len(existing)} files of another conversion ({'; '.join(differs)}); converting afresh", flush=True)
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"not valid JSON: {err}; remove it, or convert into another --out", path=str(path)) from err
+
+
+def _convert(out, source, src, classes, splits, shards, encode, label_offset, channels, progress, workers, inputs, force) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     total = sum(len(v) for v in splits.values())
     meta = {
@@ -500,28 +626,27 @@ def _convert(out, source, src, classes, splits, shards, encode, label_offset, ch
         "label_offset": label_offset,
         "channels": channels,
         "classes": classes,
-        "splits": {},
+        "splits": {
+            split: {"shards": max(1, min(shards[split], len(samples))), "records": len(samples)} for split, samples in splits.items()
+        },
+        "fingerprint": inputs.fingerprint(splits),
     }
+    check_out(out, meta, force)
+    if not (out / META_FILE).is_file():  # the conversion is named before its first shard
+        _write_meta(out, meta, PARTIAL_META)
     with tqdm(total=total, unit="img", desc=f"convert {source}", disable=_no_bar(progress)) as bar:
         jobs = []
         for split, samples in splits.items():
-            num_shards = max(1, min(shards[split], len(samples)))
-            jobs += split_jobs(out, split, samples, num_shards, encode, bar)
-            meta["splits"][split] = {"shards": num_shards, "records": len(samples)}
+            jobs += split_jobs(out, split, samples, meta["splits"][split]["shards"], encode, bar)
         run_jobs(write_shard, jobs, workers=workers, bar=bar)
     _write_meta(out, meta)
+    (out / PARTIAL_META).unlink(missing_ok=True)
     return meta
 
 
 def read_meta(root: str | os.PathLike) -> dict | None:
     """``dataset.json`` of a shard folder, or ``None`` when absent."""
-    path = Path(root) / META_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DataError(f"not valid JSON: {err}", path=str(path)) from err
+    return _read_json(Path(root) / META_FILE)
 
 
 def index_files(paths: Sequence[str | os.PathLike], *, workers: int = 1) -> list[Path]:
@@ -561,6 +686,26 @@ class RecordChecks:
     label_offset: int
     decode: bool
     max_pixels: int
+
+
+def check_split_meta(root: str | os.PathLike, split: str, meta: dict, records: int) -> None:
+    """The split's shards hold what ``dataset.json`` says: its record and shard counts
+    (shards and a ``dataset.json`` of two conversions mixed in one folder disagree).
+
+    Raises:
+        DataError: naming both counts and the fix.
+    """
+    listed = (meta.get("splits") or {}).get(split)
+    if listed is None:
+        return
+    shards = len(list_shards(root, split))
+    if (listed.get("records"), listed.get("shards")) != (records, shards):
+        raise DataError(
+            f"dataset.json says split {split!r} has {listed.get('records')} records in {listed.get('shards')} shards, "
+            f"its shards hold {records} in {shards}: the shards are not the ones dataset.json describes; convert again "
+            "into an empty --out (or with --force)",
+            path=str(Path(root) / META_FILE),
+        )
 
 
 def verify_split(
@@ -618,15 +763,10 @@ def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick
                 path=str(path),
             )
         try:
-            features = decode_example(data, ("image/encoded", "image/class/label"))
+            jpeg, stored = image_and_label(decode_example(data, (IMAGE, LABEL)))
         except ExampleDecodeError as err:
-            raise DataError(f"{where}: not a tf.train.Example ({err})", path=str(path)) from err
-        if len(features.get("image/encoded", ())) != 1 or len(features.get("image/class/label", ())) != 1:
-            raise DataError(
-                f"{where}: missing image/encoded or image/class/label",
-                path=str(path),
-            )
-        label = features["image/class/label"][0] - checks.label_offset
+            raise DataError(f"{where}: not an ImageNet-schema Example ({err})", path=str(path)) from err
+        label = stored - checks.label_offset
         if checks.num_classes is not None and not 0 <= label < checks.num_classes:
             raise DataError(
                 f"{where}: label {label + checks.label_offset} is outside "
@@ -634,7 +774,6 @@ def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick
                 f"(num_classes {checks.num_classes}, label_offset {checks.label_offset})",
                 path=str(path),
             )
-        jpeg = features["image/encoded"][0]
         try:
             checked_size(jpeg, checks.max_pixels, lambda: where)  # noqa: B023 - called at once
             if checks.decode:
@@ -642,7 +781,7 @@ def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick
         except DataError as err:
             raise DataError(err.message, path=str(path)) from err
         except ValueError as err:
-            raise DataError(f"{where}: JPEG does not decode ({err})", path=str(path)) from err
+            raise DataError(f"{where}: {undecodable(jpeg, err)}", path=str(path)) from err
         tick(1)
         in_file = record + 1
     if in_file != len(index):

@@ -56,8 +56,8 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
-from largebatch.data.base import MicroBatches, ShardLoader, check_normalisation, eval_shards, train_shards
-from largebatch.data.size_limit import too_large
+from largebatch.data.base import MicroBatches, ShardLoader, check_normalisation, eval_shards, labelled_jpeg, train_shards
+from largebatch.data.size_limit import JPEG_MAGIC, not_a_jpeg, too_large, undecodable
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError, UserError
 from largebatch.randomness import CROP_ATTEMPTS
@@ -236,6 +236,8 @@ class DaliLoader(ShardLoader):
         )
         def pipeline():
             jpegs, labels = _read_records(fn, tfrec, paths, index_paths)
+            # the first bytes, for _check_format: DALI decodes a PNG (or BMP, TIFF) the native loader refuses
+            magic = fn.slice(jpegs, start=[0], shape=[len(JPEG_MAGIC) + 2], axes=[0], out_of_bounds_policy="pad")
             shapes = fn.peek_image_shape(jpegs, dtype=types.INT64)  # the header's, nothing decoded
             if shapes[0] * shapes[1] > cfg.max_pixels:  # per sample (DALI's conditionals); _check_sizes stops the run
                 jpegs = types.Constant(stand_in, device="cpu")
@@ -258,22 +260,21 @@ class DaliLoader(ShardLoader):
                 std=std,
                 mirror=mirror,
             )
-            return images, labels, shapes
+            return images, labels, shapes, magic
 
         return pipeline()
 
     def _name_bad_record(self, batch: np.ndarray, err: Exception) -> DataError:
         import simplejpeg
 
-        from largebatch.data.example import decode_example
-
         for index in batch.tolist():
             try:
-                simplejpeg.decode_jpeg(decode_example(self.shards.read(index), ["image/encoded"])["image/encoded"][0])
+                jpeg, _ = labelled_jpeg(self.shards, index, self._label_offset, self.num_classes)
+                simplejpeg.decode_jpeg(jpeg)
             except DataError as bad:
                 return bad
             except Exception as bad:  # noqa: BLE001 - any failure here names the record
-                return DataError(f"{self.shards.where(index)}: JPEG does not decode ({bad})")
+                return DataError(f"{self.shards.where(index)}: {undecodable(jpeg, bad)}")
         return DataError(f"DALI pipeline failed on a micro-batch of {self.shards.split!r}: {str(err).splitlines()[0]}")
 
     def _iterate(self, batches):
@@ -284,7 +285,7 @@ class DaliLoader(ShardLoader):
         pipe = self._pipeline(paths, index_paths, batches)
         iterator = iterator_class(
             [pipe],
-            ["images", "labels", "shapes"],
+            ["images", "labels", "shapes", "magic"],
             reader_name=_READER,
             last_batch_policy=policy.PARTIAL,
             auto_reset=False,
@@ -298,11 +299,20 @@ class DaliLoader(ShardLoader):
                 except RuntimeError as err:
                     raise self._name_bad_record(batch, err) from err
                 images, labels = out["images"], out["labels"].view(-1) - self._label_offset
+                self._check_format(batch, out["magic"])
                 self._check_sizes(batch, out["shapes"])
                 self._check_labels(batch, labels)
                 yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         finally:
             del iterator, pipe
+
+    def _check_format(self, batch: np.ndarray, magic: torch.Tensor) -> None:
+        """A micro-batch holding an image that is not a JPEG (a PNG DALI would decode) stops
+        here, naming the record, as the native loader stops at it."""
+        bad = ~(magic[:, : len(JPEG_MAGIC)] == torch.tensor(list(JPEG_MAGIC), dtype=magic.dtype)).all(dim=1)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            raise DataError(f"{self.shards.where(int(np.sort(batch)[row]))}: {not_a_jpeg(bytes(magic[row].tolist()))}")
 
     def _check_sizes(self, batch: np.ndarray, shapes: torch.Tensor) -> None:
         """A micro-batch holding an image above ``data.max_pixels`` (decoded as the
@@ -319,11 +329,10 @@ class DaliLoader(ShardLoader):
         bad = (labels < 0) | (labels >= self.num_classes)
         if bool(bad.any()):
             index = int(np.sort(batch)[int(bad.nonzero()[0, 0])])
-            raise DataError(
-                f"{self.shards.where(index)}: label {int(labels[bad][0]) + self._label_offset} is outside "
-                f"{self._label_offset}..{self._label_offset + self.num_classes - 1} "
-                f"(data.num_classes {self.num_classes}, data.label_offset {self._label_offset})"
-            )
+            # the record read as the native loader reads it names what is wrong: a label out of
+            # range, or one DALI cannot read as int64 (a float label's bits, a bytes label)
+            labelled_jpeg(self.shards, index, self._label_offset, self.num_classes)
+            raise AssertionError(f"DALI read label {int(labels[bad][0])} from {self.shards.where(index)}, whose label is in range")
 
     def close(self) -> None:
         """Remove the epoch's index files (idempotent)."""

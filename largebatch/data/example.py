@@ -219,3 +219,36 @@ def decode_example(data: bytes | memoryview, keys: Iterable[str] | None = None) 
                 raise ExampleDecodeError(f"feature name is not UTF-8 ({err})") from err
             out[text] = _decode_feature(buf, *value) if value else []
     return out
+
+
+IMAGE, LABEL = "image/encoded", "image/class/label"
+
+
+def _holds(values: list) -> str:
+    if not values:
+        return "holds no value"
+    kinds = "/".join(sorted({"bytes" if isinstance(v, bytes) else "int64" if isinstance(v, int) else "float" for v in values}))
+    return f"holds {len(values)} {kinds} value{'s' if len(values) > 1 else ''}" + (f" ({values[0]!r:.40})" if len(values) == 1 else "")
+
+
+def image_and_label(features: Mapping[str, list]) -> tuple[bytes, int]:
+    """The encoded image and the stored class number of a decoded ImageNet-schema Example
+    (``decode_example(data, (IMAGE, LABEL))``).
+
+    Raises:
+        ExampleDecodeError: either feature is missing, holds other than one value, or
+            holds another kind: a float label (1.5 is no class), a bytes label, an int64
+            image.
+    """
+    image, label = features.get(IMAGE, []), features.get(LABEL, [])
+    if len(image) != 1 or not isinstance(image[0], bytes):
+        raise ExampleDecodeError(
+            f"{IMAGE} {_holds(image)}, expected one bytes value (the JPEG); "
+            "write the records with `largebatch data convert` (the ImageNet schema)"
+        )
+    if len(label) != 1 or not isinstance(label[0], int):
+        raise ExampleDecodeError(
+            f"{LABEL} {_holds(label)}, expected one int64 class number; "
+            "write the records with `largebatch data convert` (labels as int64_list)"
+        )
+    return image[0], label[0]

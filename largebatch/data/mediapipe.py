@@ -51,7 +51,7 @@ from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
 from largebatch.data import native
 from largebatch.data.base import MicroBatches, ShardLoader, eval_shards, labelled_jpeg, train_shards
-from largebatch.data.size_limit import checked_size
+from largebatch.data.size_limit import checked_size, undecodable
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError
 
@@ -127,7 +127,7 @@ class _RecordSource:
             try:
                 checked_size(jpeg, self.max_pixels, lambda: self.shards.where(index))  # noqa: B023 - called at once
             except ValueError as err:
-                raise DataError(f"{self.shards.where(index)}: JPEG does not decode ({err})") from err
+                raise DataError(f"{self.shards.where(index)}: {undecodable(jpeg, err)}") from err
             buffer = np.frombuffer(jpeg, dtype=np.uint8)
             # The decoder reads whole 64-byte blocks; trailing zeros after the JPEG's end are ignored.
             jpegs[j] = np.pad(buffer, (0, -len(buffer) % 64))

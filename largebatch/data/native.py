@@ -58,7 +58,7 @@ from largebatch.data.decode import (
     random_resized_crop_box,
 )
 from largebatch.data.policies import apply_policy, erase, image_policy, random_eraser
-from largebatch.data.size_limit import checked_size
+from largebatch.data.size_limit import checked_size, undecodable
 from largebatch.data.tfrecord import ShardSet, count_samples
 from largebatch.errors import DataError
 from largebatch.randomness import AUGMENTATION_DRAWS, worker_generator
@@ -126,7 +126,7 @@ class _MicroBatchDataset(Dataset):
                     self.decoded[index] = (pixels, label)
             crop_resize(pixels, (height, width), box, self.size, flip, out, self.interpolation)
         except ValueError as err:
-            raise DataError(f"{self.shards.where(index)}: JPEG does not decode ({err})") from err
+            raise DataError(f"{self.shards.where(index)}: {undecodable(jpeg or b'', err)}") from err
         return label
 
     def __getitem__(self, item: tuple[int, int, int]):

@@ -131,6 +131,7 @@ def iter_records(path: str | os.PathLike, verify_crc: bool = True) -> Iterator[t
     """
     offset = 0
     with open(path, "rb") as fh:
+        file_size = os.fstat(fh.fileno()).st_size
         record = 0
         while True:
             header = fh.read(HEADER_BYTES)
@@ -143,13 +144,15 @@ def iter_records(path: str | os.PathLike, verify_crc: bool = True) -> Iterator[t
                     path=str(path),
                 )
             length = _check_header(path, header, offset, record, verify_crc)
-            body = fh.read(length + FOOTER_BYTES)
-            if len(body) < length + FOOTER_BYTES:
+            left = file_size - offset - HEADER_BYTES
+            if length + FOOTER_BYTES > left:  # checked before reading: a corrupt length may claim exabytes
                 raise DataError(
                     f"record {record} at byte offset {offset}: truncated data "
-                    f"({len(body)} of {length + FOOTER_BYTES} bytes; the file was cut short)",
+                    f"(its header claims {length + FOOTER_BYTES} bytes, the file holds {max(left, 0)} more; "
+                    "the file was cut short or the header is corrupt); restore the file or convert its source again",
                     path=str(path),
                 )
+            body = fh.read(length + FOOTER_BYTES)
             data = body[:length]
             if verify_crc and masked_crc(data) != struct.unpack("<I", body[length:])[0]:
                 raise DataError(
@@ -219,28 +222,48 @@ def write_index(path: str | os.PathLike, entries) -> None:
     os.replace(tmp, path)
 
 
+INDEX_LINE_BYTES = 2 * len(str(2**63 - 1)) + 2  # "<offset> <size>\n" with both at their largest
+
+
+def index_size_limit(shard_size: int) -> int:
+    """The most bytes an index of a shard of ``shard_size`` bytes can need: one
+    ``"<offset> <size>\\n"`` line (two 19-digit numbers at most) per record of at least
+    ``HEADER_BYTES + FOOTER_BYTES`` bytes."""
+    return INDEX_LINE_BYTES * (shard_size // (HEADER_BYTES + FOOTER_BYTES) + 1)
+
+
 def read_index(path: str | os.PathLike) -> np.ndarray:
-    """Read an index file.
+    """Read an index file; one larger than its shard (beside it) could need is refused
+    before it is read.
 
     Returns:
         ``int64`` array of shape ``(records, 2)``: offset and size per record.
 
     Raises:
-        DataError: when the file is missing or a line is not two integers.
+        DataError: when the file is missing, too large for its shard, or a line is not
+            two decimal integers below 2^63.
     """
     path = Path(path)
+    shard = os.fspath(path).removesuffix(INDEX_SUFFIX)
+    fix = f"rebuild it with `largebatch data index {shard}`"
     if not path.is_file():
-        shard = os.fspath(path).removesuffix(INDEX_SUFFIX)
         raise DataError(f"index file missing; create it with `largebatch data index {shard}`", path=str(path))
-    text = path.read_text()
+    limit = index_size_limit(os.stat(shard).st_size) if os.path.isfile(shard) else None
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        raw = handle.read(-1 if limit is None else min(size, limit) + 1)  # never more than the shard could need
+    if limit is not None and max(size, len(raw)) > limit:
+        raise DataError(
+            f"{max(size, len(raw))} bytes, more than an index of its {os.stat(shard).st_size}-byte shard can need ({limit}): "
+            f"not the index of {shard}; {fix}",
+            path=str(path),
+        )
+    text = raw.decode("utf-8", errors="replace")
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         parts = line.split()
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise DataError(
-                f"line {number}: expected '<offset> <size>', got {line!r:.60}",
-                path=str(path),
-            )
+        if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 19 and int(p) < 2**63 for p in parts):
+            raise DataError(f"line {number}: expected '<offset> <size>' (two whole numbers), got {line!r:.60}; {fix}", path=str(path))
         rows.append((int(parts[0]), int(parts[1])))
     return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 

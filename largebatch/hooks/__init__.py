@@ -23,6 +23,7 @@ from typing import Any
 
 from largebatch.config.frozen import thaw
 from largebatch.config.resolve import check_arguments, construct, load_class
+from largebatch.config.schema import check_argument
 from largebatch.config.sections import Config
 from largebatch.engine.hook import Hook, parse_priority
 from largebatch.errors import ConfigError
@@ -71,8 +72,15 @@ def load_hook_class(spec: str, key: str, config_path: pathlib.Path | None = None
 
 
 def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
-    """``cls(**kwargs)`` with bad arguments reported as a ``ConfigError``."""
+    """``cls(**kwargs)`` with bad arguments reported as a ``ConfigError``: each value is
+    checked against the class's signature, and a built-in hook's against its
+    ``argument_checks`` (the config key it mirrors, ``checkpoint.keep``, or a schema
+    ``Field``), so ``hooks=[dict(type='checkpoint', keep=-1)]`` is refused as
+    ``checkpoint.keep=-1`` is."""
     check_arguments(cls, kwargs, key, untyped=("priority",))
+    for name, rule in getattr(cls, "argument_checks", {}).items():
+        if name in kwargs:
+            check_argument(rule, kwargs[name], f"{key}.{name}")
     if "priority" in kwargs:
         try:
             parse_priority(kwargs["priority"])

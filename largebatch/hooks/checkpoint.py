@@ -16,7 +16,7 @@ next save waits for it, and so do the end of training and an error.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from largebatch.checkpoint_writer import CheckpointWriter
 from largebatch.config.sections import CheckpointConfig
@@ -38,6 +38,10 @@ class CheckpointHook(Hook):
     """
 
     priority = Priority.LOW
+    # each argument is checked as the checkpoint section's key of its name
+    argument_checks: ClassVar[dict[str, str]] = {
+        name: f"checkpoint.{name}" for name in ("interval_steps", "interval_epochs", "interval_minutes", "keep", "at_end", "async_save")
+    }
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ start with an ``error:`` line.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -40,6 +40,7 @@ class ModelEmaHook(Hook):
     """
 
     priority = Priority.NORMAL
+    argument_checks: ClassVar[dict[str, str]] = {"decay": "ema.decay", "warmup": "ema.warmup", "evaluate": "ema.eval"}
 
     def __init__(self, decay: float, warmup: bool = False, evaluate: bool = True, priority: int | str | None = None) -> None:
         super().__init__(priority)

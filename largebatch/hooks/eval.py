@@ -10,6 +10,9 @@ stopped to be resumed. Results (the task's ``eval/`` metrics; classification:
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from largebatch.config.schema import Field
 from largebatch.engine.hook import Hook, Priority
 
 
@@ -20,6 +23,10 @@ class EvalHook(Hook):
     """
 
     priority = Priority.NORMAL
+    argument_checks: ClassVar[dict[str, Field]] = {
+        "interval_steps": Field(int, None, low=1, nullable=True),
+        "interval_epochs": Field(int, None, low=0, nullable=True),
+    }
 
     def __init__(self, interval_steps: int | None = None, interval_epochs: int | None = None, priority: int | str | None = None) -> None:
         super().__init__(priority)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, ClassVar
 
+from largebatch.config.schema import Field
 from largebatch.engine.hook import Hook, Priority
 
 
@@ -25,6 +26,7 @@ class HookTimerHook(Hook):
     """
 
     priority = Priority.HIGHEST
+    argument_checks: ClassVar[dict[str, Field]] = {"top": Field(int, 5, low=0)}
 
     def __init__(self, filename: str = "hook_times.json", top: int = 5, priority: int | str | None = None) -> None:
         super().__init__(priority)

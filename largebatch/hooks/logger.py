@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import ClassVar
 
 from largebatch.config.redact import redact_text
 from largebatch.config.sections import LogConfig
 from largebatch.dist import all_reduce_mean
 from largebatch.engine.hook import Priority
 from largebatch.hooks._closing import ClosingHook
-from largebatch.rundir import METRICS
+from largebatch.rundir import METRICS, read_metric_lines
 
 _SCHEMA = LogConfig()  # the log section's defaults: the config gives the same ones
 
@@ -44,11 +45,14 @@ def numeric_values(record: dict, skip: tuple[str, ...] = ("step",)) -> dict[str,
 
 def drop_replayed(path, step: int, last_eval_step: int | None) -> None:
     """Keep the records of ``path`` up to the checkpoint a run resumes from (``step``, and
-    its evaluation only when the checkpoint holds it), atomically."""
+    its evaluation only when the checkpoint holds it), atomically.
+
+    Raises:
+        UserError: a line other than the last is not a metrics record.
+    """
     kept = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line) if line.strip() else None
-        if record is None or record.get("step", 0) > step:
+    for line, record in read_metric_lines(path):  # a last line cut short is dropped here
+        if record["step"] > step:
             continue
         evaluation = any(key.startswith("eval") for key in record)
         if record.get("step") == step and evaluation and last_eval_step != step:
@@ -68,6 +72,7 @@ class MetricsLogger(ClosingHook):
     """
 
     priority = Priority.VERY_LOW
+    argument_checks: ClassVar[dict[str, str]] = {"console": "log.console"}
     held = "_file"
 
     def __init__(self, console: bool = _SCHEMA.console, filename: str = METRICS, priority: int | str | None = None) -> None:

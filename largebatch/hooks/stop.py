@@ -17,7 +17,9 @@ In both cases the checkpoint hook saves the step the run stops at.
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
+from largebatch.config.schema import Field
 from largebatch.dist import any_rank
 from largebatch.engine.hook import Hook, Priority
 
@@ -29,6 +31,10 @@ class StopHook(Hook):
     """
 
     priority = Priority.HIGH  # before the checkpoint hook in after_step
+    argument_checks: ClassVar[dict[str, Field]] = {
+        "max_steps": Field(int, None, low=1, nullable=True),
+        "minutes": Field(float, None, low=0, low_open=True, nullable=True),
+    }
 
     def __init__(self, max_steps: int | None = None, minutes: float | None = None, priority: int | str | None = None) -> None:
         super().__init__(priority)

@@ -17,9 +17,10 @@ rate; ``mfu`` divides it by the peak: ``peak_tflops`` when given, else the table
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from largebatch import flops as flops_mod
+from largebatch.config.schema import Field
 from largebatch.engine.hook import Hook, Priority
 
 
@@ -30,6 +31,7 @@ class ThroughputHook(Hook):
     """
 
     priority = Priority.BELOW_NORMAL
+    argument_checks: ClassVar[dict[str, Field]] = {"peak_tflops": Field(float, None, low=0, low_open=True, nullable=True)}
 
     def __init__(self, count_flops: bool = True, peak_tflops: float | None = None, priority: int | str | None = None) -> None:
         super().__init__(priority)

@@ -17,8 +17,11 @@ back is one host sync, on logged steps only. With a grad scaler that skipped the
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from largebatch.config.schema import Field
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
 
@@ -31,6 +34,7 @@ class TrustRatioHook(Hook):
     """
 
     priority = Priority.NORMAL
+    argument_checks: ClassVar[dict[str, Field]] = {"top_k": Field(int, 3, low=0)}
 
     def __init__(self, top_k: int = 3, priority: int | str | None = None) -> None:
         super().__init__(priority)

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 import largebatch
+from largebatch.rundir import RunDir, read_metrics
 from largebatch.study import ledger
 from largebatch.study.evaluation import OUTCOME
 from largebatch.study.space import overrides as param_overrides
@@ -196,9 +197,7 @@ def read_outcome(run_dir: pathlib.Path, spec: StudySpec, seconds: float) -> dict
     test value, held-out loss), the crossings of the target on both splits, the held-out
     value at its end and at its best, B_simple at the fixed loss, why it stopped."""
     metric, target, mode = spec.target.metric, spec.target.value, spec.target.mode
-    records = []
-    if (run_dir / "metrics.jsonl").is_file():
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_metrics(RunDir(run_dir).metrics) if RunDir(run_dir).metrics.is_file() else []
     evaluations = {r["step"]: r for r in records if f"eval/{metric}" in r}
     ended = json.loads((run_dir / OUTCOME).read_text()) if (run_dir / OUTCOME).is_file() else {}
     rows = {s: [s, _num(r.get(f"eval/{metric}")), _num(r.get(f"test/{metric}")), _num(r.get("eval/loss"))] for s, r in evaluations.items()}

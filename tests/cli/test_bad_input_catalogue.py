@@ -23,7 +23,7 @@ import torch
 from largebatch import cli, train_command
 from tests.config.colossal import shapes
 from tests.conftest import tiny_config, write_config
-from tests.data.conftest import header_claiming, write_unique_label_shards
+from tests.data.conftest import header_claiming, rewrite_record, write_unique_label_shards
 
 TRAIN = "train.py"  # train_main's argv; anything else goes to ``largebatch``'s main
 
@@ -280,6 +280,96 @@ def native_oversized_jpeg_header(tmp_path):
     return train(config, tmp_path / "run"), tmp_path / "run"
 
 
+def first_train_shard(tmp_path: pathlib.Path) -> pathlib.Path:
+    return next(p for p in sorted((tmp_path / "shards").glob("train-*")) if p.suffix != ".idx")
+
+
+def native_record_with(features: dict):
+    """Record 2 of the first training shard holds ``features`` as they are."""
+
+    def make(tmp_path):
+        config = native_config(tmp_path, splits=("train", "validation"))
+        rewrite_record(first_train_shard(tmp_path), 2, features)
+        return train(config, tmp_path / "run"), tmp_path / "run"
+
+    return make
+
+
+def native_index_holding(content: bytes | None = None, size: int | None = None):
+    """The first training shard's index replaced by ``content``, or sparse, ``size`` bytes long."""
+
+    def make(tmp_path):
+        config = native_config(tmp_path, splits=("train", "validation"))
+        index = first_train_shard(tmp_path).with_name(first_train_shard(tmp_path).name + ".idx")
+        if content is not None:
+            index.write_bytes(content)
+        if size is not None:
+            with open(index, "r+b") as handle:
+                handle.truncate(size)
+        return train(config, tmp_path / "run"), tmp_path / "run"
+
+    return make
+
+
+def index_of_a_record_claiming_2_62_bytes(tmp_path):
+    """``data index`` of a shard whose record 1 claims 2^62 bytes under a valid length CRC."""
+    import struct
+
+    from largebatch.data.tfrecord import masked_crc
+
+    native_config(tmp_path)
+    shard = first_train_shard(tmp_path)
+    data = bytearray(shard.read_bytes())
+    (offset, _), *_ = [line.split() for line in shard.with_name(shard.name + ".idx").read_text().splitlines()[1:]]
+    length = struct.pack("<Q", 1 << 62)
+    data[int(offset) : int(offset) + 12] = length + struct.pack("<I", masked_crc(length))
+    shard.write_bytes(bytes(data))
+    return ["data", "index", str(shard)], tmp_path / "shards"
+
+
+SAFETENSORS_HEADERS = {"oversized": (1 << 40).to_bytes(8, "little") + b"{}", "malformed": (10).to_bytes(8, "little") + b"{not json}"}
+
+
+def init_from_file(content):
+    def make(tmp_path):
+        weights = tmp_path / "weights.safetensors"
+        if callable(content):
+            content(weights)
+        else:
+            weights.write_bytes(content)
+        return train(config_with(tmp_path, **{"model.init_from": str(weights)}), tmp_path / "run"), tmp_path / "run"
+
+    return make
+
+
+def int8_weights(path: pathlib.Path) -> None:
+    from safetensors.torch import save_file
+
+    from tests.conftest import model_of
+
+    model = model_of(tiny_config())
+    save_file({k: v.to(torch.int8).contiguous() for k, v in model.state_dict().items()}, str(path))
+
+
+def export_with_weights(header: bytes):
+    def make(tmp_path):
+        _, run_dir = trained_run(tmp_path)
+        (run_dir / "model.safetensors").write_bytes(header)
+        return ["export", str(run_dir), "--out", str(tmp_path / "out")], run_dir
+
+    return make
+
+
+def plot_of(line: str):
+    def make(tmp_path):
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text(f'{{"step": 1, "loss": 2.0}}\n{line}\n{{"step": 2, "loss": 1.0}}\n')
+        return ["plot", str(run_dir)], run_dir
+
+    return make
+
+
 def native_root_missing(tmp_path):
     config = native_config(tmp_path)
     return train(config, tmp_path / "run", "--set", f"data.root={tmp_path / 'nowhere'}"), tmp_path / "run"
@@ -438,6 +528,8 @@ CASES = [
     ("hook-argument-type", case_hook({"type": "logger", "console": "maybe"}), ["hooks[0].console", "expected a boolean"]),
     ("hook-constructor-raises", case_hook(raising_hook), ["hooks[0]", "NeedsAGpu", "RuntimeError", "no CUDA device visible"]),
     ("custom-hook-argument-type", case_hook(hook_with_typed_argument), ["hooks[0].every", "expected an integer", "'often'"]),
+    ("hook-checkpoint-keep-negative", case_hook({"type": "checkpoint", "keep": -1}), ["hooks[0].keep", "got -1; must be >= 1"]),
+    ("hook-eval-interval-zero", case_hook({"type": "eval", "interval_steps": 0}), ["hooks[0].interval_steps", "must be >= 1"]),
     ("noise-scale-without-accumulation", case_set("global_batch_size=8", "hooks=[noise_scale]"), ["noise_scale", "accumulation"]),
     # the run directory and resuming
     ("run-dir-is-a-file", run_dir_is_a_file, ["--run-dir names a file", "taken"]),
@@ -479,6 +571,27 @@ CASES = [
     ("labels-beyond-num-classes", native_labels_beyond_num_classes, ["data.num_classes"]),
     ("corrupt-record", native_corrupt_record, ["train-", "record", "offset"]),
     ("oversized-jpeg-header", native_oversized_jpeg_header, ["train-", "record", "offset", "20000x15000 pixels", "data.max_pixels"]),
+    ("label-float", native_record_with({"image/class/label": [1.5]}), ["train-", "record 2", "holds 1 float value (1.5)", "int64"]),
+    ("label-bytes", native_record_with({"image/class/label": [b"3"]}), ["train-", "record 2", "holds 1 bytes value", "int64"]),
+    ("image-int64", native_record_with({"image/encoded": [7]}), ["train-", "record 2", "image/encoded holds 1 int64 value"]),
+    ("index-superscript", native_index_holding("0 \u00b2\n".encode()), [".idx", "line 1", "largebatch data index"]),
+    ("index-beyond-int64", native_index_holding(b"0 100000000000000000000000\n"), [".idx", "line 1", "largebatch data index"]),
+    ("index-sparse-4gib", native_index_holding(b"", size=4 << 30), [".idx", f"{4 << 30} bytes", "largebatch data index"]),
+    ("data-index-length-2-62", index_of_a_record_claiming_2_62_bytes, ["train-", "record 1", "truncated data", "header is corrupt"]),
+    # weights files
+    *(
+        (f"init-from-{name}-header", init_from_file(header), ["weights.safetensors", "not a readable safetensors file"])
+        for name, header in SAFETENSORS_HEADERS.items()
+    ),
+    ("init-from-int8", init_from_file(int8_weights), ["model.init_from", "as I8, the model's is F32"]),
+    *(
+        (f"export-{name}-header", export_with_weights(header), ["model.safetensors", "not a readable safetensors file"])
+        for name, header in SAFETENSORS_HEADERS.items()
+    ),
+    # metrics.jsonl
+    ("plot-a-list", plot_of("[1, 2]"), ["metrics.jsonl", "line 2 is not a metrics record"]),
+    ("plot-a-number-beyond-float", plot_of("1e400"), ["metrics.jsonl", "line 2 is not a metrics record"]),
+    ("plot-not-json", plot_of('{"step": 3, "lo'), ["metrics.jsonl", "line 2 is not JSON"]),
     # studies: every mistake before the first trial
     (
         "study-unknown-optimizer",

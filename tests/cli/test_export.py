@@ -119,3 +119,53 @@ def test_export_of_an_unfinished_run_is_one_error_line(finished_run, tmp_path):
     assert not (tmp_path / "out").exists()
     result = run_cli("export", str(tmp_path), "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "not a run directory" in result.stderr
+
+
+def test_export_replaces_files_only_with_force(finished_run, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("my own notes")
+    (out / "config.json").write_text("{}")
+    result = run_cli("export", str(finished_run), "--out", str(out))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "already holds config.json, README.md" in result.stderr and "--force" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json"]
+    assert (out / "README.md").read_text() == "my own notes" and (out / "config.json").read_text() == "{}"
+    target = tmp_path / "elsewhere.safetensors"
+    target.write_text("not to be written through")
+    (out / "model.safetensors").symlink_to(target)
+    result = run_cli("export", str(finished_run), "--out", str(out), "--force")
+    assert result.returncode == 0, result.stderr
+    assert_loads_as_the_run(out, finished_run)
+    assert not (out / "model.safetensors").is_symlink() and target.read_text() == "not to be written through"
+
+
+def copy_of(run_dir, to):
+    import shutil
+
+    shutil.copytree(run_dir, to, ignore=shutil.ignore_patterns("checkpoints"))
+    return to
+
+
+def test_export_goes_on_past_a_cut_last_metrics_line(finished_run, tmp_path):
+    run = copy_of(finished_run, tmp_path / "run")
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 9, "eval/to')  # killed mid-write
+    result = run_cli("export", str(run), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "the last, was cut short" in result.stderr
+    assert "top-1 accuracy" in (tmp_path / "out" / "README.md").read_text()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines.insert(1, "not json")
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = run_cli("export", str(run), "--out", str(tmp_path / "out2"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "metrics.jsonl: line 2 is not JSON" in result.stderr
+
+
+@pytest.mark.parametrize("header", [(1 << 40).to_bytes(8, "little") + b"{}", (12).to_bytes(8, "little") + b"{not json}  "])
+def test_export_of_a_malformed_weights_header_is_one_error_line(finished_run, tmp_path, header):
+    run = copy_of(finished_run, tmp_path / "run")
+    (run / "model.safetensors").write_bytes(header)
+    result = run_cli("export", str(run), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "model.safetensors: not a readable safetensors file" in result.stderr and "Traceback" not in result.stderr

@@ -83,6 +83,20 @@ def write_unique_label_shards(
     return root
 
 
+def rewrite_record(shard: Path, record: int, features: dict) -> None:
+    """Rewrite ``shard`` (and its index) with record ``record``'s features replaced by
+    ``features``, written as they are (a float label, an int64 image)."""
+    from largebatch.data.example import decode_example, encode_example
+    from largebatch.data.tfrecord import TFRecordWriter, index_path_for, iter_records, write_index
+
+    payloads = [decode_example(data) for _, _, data in iter_records(shard)]
+    payloads[record] = {**payloads[record], **features}
+    with TFRecordWriter(shard) as writer:
+        for payload in payloads:
+            writer.write(encode_example(payload))
+    write_index(index_path_for(shard), writer.index)
+
+
 @pytest.fixture(scope="session")
 def unique_shards(tmp_path_factory) -> Path:
     """48 train records in 4 shards and 20 validation records in 3; label = record + 1."""

@@ -16,7 +16,7 @@ from largebatch.data import cli, native
 from largebatch.data.convert import Sample, make_example
 from largebatch.data.tfrecord import index_path_for, read_index
 from largebatch.errors import DataError
-from tests.data.conftest import data_cfg, header_claiming, write_split, write_unique_label_shards
+from tests.data.conftest import data_cfg, header_claiming, rewrite_record, write_split, write_unique_label_shards
 
 SHARD = "train-00001-of-00002"
 CPU = torch.device("cpu")
@@ -190,6 +190,36 @@ def test_oversized_jpeg_header_dali(shards):
         list(evaluation)
 
 
+def png_bytes() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((40, 40, 3), 90, dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.dali
+def test_png_bytes_are_refused_by_dali_as_by_the_native_loader(shards):
+    """DALI decodes a PNG where a JPEG belongs; the native loader cannot: both refuse it,
+    naming the record, so the loader chosen does not decide what trains."""
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data import dali
+
+    _rewrite_shard(shards, 5, jpeg=png_bytes())
+    where = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}"
+    message = f"{where}: image/encoded is not a JPEG (it starts with 89504e47, a PNG)"
+    with pytest.raises(DataError, match=re.escape(message)):
+        load_all(shards)
+    plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
+    evaluation = dali.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(evaluation)
+
+
 def test_oversized_jpeg_header_media_pipeline_reader(shards):
     """The media pipeline's reader (plain Python; the pipeline itself needs a Gaudi)
     checks each header before the HPU decoder gets the bytes."""
@@ -216,6 +246,85 @@ def test_label_out_of_range(shards, capsys):
     ):
         load_all(shards)
     assert "label 17 is outside 1..16" in verify(shards, capsys)
+
+
+@pytest.mark.parametrize(
+    ("features", "expected"),
+    [
+        ({"image/class/label": [1.5]}, "image/class/label holds 1 float value (1.5), expected one int64 class number"),
+        ({"image/class/label": [b"7"]}, "image/class/label holds 1 bytes value (b'7'), expected one int64 class number"),
+        ({"image/class/label": [3, 4]}, "image/class/label holds 2 int64 values, expected one int64 class number"),
+        ({"image/encoded": [255]}, "image/encoded holds 1 int64 value (255), expected one bytes value (the JPEG)"),
+        ({"image/encoded": []}, "image/encoded holds no value, expected one bytes value"),
+    ],
+    ids=["float-label", "bytes-label", "two-labels", "int64-image", "empty-image"],
+)
+def test_a_feature_of_another_kind_is_named_not_trained_on(shards, capsys, features, expected):
+    """A float label (1.5 trained as a class before), a bytes label or an int64 image is
+    named with its record, by the loaders and by verify."""
+    rewrite_record(shards / SHARD, 6, features)
+    where = f"{SHARD} record 6 at byte offset {record_offset(shards, 6)}"
+    with pytest.raises(DataError, match=re.escape(f"{where}: not an ImageNet-schema Example ({expected}")):
+        load_all(shards)
+    assert expected in verify(shards, capsys)
+
+
+@pytest.mark.dali
+def test_dali_names_a_float_label_as_the_native_loader_does(shards):
+    """DALI reads a float label's bits as an int64 (a label of 5.9e18): the record is named
+    with what is wrong with it, as the native loader names it. (An int64 image/encoded
+    crashes DALI 2.4's reader itself; data verify names it.)"""
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data import dali
+
+    rewrite_record(shards / SHARD, 5, {"image/class/label": [1.5]})
+    plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
+    expected = "image/class/label holds 1 float value (1.5), expected one int64 class number"
+    message = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}: not an ImageNet-schema Example ({expected}"
+    with pytest.raises(DataError, match=re.escape(message)):
+        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [("0 \u00b2\n", "line 1: expected '<offset> <size>'"), ("0 " + "1" + "0" * 23 + "\n", "line 1: expected '<offset> <size>'")],
+    ids=["superscript-two", "beyond-int64"],
+)
+def test_an_index_line_that_is_no_pair_of_int64s_is_one_error_line(shards, capsys, line, expected):
+    index = index_path_for(shards / SHARD)
+    index.write_text(line)
+    with pytest.raises(DataError, match=re.escape(expected)):
+        load_all(shards)
+    err = verify(shards, capsys)
+    assert f"{SHARD}.idx: {expected}" in err and "largebatch data index" in err
+
+
+def test_an_index_larger_than_its_shard_could_need_is_refused_unread(shards, capsys):
+    """A sparse 4 GiB index is refused from its size: reading it would take 4 GiB."""
+    index = index_path_for(shards / SHARD)
+    with open(index, "r+b") as handle:
+        handle.truncate(4 << 30)
+    with pytest.raises(DataError, match=f"{SHARD}.idx: {4 << 30} bytes, more than an index of its"):
+        load_all(shards)
+    assert "not the index of" in verify(shards, capsys)
+
+
+def test_a_record_length_beyond_the_file_is_named_before_reading(shards, capsys):
+    """A length of 2^62 with a valid length CRC: ``data index`` names the record instead of
+    allocating the length."""
+    import struct
+
+    from largebatch.data.tfrecord import masked_crc
+
+    path = shards / SHARD
+    offset = record_offset(shards, 4)
+    data = bytearray(path.read_bytes())
+    length = struct.pack("<Q", 1 << 62)
+    data[offset : offset + 12] = length + struct.pack("<I", masked_crc(length))
+    path.write_bytes(bytes(data))
+    assert cli.main(["index", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"record 4 at byte offset {offset}: truncated data (its header claims {(1 << 62) + 4} bytes" in err
 
 
 def test_missing_or_empty_shard_list(tmp_path, capsys):

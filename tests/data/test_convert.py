@@ -262,7 +262,8 @@ def test_workers_stop_at_the_problem_one_worker_reports(tmp_path):
     assert errors[1].endswith("broken.png: cannot read image: not an image format Pillow knows (19 bytes)")
     # every shard before the failing one is complete and identical, in both
     done = {name: sha for name, sha in digest(tmp_path / "out1").items() if not name.endswith(".tmp")}
-    assert sorted(done) == [f"train-0000{n}-of-00006{idx}" for n in (0, 1) for idx in ("", ".idx")]  # bounds 0, 4, 8, 13
+    # bounds 0, 4, 8, 13; the conversion is named (dataset.json.partial) before its first shard
+    assert sorted(done) == ["dataset.json.partial"] + [f"train-0000{n}-of-00006{idx}" for n in (0, 1) for idx in ("", ".idx")]
     assert {k: v for k, v in digest(tmp_path / "out4").items() if k in done} == done
 
 
@@ -363,3 +364,98 @@ def test_a_flat_validation_folder_without_good_labels_is_one_clear_error(tmp_pat
         err = capsys.readouterr().err
         assert err.startswith(message) and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()  # nothing written before the labels are right
+
+
+def convert_cli(src: Path, out: Path, *extra: str) -> list[str]:
+    return ["convert", "folder", str(src), "--out", str(out), "--train-shards", "2", "--validation-shards", "1", "--quiet", *extra]
+
+
+def add_class(src: Path, name: str = "n00") -> None:
+    for folder in ("train", "val"):
+        (src / folder / name).mkdir()
+        Image.fromarray(np.full((24, 24, 3), 128, dtype=np.uint8)).save(src / folder / name / "new.JPEG")
+
+
+def test_convert_into_the_shards_of_another_source_refuses_or_rewrites_them_as_a_fresh_convert(tmp_path, capsys):
+    """The issue's reproduction: a class added to the source, converted into the same --out.
+    Without --force nothing changes and one line says what differs; with --force the
+    folder ends byte for byte as a fresh conversion into an empty folder."""
+    src, out, fresh = make_image_folder(tmp_path / "src"), tmp_path / "out", tmp_path / "fresh"
+    shutil.rmtree(src / "train" / "n03")
+    shutil.rmtree(src / "val" / "n03")
+    assert run(convert_cli(src, out)) == 0
+    before = digest(out)
+    add_class(src)
+    assert run(convert_cli(src, out)) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"error: {out}: holds the shards of another conversion (classes (2 -> 3; 'n01' -> 'n00')") and err.count("\n") == 1
+    )
+    assert "train: 6 records in 2 shards -> 7 in 2" in err and "--force" in err
+    assert digest(out) == before
+    assert run(convert_cli(src, out, "--force")) == 0
+    assert "removed 7 files of another conversion" in capsys.readouterr().out
+    assert run(convert_cli(src, fresh)) == 0
+    assert digest(out) == digest(fresh)
+    assert run(["verify", str(out), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("change", ["content", "quality", "interrupted"])
+def test_a_reconvert_keeps_shards_only_of_the_same_files_and_options(tmp_path, capsys, change):
+    src, out = make_image_folder(tmp_path / "src"), tmp_path / "out"
+    if change == "interrupted":  # a conversion of other files stopped after its first shards
+        other = make_image_folder(tmp_path / "other", per_class=4)
+        convert.convert_image_folder(other, out, train_shards=2, validation_shards=1, progress=False)
+        (out / "dataset.json").replace(out / "dataset.json.partial")
+        (out / "train-00001-of-00002").unlink()
+        expected = "the source's files (names, sizes or modification times) or their labels"
+    else:
+        assert run(convert_cli(src, out)) == 0
+    if change == "content":  # same names and classes, another picture
+        image = src / "train" / "n01" / "img0.JPEG"
+        Image.fromarray(np.zeros((50, 50, 3), dtype=np.uint8)).save(image, quality=90)
+        expected = "the source's files (names, sizes or modification times) or their labels"
+    before = digest(out)
+    assert run(convert_cli(src, out, *(["--quality", "80"] if change == "quality" else []))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("--quality 95 -> 80" if change == "quality" else expected) in err
+    assert digest(out) == before
+
+
+def test_shards_written_before_the_fingerprint_are_kept_when_dataset_json_agrees(tmp_path):
+    """A folder converted by a largebatch without the fingerprint (its dataset.json lacks it)
+    re-runs as before when classes, offset and counts agree; the fingerprint is added."""
+    src, out = make_image_folder(tmp_path / "src"), tmp_path / "out"
+    convert.convert_image_folder(src, out, train_shards=2, validation_shards=1, progress=False)
+    meta = json.loads((out / "dataset.json").read_text())
+    del meta["fingerprint"]
+    (out / "dataset.json").write_text(json.dumps(meta))
+    shard = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name.startswith("train-")}
+    convert.convert_image_folder(src, out, train_shards=2, validation_shards=1, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name.startswith("train-")} == shard
+    assert "fingerprint" in json.loads((out / "dataset.json").read_text())
+
+
+def test_verify_finds_shards_that_disagree_with_dataset_json(tmp_path, capsys):
+    """dataset.json of one conversion beside the shards of another: the record counts
+    disagree, though every label is in the range it gives."""
+    src = make_image_folder(tmp_path / "src")
+    convert.convert_image_folder(src, tmp_path / "old", train_shards=2, validation_shards=1, progress=False)
+    add_class(src)
+    convert.convert_image_folder(src, tmp_path / "new", train_shards=2, validation_shards=1, progress=False)
+    shutil.copy(tmp_path / "new" / "dataset.json", tmp_path / "old" / "dataset.json")
+    assert run(["verify", str(tmp_path / "old"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset.json says split 'train' has 10 records in 2 shards, its shards hold 9 in 2" in err
+
+
+def test_a_damaged_dataset_json_beside_shards_is_refused_and_replaced_with_force(tmp_path, capsys):
+    src, out, fresh = make_image_folder(tmp_path / "src"), tmp_path / "out", tmp_path / "fresh"
+    assert run(convert_cli(src, out)) == 0
+    (out / "dataset.json").write_text('{"classes": [')
+    assert run(convert_cli(src, out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset.json: not valid JSON" in err
+    assert run(convert_cli(src, out, "--force")) == 0
+    assert run(convert_cli(src, fresh)) == 0
+    assert digest(out) == digest(fresh)

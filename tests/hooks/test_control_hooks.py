@@ -161,3 +161,50 @@ def test_hook_timer_finds_the_slow_hook(tmp_path, capsys):
     assert {(r["hook"], r["event"]) for r in report["hooks"]} >= {("MetricsLogger", "after_step"), ("Records", "after_step")}
     assert "Slow.after_step" in capsys.readouterr().out
     torch.testing.assert_close(slowest["ms_per_call"], 1000 * slowest["seconds"] / 4)
+
+
+BAD_ARGUMENTS = [
+    ("checkpoint", "keep", -1),
+    ("checkpoint", "keep", 0),
+    ("checkpoint", "interval_steps", 0),
+    ("checkpoint", "interval_epochs", -1),
+    ("checkpoint", "interval_minutes", 0),
+    ("checkpoint", "at_end", "yes"),
+    ("checkpoint", "async_save", 1),
+    ("logger", "console", "maybe"),
+    ("ema", "decay", 1.5),
+    ("eval", "interval_steps", -1),
+    ("eval", "interval_epochs", -2),
+    ("stop", "max_steps", 0),
+    ("stop", "minutes", -1),
+    ("trust_ratio", "top_k", -3),
+    ("hook_timer", "top", -1),
+    ("throughput", "peak_tflops", 0),
+]
+
+
+@pytest.mark.parametrize(("hook", "argument", "value"), BAD_ARGUMENTS, ids=[f"{h}.{a}={v!r}" for h, a, v in BAD_ARGUMENTS])
+def test_a_built_in_hooks_argument_is_checked_as_its_config_key_is(hook, argument, value):
+    """``hooks=[dict(type='checkpoint', keep=-1)]`` is refused as ``checkpoint.keep=-1`` is,
+    naming ``hooks[0].keep``: a negative keep would delete each checkpoint as it is written."""
+    from largebatch.config.schema import validate_section
+    from largebatch.errors import ConfigError
+    from largebatch.hooks import _builtin_class, instantiate
+
+    cls = _builtin_class(hook)
+    with pytest.raises(ConfigError) as refused:
+        instantiate(cls, {"decay": 0.9, argument: value} if hook == "ema" else {argument: value}, "hooks[0]")
+    assert refused.value.key == f"hooks[0].{argument}"
+    rule = cls.argument_checks[argument]
+    if isinstance(rule, str):  # the config key it mirrors refuses the value too; a range, in the same words
+        section, key = rule.split(".")
+        with pytest.raises(ConfigError) as as_config:
+            validate_section(section, {key: value})
+        if "must be" in as_config.value.message:
+            assert as_config.value.message == refused.value.message
+
+
+def test_every_argument_of_the_checkpoint_hook_is_checked():
+    import inspect
+
+    assert set(CheckpointHook.argument_checks) == set(inspect.signature(CheckpointHook).parameters) - {"priority"}

@@ -121,9 +121,9 @@ def test_plot_writes_into_out_and_draws_identical_series_once(tmp_path):
     out = tmp_path / "figures" / "here"
     written = plot_run(tmp_path, out)
     assert {p.parent for p in written} == {out} and not list(tmp_path.glob("*.png"))
-    from largebatch.plot import distinct_curves, read_metrics
+    from largebatch.plot import distinct_curves, read_series
 
-    series = read_metrics(tmp_path / "metrics.jsonl")
+    series = read_series(tmp_path / "metrics.jsonl")
     (curve,) = distinct_curves(series, ["lr", "lr/decay", "lr/no_decay"])
     assert curve == ("lr = lr/decay = lr/no_decay", [(1, 0.1), (2, 0.2)])
     assert [name for name, _ in distinct_curves(series, ["loss", "eval/loss"])] == ["loss", "eval/loss"]
@@ -132,12 +132,35 @@ def test_plot_writes_into_out_and_draws_identical_series_once(tmp_path):
         plot_run(tmp_path, tmp_path / "file")
 
 
+def test_plot_leaves_out_a_cut_last_line_and_values_beyond_a_float(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0, "big": 1e400, "huge": 1' + "0" * 400 + '}\n{"step": 2, "lo')
+    written = plot_run(tmp_path)
+    assert [p.name for p in written] == ["loss.png"]
+    assert "line 2, the last, was cut short" in capsys.readouterr().err
+
+
+def test_plot_replaces_a_planted_link_and_leaves_its_target(tmp_path):
+    """A link at RUN/loss.png is replaced by the figure; the file it pointed at is untouched."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    target = tmp_path / "precious.txt"
+    target.write_text("mine")
+    (tmp_path / "loss.png").symlink_to(target)
+    (written,) = plot_run(tmp_path)
+    assert not written.is_symlink() and written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert target.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.png", "metrics.jsonl", "precious.txt"]
+
+
 def test_plot_errors(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="no metrics.jsonl here"):
         plot_run(tmp_path)
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
-    with pytest.raises(UserError, match="line 2 is not JSON"):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n{"step": 3, "loss": 1.0}\n')
+    with pytest.raises(UserError, match="metrics.jsonl: line 2 is not JSON"):
         plot_run(tmp_path)
+    for bad in ("[1, 2]", "1e400", '{"step": "two"}', '{"step": 1e400}'):
+        (tmp_path / "metrics.jsonl").write_text(f'{{"step": 1, "loss": 2.0}}\n{bad}\n')
+        with pytest.raises(UserError, match=r"metrics.jsonl: line 2 is not a metrics record"):
+            plot_run(tmp_path)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     with pytest.raises(UserError, match=r"pip install 'largebatch\[plot\]'"):
         plot_run(tmp_path)
