@@ -18,9 +18,10 @@ ALLOWED = ("largebatch.config", "largebatch.errors", "largebatch.batching")
 
 def imported_modules(path: pathlib.Path, package: Sequence[str] | None = None) -> list[tuple[int, str]]:
     """``(line, module)`` of every import in ``path``, relative ones made absolute against
-    ``package`` (default: the package ``path`` is in); for ``from package import name``
-    the module is ``package.name``."""
-    package = list(package or path.relative_to(PACKAGE.parent).parent.parts)
+    ``package`` (default: the package ``path`` is in, or ``largebatch`` for a file outside
+    it); for ``from package import name`` the module is ``package.name``."""
+    inside = path.is_relative_to(PACKAGE.parent)
+    package = list(package or (path.relative_to(PACKAGE.parent).parent.parts if inside else ["largebatch"]))
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
