@@ -30,7 +30,7 @@ from largebatch.study import fit as fitting
 from largebatch.study import ledger, plan
 from largebatch.study.space import edges
 from largebatch.study.spec import StudySpec
-from largebatch.study.target import Crossing
+from largebatch.study.target import crossing_of
 
 
 @dataclasses.dataclass
@@ -94,11 +94,11 @@ def collect(spec: StudySpec, trials: list[Any], skipped: set[str]) -> list[CellR
                         "skipped": info["key"] in skipped,
                     }
                 )
-        chosen = plan.best(tune, spec.target.mode)
+        chosen = plan.best(tune, spec.target)
         if chosen is not None:
             outcome = ledger.attrs(chosen)["outcome"]
             marks = edges(spec.optimizer(label).space, chosen.params, batch, smallest)
-            crossing = Crossing.from_dict(outcome.get("eval_crossing"))
+            crossing = crossing_of(chosen, spec.target)
             result.best = {
                 "number": chosen.number,
                 "params": dict(chosen.params),
@@ -111,8 +111,8 @@ def collect(spec: StudySpec, trials: list[Any], skipped: set[str]) -> list[CellR
             if last.state != TrialState.COMPLETE or chosen is None or ledger.attrs(last).get("slot") != ledger.attrs(chosen).get("slot"):
                 continue
             outcome = ledger.attrs(last)["outcome"]
-            crossing = Crossing.from_dict(outcome.get(f"{reported}_crossing"))
-            heldout = Crossing.from_dict(outcome.get("eval_crossing"))
+            crossing = crossing_of(last, spec.target, reported)
+            heldout = crossing_of(last, spec.target)
             noise = outcome.get("noise_at_loss") or {}
             result.reruns.append(
                 Rerun(

@@ -25,7 +25,9 @@ def register(commands: Any) -> None:
     failed.add_argument("--retry-failed", action="store_true", help="run trials whose training failed again")
     failed.add_argument("--skip-failed", action="store_true", help="go on without trials whose training failed")
     run.add_argument("--max-trials", type=int, help="stop after this many trials (run a study in parts)")
-    run.add_argument("--threads", type=int, help="OMP threads per trial (default: this machine's cores / --jobs)")
+    run.add_argument(
+        "--threads", type=int, help="OMP threads per trial (default: the study file's threads, else this machine's cores / --jobs)"
+    )
     run.add_argument("--storage", help="an Optuna storage URL or journal:PATH (default: the study file's, else sqlite in its folder)")
     run.add_argument("--no-report", action="store_true", help="do not write report.md, report.json and the plots")
     run.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
@@ -74,18 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     base = checks.prepare(spec)
     url = _url(args, spec)
     study = storage.create_or_load(storage.open_storage(url), spec.name)
-    fingerprint = checks.fingerprint(spec)
-    stored = study.user_attrs.get("fingerprint")
-    if stored is None:
-        study.set_user_attr("fingerprint", fingerprint)
-        study.set_user_attr("study_file", spec.path.read_text())
-    elif stored != fingerprint:
-        raise UserError(
-            f"storage {url!r} holds study {spec.name!r} made from another version of the study file or its base config "
-            "(cells, search space, budget, target or overrides differ); give the study another name or storage to start afresh",
-            path=str(spec.path),
-        )
     options = worker.Options(args.jobs, args.retry_failed, args.skip_failed, args.max_trials, args.threads)
+    checks.bind(spec, study, url, worker.threads_per_trial(spec, options))
+    for line in checks.budget_warnings(spec, base, study.get_trials(deepcopy=False)):
+        print(line, file=sys.stderr)
     outcome = worker.Workers(spec, base, study, options).run()
     if not args.no_report:
         for path in report.write(spec, study, url, spec.folder):
