@@ -7,6 +7,16 @@ arithmetic derived, so a key the optimizer does not take, a batch the micro-batc
 not divide or a value outside the schema is one ``error:`` line now, not a failed trial
 later. The target must be a metric the config's task measures on evaluation, the
 held-out split must hold samples, and the test split too when one is named.
+
+**Budgets.** ``budget_warnings`` compares each cell's longest run (the top of its epoch
+range, in optimizer steps) with the steps a pilot fit S = S_min (1 + B_crit / B) predicts
+to the target: the study file's ``pilot``, else a fit to the study's own finished tuning
+trials (each cell's fewest held-out steps). A longest budget under ``MARGIN`` times the
+prediction is a warning before the first trial: such a cell may record "not reached"
+because of the study file, not the batch.
+
+**Identity.** ``fingerprint`` hashes what decides a study's trials; ``bind`` records it and
+the thread count per trial in the storage and refuses a storage made otherwise.
 """
 
 from __future__ import annotations
@@ -14,13 +24,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import pathlib
 from typing import Any
 
 from largebatch.errors import UserError
 from largebatch.study.runner import Base, trial_overrides
-from largebatch.study.spec import StudySpec
+from largebatch.study.spec import Pilot, StudySpec
 
 TFRECORD_LOADERS = ("native", "dali", "mediapipe")
+MARGIN = 2.0  # a cell's longest budget should be at least this many times the pilot's predicted steps
 
 
 def prepare(spec: StudySpec) -> Base:
@@ -39,6 +51,7 @@ def prepare(spec: StudySpec) -> Base:
     base = Base(cfg.epochs, float(betas[1]), cfg.micro_batch_size, tuple(plain["hooks"]))
     _check_target(spec, cfg, where)
     _check_data(spec, cfg, where)
+    longest = {}
     for label, batch in spec.cells():
         opt = spec.optimizer(label)
         for end in ("low", "high"):
@@ -46,19 +59,105 @@ def prepare(spec: StudySpec) -> Base:
             for phase in ("tune", "seed"):
                 info = {"optimizer": label, "batch": batch, "seed": spec.tune_seed, "phase": phase, "key": f"{label}/b{batch}"}
                 try:
-                    _check_cell(spec, base, info, params)
+                    steps = _check_cell(spec, base, info, params)
                 except UserError as exc:
                     raise UserError(f"{label} at batch {batch} ({end} end of its ranges): {exc}", path=where) from exc
-    return base
+                longest[(label, batch)] = max(steps, longest.get((label, batch), 0))
+    return dataclasses.replace(base, longest=longest)
 
 
-def _check_cell(spec: StudySpec, base: Base, info: dict[str, Any], params: dict[str, float]) -> None:
+def budget_warnings(spec: StudySpec, base: Base, trials: list[Any]) -> list[str]:
+    """A line for every cell whose longest budget (``base.longest``) is under ``MARGIN``
+    times the steps its optimizer's pilot fit predicts (the study file's ``pilot``, else a
+    fit to the study's finished tuning trials; no line for an optimizer with neither)."""
+    lines = []
+    for opt in spec.optimizers:
+        pilot, source = spec.pilot.get(opt.label), "the study file's pilot"
+        if pilot is None:
+            pilot, source = _pilot_from_trials(spec, opt.label, trials), "a fit to the study's finished trials"
+        if pilot is None:
+            continue
+        key = next(t.key for t in spec.targets if t.value == pilot.value)
+        epochs = next((p for p in opt.space if p.name == "epochs"), None)
+        how = (
+            f"raise optimizers.{opt.label}.search.epochs.high or search.epochs.high, or scale the epoch range by the pilot "
+            "(epochs=dict(..., scale='pilot'))"
+            if epochs is None or epochs.scale != "pilot"
+            else f"raise optimizers.{opt.label}.search.epochs.high or search.epochs.high"
+        )
+        for batch in spec.batches:
+            longest, predicted = base.longest[(opt.label, batch)], pilot.steps(batch)
+            if longest < MARGIN * predicted:
+                lines.append(
+                    f"warning: {opt.label} at batch {batch}: its longest budget is {longest} steps, and {source} "
+                    f"(S_min {pilot.s_min:.4g}, B_crit {pilot.b_crit:.4g}) predicts {predicted:.0f} steps to {key}, "
+                    f"less than {MARGIN:g}x; {how}"
+                )
+    return lines
+
+
+def _pilot_from_trials(spec: StudySpec, label: str, trials: list[Any]) -> Pilot | None:
+    """S = S_min (1 + B_crit / B) fitted to each cell's fewest held-out steps to the last
+    target among its finished tuning trials (None with fewer than two such cells)."""
+    from largebatch.study import plan
+    from largebatch.study.fit import Point, fit_scaling
+
+    points = []
+    for (name, batch), cell in plan.cells(spec, trials).items():
+        steps = plan.cap([t for ts in cell.tune.values() for t in ts], spec.target) if name == label else None
+        if steps is not None:
+            points.append(Point(float(batch), steps, steps))
+    fit = fit_scaling(points)
+    return None if fit is None else Pilot(fit.s_min, fit.b_crit, spec.target.value)
+
+
+def stored_study_file(path: pathlib.Path) -> str:
+    """The study file as the storage keeps it: its values as YAML, credentials redacted (a
+    storage URL's password, a ``set`` entry's token); the real values stay in the file."""
+    import yaml
+
+    from largebatch.config.loader import read_plain_file
+    from largebatch.config.redact import redact
+
+    return yaml.safe_dump(redact(read_plain_file(path)), sort_keys=False)
+
+
+def bind(spec: StudySpec, study: Any, url: str, threads: int) -> None:
+    """Record the study's fingerprint and threads per trial in a new storage; refuse one
+    made from another study file or run with another thread count (``url`` as shown:
+    credentials redacted).
+
+    Raises:
+        UserError: the stored fingerprint or thread count differs.
+    """
+    found, stored = fingerprint(spec), study.user_attrs.get("fingerprint")
+    if stored is None:
+        study.set_user_attr("fingerprint", found)
+        study.set_user_attr("study_file", stored_study_file(spec.path))
+        study.set_user_attr("threads", threads)
+    elif stored != found:
+        raise UserError(
+            f"storage {url!r} holds study {spec.name!r} made from another version of the study file or its base config "
+            "(cells, search space, budget, target or overrides differ); give the study another name or storage to start afresh",
+            path=str(spec.path),
+        )
+    recorded = study.user_attrs.get("threads")
+    if recorded is not None and recorded != threads:
+        raise UserError(
+            f"storage {url!r} holds study {spec.name!r} run with {recorded} thread(s) per trial, and this run would use {threads} "
+            f"(the thread count changes results); resume with --threads {recorded} or threads = {recorded} in the study file",
+            path=str(spec.path),
+        )
+
+
+def _check_cell(spec: StudySpec, base: Base, info: dict[str, Any], params: dict[str, float]) -> int:
+    """Check one cell's trial config; the optimizer steps it runs."""
     from largebatch.config import derive, resolve_config
     from largebatch.data import count_samples
     from largebatch.hooks import build_hooks
 
     cfg = resolve_config(spec.base_config, trial_overrides(spec, base, info, params, None))
-    derive(cfg, 1, count_samples(cfg.data, "train"))
+    derived = derive(cfg, 1, count_samples(cfg.data, "train"))
     build_hooks(cfg, spec.base_config)
     ratio = cfg.global_batch_size // cfg.micro_batch_size
     if spec.noise_scale is not None and ratio < int(spec.noise_scale["min_ratio"]):
@@ -67,6 +166,7 @@ def _check_cell(spec: StudySpec, base: Base, info: dict[str, Any], params: dict[
             f"{cfg.global_batch_size} allows 1/{ratio}; drop the batch or lower noise_scale.min_ratio",
             key="noise_scale.min_ratio",
         )
+    return derived.run_steps
 
 
 def _check_target(spec: StudySpec, cfg: Any, where: str) -> None:
@@ -122,12 +222,14 @@ def _root(root: str | None) -> Any:
 
 
 def fingerprint(spec: StudySpec) -> str:
-    """A hash of what decides a study's trials (cells, spaces, budget, target, seeds, the
-    overrides and the base config's text): a storage made with another refuses to continue."""
+    """A hash of what decides a study's trials (cells, spaces, budget, targets, seeds, the
+    sampler, the pilot, the overrides and the base config's text): a storage made with
+    another refuses to continue. Keys at their defaults are left out, so a study file
+    written before they existed keeps its fingerprint."""
     parts = {
         "base_config": spec.base_config.read_text(),
         "overrides": spec.overrides,
-        "optimizers": [dataclasses.asdict(o) for o in spec.optimizers],
+        "optimizers": [_without_defaults(dataclasses.asdict(o)) for o in spec.optimizers],
         "batches": spec.batches,
         "micro_batch_size": spec.micro_batch_size,
         "trials": spec.trials,
@@ -138,4 +240,16 @@ def fingerprint(spec: StudySpec) -> str:
         "noise_scale": spec.noise_scale,
         "sampler_seed": spec.sampler_seed,
     }
+    if len(spec.targets) > 1:
+        parts["targets"] = [dataclasses.asdict(t) for t in spec.targets]
+    if spec.quasi_random != spec.trials:
+        parts["quasi_random"] = spec.quasi_random
+    if spec.pilot:
+        parts["pilot"] = {label: dataclasses.asdict(p) for label, p in spec.pilot.items()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _without_defaults(optimizer: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's fields for the fingerprint, its ranges without an unset pilot B_crit."""
+    space = [{k: v for k, v in p.items() if not (k == "pilot_b_crit" and v is None)} for p in optimizer["space"]]
+    return {**optimizer, "space": space}

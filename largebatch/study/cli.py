@@ -25,7 +25,9 @@ def register(commands: Any) -> None:
     failed.add_argument("--retry-failed", action="store_true", help="run trials whose training failed again")
     failed.add_argument("--skip-failed", action="store_true", help="go on without trials whose training failed")
     run.add_argument("--max-trials", type=int, help="stop after this many trials (run a study in parts)")
-    run.add_argument("--threads", type=int, help="OMP threads per trial (default: this machine's cores / --jobs)")
+    run.add_argument(
+        "--threads", type=int, help="OMP threads per trial (default: the study file's threads, else this machine's cores / --jobs)"
+    )
     run.add_argument("--storage", help="an Optuna storage URL or journal:PATH (default: the study file's, else sqlite in its folder)")
     run.add_argument("--no-report", action="store_true", help="do not write report.md, report.json and the plots")
     run.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
@@ -69,17 +71,6 @@ def _shown(url: str) -> str:
     return redact_text(url)
 
 
-def _stored_study_file(path: Any) -> str:
-    """The study file as the storage keeps it: its values as YAML, credentials redacted (a
-    storage URL's password, a ``set`` entry's token); the real values stay in the file."""
-    import yaml
-
-    from largebatch.config.loader import read_plain_file
-    from largebatch.config.redact import redact
-
-    return yaml.safe_dump(redact(read_plain_file(path)), sort_keys=False)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from largebatch.errors import UserError
     from largebatch.study import checks, report, storage, worker
@@ -92,18 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     base = checks.prepare(spec)
     url = _url(args, spec)
     study = storage.create_or_load(storage.open_storage(url), spec.name)
-    fingerprint = checks.fingerprint(spec)
-    stored = study.user_attrs.get("fingerprint")
-    if stored is None:
-        study.set_user_attr("fingerprint", fingerprint)
-        study.set_user_attr("study_file", _stored_study_file(spec.path))
-    elif stored != fingerprint:
-        raise UserError(
-            f"storage {url!r} holds study {spec.name!r} made from another version of the study file or its base config "
-            "(cells, search space, budget, target or overrides differ); give the study another name or storage to start afresh",
-            path=str(spec.path),
-        )
     options = worker.Options(args.jobs, args.retry_failed, args.skip_failed, args.max_trials, args.threads)
+    checks.bind(spec, study, _shown(url), worker.threads_per_trial(spec, options))
+    for line in checks.budget_warnings(spec, base, study.get_trials(deepcopy=False)):
+        print(line, file=sys.stderr)
     outcome = worker.Workers(spec, base, study, options).run()
     if not args.no_report:
         for path in report.write(spec, study, _shown(url), spec.folder):

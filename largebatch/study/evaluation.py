@@ -6,29 +6,37 @@ that, and two ways give it:
 
 * **Refining** (``refine``, one process): between two evaluations the hook keeps a copy
   of the weights at every step of a fine grid (each ``fine`` times the last, at least one
-  step apart; copies on the CPU). When an evaluation finds the target reached on a split
-  where the one before had not, the kept weights in between are evaluated by bisection,
-  so the bracket around the crossing (``largebatch.study.target``) is one fine step
-  wide, for a few evaluations (log2 of the steps kept) and no evaluations elsewhere.
+  step apart; copies on the CPU). When an evaluation finds a target reached on a split
+  where the one before had not, every kept copy in between is evaluated, so the bracket
+  around the first crossing (``largebatch.study.target``) is one fine step wide whatever
+  the curve does inside it: held-out curves dip (a value above the target, then one below
+  it, then above again), and a bisection, which assumes a curve that only rises, can find
+  a later crossing than the first. That costs every kept step of one coarse interval per
+  target (about log(coarse) / log(fine), 9 with the defaults), and no evaluations elsewhere.
   Those evaluations go to ``study_trial.json`` (``refined``), not to the run's metrics.
 * **A dense grid** (several processes, or ``refine=False``): once the held-out (or test)
-  value is within ``dense_within`` of the target, or the last two evaluations, extended
-  along log(step), would reach it by the next coarse step, the grid itself turns fine.
-  A curve that jumps past the target between two coarse evaluations keeps the coarse
+  value is within ``dense_within`` of the next target, or the last two evaluations,
+  extended along log(step), would reach it by the next coarse step, the grid itself turns
+  fine. A curve that jumps past the target between two coarse evaluations keeps the coarse
   bracket; the study's report states the resolution reached.
+
+Several targets (values of one metric, ``targets``, easiest first) are watched at once; the
+run goes on until the last.
 
 It stops the run (an ordinary end: exit status 0) when:
 
-* every split it watches reached the target (``stop_at_target``): the held-out split, and
-  the test split when ``test_split`` is given (its values are added to each evaluation's
-  record as ``test/<metric>``, ``test/loss``);
-* ``stop_after`` is set and the held-out value has not reached the target at that step
-  (evaluated there): the trial can no longer reach it in fewer steps than the cell's best
-  so far, so it cannot become the cell's choice (an exact cut, not a guess).
+* every split it watches reached the last target (``stop_at_target``): the held-out split,
+  and the test split when ``test_split`` is given (its values are added to each
+  evaluation's record as ``test/<metric>``, ``test/loss``);
+* ``stop_after`` gives, per target, a step by which the held-out value must have reached
+  it (evaluated there), and every target is either reached or past its step: the trial
+  can no longer reach any target in fewer steps than the cell's best so far for it, so it
+  cannot become the cell's choice for any (an exact cut, not a guess).
 
 What happened is written to ``study_trial.json`` in the run directory: the reason it
 stopped (``target``, ``beaten``, ``budget``, ``diverged``), the steps run, the budget, the
-refining evaluations (``[step, held-out value, test value, held-out loss]``) and the
+refining evaluations (``[step, held-out value, test value, held-out loss]``), the
+thread count torch ran with and the
 process's CPU seconds (the trial's cost on an idle machine, whatever else runs).
 A run that diverges (``nan_guard``'s ``NonFiniteError``) is recorded as diverged there
 before the error ends the process.
@@ -55,21 +63,23 @@ def next_eval_step(step: int, ratio: float) -> int:
 
 
 class TargetEvalHook(Hook):
-    """Evaluate for steps to target; stop at the target, or when beaten.
+    """Evaluate for steps to targets; stop at the last target, or when beaten.
 
     Args:
         metric: the task's metric (``top1``: ``eval/top1``).
-        target: the value to reach.
-        mode: ``max`` (reach at least ``target``) or ``min`` (at most).
+        targets: the values to reach (one number, or several: the run goes on to the last).
+        mode: ``max`` (reach at least a target) or ``min`` (at most).
         test_split: shard prefix of a split evaluated beside the held-out one and reported
             as ``test/...`` (None: none).
         coarse, fine: ratios between evaluation steps away from and near the target.
-        dense_within: how close to the target (in the metric's units) the fine grid starts.
+        dense_within: how close to a target (in the metric's units) the fine grid starts.
         first_fraction: the first evaluation, as a share of the run's steps.
-        stop_at_target: stop once every watched split reached the target.
-        stop_after: stop at this step (evaluated) unless the held-out split reached the target.
+        stop_at_target: stop once every watched split reached the last target.
+        stop_after: per target, the step (evaluated) past which the run is of no use for it
+            unless the held-out split reached it there (None: no such step); a single
+            number applies to every target.
         batch_size: test evaluation batch per rank (default: ``eval.batch_size``).
-        refine: bisect kept weights for the crossing (one process only; else the dense grid).
+        refine: evaluate every kept weight snapshot around a crossing (one process only; else the dense grid).
     """
 
     priority = Priority.NORMAL  # before the sinks (VERY_LOW) write the evaluation record
@@ -77,7 +87,7 @@ class TargetEvalHook(Hook):
     def __init__(
         self,
         metric: str,
-        target: float,
+        targets: float | list[float],
         mode: str = "max",
         test_split: str | None = None,
         coarse: float = 1.4,
@@ -85,7 +95,7 @@ class TargetEvalHook(Hook):
         dense_within: float = 0.03,
         first_fraction: float = 1 / 32,
         stop_at_target: bool = True,
-        stop_after: float | None = None,
+        stop_after: float | list[float | None] | None = None,
         batch_size: int | None = None,
         refine: bool = True,
         priority: int | str | None = None,
@@ -95,12 +105,16 @@ class TargetEvalHook(Hook):
             raise ValueError(f"mode is 'max' or 'min', got {mode!r}")
         if not 1 < fine <= coarse:
             raise ValueError(f"need 1 < fine <= coarse, got fine={fine}, coarse={coarse}")
-        self.metric, self.target, self.mode, self.test_split = metric, float(target), mode, test_split
+        values = [float(t) for t in (targets if isinstance(targets, list | tuple) else [targets])]
+        self.metric, self.targets, self.mode, self.test_split = metric, values, mode, test_split
         self.coarse, self.fine, self.dense_within, self.first_fraction = coarse, fine, dense_within, first_fraction
         self.stop_at_target, self.batch_size = stop_at_target, batch_size
-        self.cap = None if stop_after is None else math.ceil(stop_after - 1e-9)
+        caps = stop_after if isinstance(stop_after, list | tuple) else [stop_after] * len(values)
+        if len(caps) != len(values):
+            raise ValueError(f"stop_after gives {len(caps)} steps for {len(values)} targets")
+        self.caps = [None if c is None else math.ceil(c - 1e-9) for c in caps]
         self.splits = ["eval"] + (["test"] if test_split else [])
-        self.reached = dict.fromkeys(self.splits, False)
+        self.reached = {split: [False] * len(values) for split in self.splits}
         self.previous: dict[str, tuple[int, float]] = {}
         self.stopped = "budget"
         self.diverged: str | None = None
@@ -114,8 +128,7 @@ class TargetEvalHook(Hook):
     def before_run(self, state) -> None:
         run = state.run
         self._next = max(1, math.ceil(run.total_steps * self.first_fraction))
-        if self.cap is not None:
-            self._next = min(self._next, self.cap)
+        self._next = min([self._next, *(c for c in self.caps if c is not None)])
         self._fine_next = self._next
         self.refine = self.refine and run.world_size == 1 and not run.sharded
         splits = {"test": self.test_split} if self.test_split else {}
@@ -143,10 +156,10 @@ class TargetEvalHook(Hook):
         if state.step >= self._next:
             state.request_eval()
 
-    def _hit(self, value: float | None) -> bool:
+    def _hit(self, value: float | None, target: float) -> bool:
         if value is None or not math.isfinite(value):
             return False
-        return value >= self.target if self.mode == "max" else value <= self.target
+        return value >= target if self.mode == "max" else value <= target
 
     def _evaluate_kept(self, state, step: int) -> list[float | None]:
         """The held-out and test values (and held-out loss) of the weights kept at ``step``."""
@@ -164,24 +177,18 @@ class TargetEvalHook(Hook):
             self.refined[step] = [found.get(f"eval/{self.metric}"), found.get(f"test/{self.metric}"), found.get("eval/loss")]
         return self.refined[step]
 
-    def _refine(self, state, split: str, lo: int, hi: int) -> None:
-        """Bisect the weights kept between ``lo`` (not reached) and ``hi`` (reached) for the
-        first step that reaches the target on ``split``."""
-        column = 0 if split == "eval" else 1
-        kept = [step for step, _ in self._snapshots if lo < step < hi]
-        left, right = 0, len(kept)  # kept[:left] have not reached it, kept[right:] have
-        while left < right:
-            middle = (left + right) // 2
-            if self._hit(self._evaluate_kept(state, kept[middle])[column]):
-                right = middle
-            else:
-                left = middle + 1
+    def _refine(self, state) -> None:
+        """Evaluate every weight snapshot kept since the last evaluation: the first crossing
+        lies among them, wherever the curve dips in between."""
+        for step, _ in self._snapshots:
+            self._evaluate_kept(state, step)
 
     def _close(self, split: str, step: int, value: float) -> bool:
-        """Whether ``split`` is near enough the target for the fine grid."""
-        if self.reached[split]:
+        """Whether ``split`` is near enough its next target for the fine grid."""
+        if all(self.reached[split]):
             return False
-        gap = (self.target - value) if self.mode == "max" else (value - self.target)
+        target = self.targets[self.reached[split].index(False)]
+        gap = (target - value) if self.mode == "max" else (value - target)
         if gap <= self.dense_within:
             return True
         before = self.previous.get(split)
@@ -189,34 +196,37 @@ class TargetEvalHook(Hook):
             return False
         slope = (value - before[1]) / (math.log(step) - math.log(before[0]))
         ahead = value + slope * math.log(self.coarse)  # the straight line in log(step) at the next coarse step
-        return (self.target - ahead if self.mode == "max" else ahead - self.target) <= self.dense_within
+        return (target - ahead if self.mode == "max" else ahead - target) <= self.dense_within
 
     def after_eval(self, state) -> None:
         if "test" in self._loaders:
             test = state.run.task.evaluate(state.run.model, self._loaders["test"], state.run.backend, prefix="test")
             state.eval_metrics = {**state.eval_metrics, **{k: v for k, v in test.items() if not k.endswith("/samples")}}
-        step, close = state.step, False
+        step, close, crossed = state.step, False, False
         for split in self.splits:
             value = float(state.eval_metrics.get(f"{split}/{self.metric}", math.nan))
             if not math.isfinite(value):
                 continue
             close = close or self._close(split, step, value)
-            hit = self._hit(value)
-            if hit and not self.reached[split] and self.refine:
-                self._refine(state, split, self.previous.get(split, (0, math.nan))[0], step)
-            self.reached[split] = self.reached[split] or hit
+            for index, target in enumerate(self.targets):
+                if self._hit(value, target) and not self.reached[split][index]:
+                    crossed, self.reached[split][index] = True, True
             self.previous[split] = (step, value)
+        if crossed and self.refine:
+            self._refine(state)
         self._snapshots.clear()
         self._next = next_eval_step(step, self.fine if close and not self.refine else self.coarse)
-        if self.cap is not None and step < self.cap < self._next:
-            self._next = self.cap
+        pending = [c for c, done in zip(self.caps, self.reached["eval"], strict=True) if c is not None and not done and c > step]
+        self._next = min([self._next, *pending])
         self._fine_next = max(self._fine_next, step + 1)
-        if self.stop_at_target and all(self.reached.values()):
+        useless = all(done or (c is not None and step >= c) for c, done in zip(self.caps, self.reached["eval"], strict=True))
+        if self.stop_at_target and all(all(r) for r in self.reached.values()):
             self.stopped = "target"
-            state.request_stop(f"target {self.metric} {self.target:g} reached on {' and '.join(self.splits)}")
-        elif self.cap is not None and step >= self.cap and not self.reached["eval"]:
+            reached = ", ".join(f"{t:g}" for t in self.targets)
+            state.request_stop(f"target {self.metric} {reached} reached on {' and '.join(self.splits)}")
+        elif useless and not all(self.reached["eval"]):
             self.stopped = "beaten"
-            state.request_stop(f"target not reached by step {self.cap}, where the cell's best had reached it")
+            state.request_stop(f"targets not reached by the steps where the cell's best had reached them ({self.caps})")
 
     def _write(self, state) -> None:
         if not state.run.is_main:
@@ -227,6 +237,7 @@ class TargetEvalHook(Hook):
             "total_steps": state.run.total_steps,
             "diverged": self.diverged,
             "refined": [[step, *values] for step, values in sorted(self.refined.items())],
+            "threads": torch.get_num_threads(),
             "cpu_seconds": round(time.process_time(), 1),  # this process's CPU time: the trial's cost on an idle machine
         }
         (state.run.run_dir / OUTCOME).write_text(json.dumps(outcome) + "\n")

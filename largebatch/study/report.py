@@ -81,10 +81,12 @@ def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) 
     busy, span = _busy_seconds(finished)
     trial_seconds = sum((ledger.attrs(t).get("outcome") or {}).get("seconds", 0.0) for t in finished)
     smallest = min(spec.batches)
+    threads = {"threads_per_trial": study.user_attrs["threads"]} if "threads" in study.user_attrs else {}  # absent: not recorded
     return {
         "study": spec.name,
         "study_file": spec.path.name,
         "storage": "study.db in this folder (SQLite)" if url.endswith(str(spec.folder / "study.db")) else redact_text(url),
+        **threads,
         "target": {"metric": spec.target.metric, "value": spec.target.value, "mode": spec.target.mode},
         "reported_split": spec.data["test"] or spec.data["heldout"],
         "heldout_split": spec.data["heldout"],

@@ -42,7 +42,7 @@ from largebatch.study import ledger
 from largebatch.study.evaluation import OUTCOME
 from largebatch.study.space import overrides as param_overrides
 from largebatch.study.spec import StudySpec
-from largebatch.study.target import first_crossing
+from largebatch.study.target import Crossing, first_crossing
 
 EVAL_HOOK = "largebatch.study.evaluation:TargetEvalHook"
 # What the fork server imports once; every trial then starts in well under a second.
@@ -59,6 +59,7 @@ class Base:
     beta2: float
     micro_batch_size: int
     hooks: tuple[Any, ...]
+    longest: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)  # cell -> steps at the top of its budget
 
 
 def micro_batch(spec: StudySpec, base: Base, batch: int) -> int:
@@ -70,8 +71,11 @@ def micro_batch(spec: StudySpec, base: Base, batch: int) -> int:
     return max(d for d in range(1, limit + 1) if batch % d == 0)
 
 
-def trial_overrides(spec: StudySpec, base: Base, info: dict[str, Any], params: dict[str, float], stop_after: float | None) -> list[str]:
-    """The ``--set`` overrides of one trial (``info``: its user attributes)."""
+def trial_overrides(
+    spec: StudySpec, base: Base, info: dict[str, Any], params: dict[str, float], stop_after: list[float | None] | None
+) -> list[str]:
+    """The ``--set`` overrides of one trial (``info``: its user attributes; ``stop_after``:
+    per target, the step by which a tuning trial must have reached it)."""
     opt, batch = spec.optimizer(info["optimizer"]), int(info["batch"])
     sets = [f"optimizer.type={opt.type}", *spec.overrides, *opt.overrides]
     sets += [f"global_batch_size={batch}", f"micro_batch_size={micro_batch(spec, base, batch)}", f"seed={info['seed']}"]
@@ -92,7 +96,7 @@ def trial_overrides(spec: StudySpec, base: Base, info: dict[str, Any], params: d
     evaluation = {
         "type": EVAL_HOOK,
         "metric": spec.target.metric,
-        "target": spec.target.value,
+        "targets": [t.value for t in spec.targets],
         "mode": spec.target.mode,
         "test_split": spec.data["test"] if seed_run else None,
         **{k: spec.evaluation[k] for k in ("coarse", "fine", "dense_within", "first_fraction", "refine")},
@@ -194,9 +198,10 @@ def _watch(process: Any, beat: Callable[[], None], every: float, stop: Callable[
 
 def read_outcome(run_dir: pathlib.Path, spec: StudySpec, seconds: float) -> dict[str, Any]:
     """What a finished trial measured: its evaluations (``curve``: step, held-out value,
-    test value, held-out loss), the crossings of the target on both splits, the held-out
-    value at its end and at its best, B_simple at the fixed loss, why it stopped."""
-    metric, target, mode = spec.target.metric, spec.target.value, spec.target.mode
+    test value, held-out loss), the crossings of every target on both splits
+    (``crossings``: target key -> 'eval'/'test' -> crossing), the held-out value at its end
+    and at its best, B_simple at the fixed loss, why it stopped."""
+    metric, mode = spec.target.metric, spec.target.mode
     records = read_metrics(RunDir(run_dir).metrics) if RunDir(run_dir).metrics.is_file() else []
     evaluations = {r["step"]: r for r in records if f"eval/{metric}" in r}
     ended = json.loads((run_dir / OUTCOME).read_text()) if (run_dir / OUTCOME).is_file() else {}
@@ -204,7 +209,10 @@ def read_outcome(run_dir: pathlib.Path, spec: StudySpec, seconds: float) -> dict
     for step, *values in ended.pop("refined", []):  # the kept weights evaluated around a crossing
         rows.setdefault(int(step), [int(step), *map(_num, values)])
     curve = [rows[s] for s in sorted(rows)]
-    crossing = {split: first_crossing(((p[0], p[i]) for p in curve), target, mode) for split, i in (("eval", 1), ("test", 2))}
+    crossings = {
+        t.key: {split: _as_dict(first_crossing(((p[0], p[i]) for p in curve), t.value, mode)) for split, i in (("eval", 1), ("test", 2))}
+        for t in spec.targets
+    }
     values = [p[1] for p in curve if p[1] is not None]
     noise = next(
         (
@@ -217,13 +225,16 @@ def read_outcome(run_dir: pathlib.Path, spec: StudySpec, seconds: float) -> dict
     return {
         **ended,
         "curve": curve,
-        "eval_crossing": None if crossing["eval"] is None else crossing["eval"].to_dict(),
-        "test_crossing": None if crossing["test"] is None else crossing["test"].to_dict(),
+        "crossings": crossings,
         "final_eval": values[-1] if values else None,
         "best_eval": (max(values) if mode == "max" else min(values)) if values else None,
         "noise_at_loss": noise,
         "seconds": round(seconds, 1),
     }
+
+
+def _as_dict(crossing: Crossing | None) -> dict[str, float] | None:
+    return None if crossing is None else crossing.to_dict()
 
 
 def _num(value: Any) -> float | None:

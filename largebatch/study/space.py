@@ -7,12 +7,17 @@ weight decay, ``one_minus_momentum`` (1 - beta1 for adamw and lamb, 1 - momentum
 and lars: searched on a log scale, as Shallue et al. 2019 and Nado et al. 2021 tune it) and
 the epoch budget ``epochs``. A range may move with the batch: ``scale='sqrt'`` or
 ``'linear'`` multiplies both ends by (batch / base_batch)^(1/2 or 1), so every cell searches
-around its own scaling rule with the same relative width.
+around its own scaling rule with the same relative width. The epoch budget may follow a
+pilot fit instead (``scale='pilot'``, with the study's ``pilot`` for the optimizer): a run
+of S steps at batch B sees S B samples, and the fit S = S_min (1 + B_crit / B) predicts
+S_min (B + B_crit) of them, so both ends are multiplied by (B + B_crit) / (base + B_crit):
+every batch gets the same multiple of its predicted steps.
 
 A point of the unit cube (one coordinate per parameter, ``unit_point``) maps to every
 cell's ranges, so all cells try the same quasi-random points. ``edges`` says where a
 chosen point sits within 10% of a range's end (on the log scale for log parameters), and
-``widened`` proposes the wider range.
+``widened`` proposes the wider range; a chosen budget (``epochs``) at the top of its range,
+the longest a cell could run, is an edge too.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ PARAMS: dict[str, tuple[str, bool, tuple[float, float]]] = {
     "epochs": ("epochs (an integer)", False, (0.5, math.inf)),
 }
 PARAM_KEYS = ("low", "high", "log", "scale", "base_batch")
-SCALES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+SCALES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0, "pilot": math.nan}
 EDGE = 0.1  # a chosen point in the outer 10% of a range marks the cell
 BETAS = ("adamw", "lamb")
 
@@ -49,6 +54,7 @@ class Param:
     log: bool
     scale: str = "none"
     base_batch: int | None = None
+    pilot_b_crit: float | None = None  # scale='pilot': the optimizer's pilot B_crit
 
     @property
     def integer(self) -> bool:
@@ -56,7 +62,12 @@ class Param:
 
     def bounds(self, batch: int, smallest: int) -> tuple[float, float]:
         """The range at ``batch``."""
-        factor = (batch / (self.base_batch or smallest)) ** SCALES[self.scale]
+        base = self.base_batch or smallest
+        if self.scale == "pilot":
+            assert self.pilot_b_crit is not None
+            factor = (batch + self.pilot_b_crit) / (base + self.pilot_b_crit)
+        else:
+            factor = (batch / base) ** SCALES[self.scale]
         return self.low * factor, self.high * factor
 
     def value(self, unit: float, batch: int, smallest: int) -> float | int:
@@ -104,12 +115,13 @@ class Param:
         return float(f"{round(low, 12):.3g}"), float(f"{round(high, 12):.3g}")
 
 
-def parse_space(spec: dict[str, Any], key: str, where: str) -> tuple[Param, ...]:
-    """The ``search`` section for one optimizer, checked.
+def parse_space(spec: dict[str, Any], key: str, where: str, pilot_b_crit: float | None = None) -> tuple[Param, ...]:
+    """The ``search`` section for one optimizer, checked (``pilot_b_crit``: its pilot's B_crit, if any).
 
     Raises:
         UserError: an unknown parameter, a missing or empty range, a log range through 0,
-            a range outside what the parameter allows, an unknown ``scale``.
+            a range outside what the parameter allows, an unknown ``scale``, ``scale='pilot'``
+            on another parameter than ``epochs`` or without a pilot.
     """
     if not spec:
         raise UserError(
@@ -145,10 +157,17 @@ def parse_space(spec: dict[str, Any], key: str, where: str) -> tuple[Param, ...]
         scale = entry.get("scale", "none")
         if scale not in SCALES:
             raise UserError(f"unknown scale {scale!r}; use one of {', '.join(SCALES)}", key=f"{pkey}.scale", path=where)
+        if scale == "pilot" and (name != "epochs" or pilot_b_crit is None):
+            raise UserError(
+                "scale='pilot' scales the epoch budget by a pilot fit: use it on epochs, with pilot = dict(<optimizer>="
+                "dict(s_min=..., b_crit=...)) for every optimizer",
+                key=f"{pkey}.scale",
+                path=where,
+            )
         base = entry.get("base_batch")
         if base is not None and (isinstance(base, bool) or not isinstance(base, int) or base < 1):
             raise UserError(f"must be a positive integer, got {base!r}", key=f"{pkey}.base_batch", path=where)
-        params.append(Param(name, float(low), float(high), bool(log), scale, base))
+        params.append(Param(name, float(low), float(high), bool(log), scale, base, pilot_b_crit if scale == "pilot" else None))
     unknown = sorted(set(spec) - set(PARAMS))
     if unknown:
         raise UserError(f"unknown parameter {unknown[0]!r}; searchable: {', '.join(PARAMS)}", key=key, path=where)
@@ -187,7 +206,8 @@ def overrides(values: dict[str, float | int], optimizer: str, base_epochs: int, 
 
 
 def edges(space: tuple[Param, ...], values: dict[str, float | int], batch: int, smallest: int) -> list[tuple[str, str, float]]:
-    """``(param, 'low' or 'high', position)`` for every value in the outer ``EDGE`` of its range."""
+    """``(param, 'low' or 'high', position)`` for every value in the outer ``EDGE`` of its range,
+    and for a whole number (the epoch budget) at the top of its range: the longest run the cell allowed."""
     marks = []
     for p in space:
         if p.name not in values:
@@ -195,6 +215,6 @@ def edges(space: tuple[Param, ...], values: dict[str, float | int], batch: int, 
         u = p.position(values[p.name], batch, smallest)
         if u < EDGE:
             marks.append((p.name, "low", u))
-        elif u > 1 - EDGE:
+        elif u > 1 - EDGE or (p.integer and values[p.name] >= math.floor(p.bounds(batch, smallest)[1])):
             marks.append((p.name, "high", u))
     return marks

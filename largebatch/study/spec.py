@@ -8,8 +8,9 @@ names holding plain data; ``largebatch.config.loader.read_plain_file`` reads it)
     optimizers = dict(lamb=dict(), sgd=dict(set=['optimizer.nesterov=true']))
     batches = [256, 512, 1024]
     search = dict(lr=dict(low=1e-3, high=3e-2, log=True, scale='sqrt'), epochs=dict(low=2, high=8))
-    target = dict(metric='top1', value=0.8)  # on the held-out split
-    trials = 8                                 # quasi-random trials per (optimizer, batch) cell
+    targets = [dict(metric='top1', value=0.75), dict(metric='top1', value=0.8)]  # on the held-out split
+    trials = 16                                # tuning trials per (optimizer, batch) cell
+    quasi_random = 8                           # the first 8 at Sobol points, then Optuna's TPE
     seeds = [1, 2, 3]                          # the best of each cell, re-run with these seeds
 
 Every key, its default and meaning is in ``KEYS`` (and docs/studies.md). A mistake is a
@@ -41,10 +42,14 @@ KEYS: dict[str, tuple[str, Any]] = {
         "param -> dict(low, high, log, scale, base_batch): lr, warmup_fraction, warmup_epochs, weight_decay, one_minus_momentum, epochs",
         REQUIRED,
     ),
-    "trials": ("quasi-random tuning trials per (optimizer, batch) cell", 8),
+    "trials": ("tuning trials per (optimizer, batch) cell", 8),
+    "quasi_random": ("how many of a cell's trials are scrambled Sobol points; the rest are proposed by TPE (None: all)", None),
     "tune_seed": ("the seed of every tuning trial", 0),
     "seeds": ("the seeds the best configuration of each cell is re-run with (at least 3 for medians and ranges)", [1, 2, 3]),
-    "target": ("dict(metric, value, mode): the value of eval/<metric> to reach on the held-out split", REQUIRED),
+    "target": ("dict(metric, value, mode): the value of eval/<metric> to reach on the held-out split (one target)", None),
+    "targets": ("[dict(metric, value, mode), ...]: several values of one metric, each with its own choice and re-runs", None),
+    "pilot": ("optimizer label -> dict(s_min, b_crit, value): a fit S = S_min (1 + B_crit / B) of steps to target value", {}),
+    "threads": ("OMP threads per trial (None: this machine's cores / --jobs); recorded in the storage", None),
     "data": (
         "dict(heldout, test, carve): the held-out split's name, the test split's (None: report the held-out "
         "split), and carve=N to make the held-out split from the last N training shards",
@@ -61,6 +66,7 @@ EVALUATION_KEYS = {"coarse": 1.4, "fine": 1.04, "dense_within": 0.03, "first_fra
 NOISE_KEYS = {"at_eval_loss": REQUIRED, "min_ratio": 8, "beta": 0.99}
 WORKER_KEYS = {"heartbeat_seconds": 30.0, "stale_seconds": 300.0, "max_retries": 2, "poll_seconds": 10.0}
 TARGET_KEYS = {"metric": REQUIRED, "value": REQUIRED, "mode": None}
+PILOT_KEYS = {"s_min": REQUIRED, "b_crit": REQUIRED, "value": None}
 OPTIMIZER_KEYS = {"type": None, "set": [], "search": {}}
 
 
@@ -82,6 +88,23 @@ class Target:
     value: float
     mode: str
 
+    @property
+    def key(self) -> str:
+        """The target's name in a trial's record: ``top1>=0.78``, ``loss<=0.5``."""
+        return f"{self.metric}{'>=' if self.mode == 'max' else '<='}{self.value:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pilot:
+    """A fit S = S_min (1 + B_crit / B) of the steps one optimizer needs to reach ``value``."""
+
+    s_min: float
+    b_crit: float
+    value: float
+
+    def steps(self, batch: int) -> float:
+        return self.s_min * (1 + self.b_crit / batch)
+
 
 @dataclasses.dataclass(frozen=True)
 class StudySpec:
@@ -95,15 +118,23 @@ class StudySpec:
     batches: tuple[int, ...]
     micro_batch_size: int | None
     trials: int
+    quasi_random: int
     tune_seed: int
     seeds: tuple[int, ...]
-    target: Target
+    targets: tuple[Target, ...]
     data: dict[str, Any]
     evaluation: dict[str, Any]
     noise_scale: dict[str, Any] | None
     sampler_seed: int
     storage: str | None
     workers: dict[str, Any]
+    pilot: dict[str, Pilot] = dataclasses.field(default_factory=dict)
+    threads: int | None = None
+
+    @property
+    def target(self) -> Target:
+        """The last target (the one reached last: a trial runs until it)."""
+        return self.targets[-1]
 
     @property
     def folder(self) -> pathlib.Path:
@@ -152,6 +183,14 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
     trials = _kind(values["trials"], int, "trials", where)
     if trials < 1:
         raise UserError(f"needs at least 1 trial per cell, got {trials}", key="trials", path=where)
+    quasi = trials if values["quasi_random"] is None else _kind(values["quasi_random"], int, "quasi_random", where)
+    if not 1 <= quasi <= trials:
+        raise UserError(f"must be between 1 and trials ({trials}), got {quasi}", key="quasi_random", path=where)
+    threads = values["threads"]
+    if threads is not None and _kind(threads, int, "threads", where) < 1:
+        raise UserError(f"must be a positive number of threads, got {threads}", key="threads", path=where)
+    targets = _targets(values["target"], values["targets"], where)
+    optimizers = _optimizers(values["optimizers"], values["search"], values["pilot"], where)
     micro = values["micro_batch_size"]
     if micro is not None and _kind(micro, int, "micro_batch_size", where) < 1:
         raise UserError(f"must be positive, got {micro}", key="micro_batch_size", path=where)
@@ -163,19 +202,22 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
         name=_kind(values["name"], str, "name", where) if values["name"] else path.resolve().parent.name,
         base_config=base.resolve(),
         overrides=_overrides(values["set"], "set", where),
-        optimizers=_optimizers(values["optimizers"], values["search"], where),
+        optimizers=optimizers,
         batches=batches,
         micro_batch_size=micro,
         trials=trials,
+        quasi_random=quasi,
         tune_seed=tune_seed,
         seeds=seeds,
-        target=_target(values["target"], where),
+        targets=targets,
         data=_section(values["data"], DATA_KEYS, "data", where),
         evaluation=_evaluation(values["evaluation"], where),
         noise_scale=None if values["noise_scale"] is None else _noise(values["noise_scale"], where),
         sampler_seed=_kind(values["sampler_seed"], int, "sampler_seed", where),
         storage=storage,
         workers=_section(values["workers"], WORKER_KEYS, "workers", where),
+        pilot=_pilots(values["pilot"], optimizers, targets, where),
+        threads=threads,
     )
 
 
@@ -190,7 +232,7 @@ def optimizer_types() -> tuple[str, ...]:
     return tuple(field.choices)
 
 
-def _optimizers(value: Any, search: Any, where: str) -> tuple[OptimizerSpec, ...]:
+def _optimizers(value: Any, search: Any, pilot: Any, where: str) -> tuple[OptimizerSpec, ...]:
     if isinstance(value, list):
         value = {_kind(name, str, "optimizers", where): {} for name in value}
     _kind(value, dict, "optimizers", where)
@@ -210,21 +252,63 @@ def _optimizers(value: Any, search: Any, where: str) -> tuple[OptimizerSpec, ...
         merged = {name: dict(spec) for name, spec in search.items()}
         for name, spec in _kind(entry["search"], dict, f"{key}.search", where).items():
             merged[name] = {**merged.get(name, {}), **_kind(spec, dict, f"{key}.search.{name}", where)}
-        space = parse_space(merged, f"{key}.search" if entry["search"] else "search", where)
+        b_crit = (_kind(pilot, dict, "pilot", where).get(label) or {}).get("b_crit")
+        space = parse_space(merged, f"{key}.search" if entry["search"] else "search", where, b_crit)
         out.append(OptimizerSpec(label, kind, _overrides(entry["set"], f"{key}.set", where), space))
     return tuple(out)
 
 
-def _target(value: Any, where: str) -> Target:
-    entry = _section(value, TARGET_KEYS, "target", where)
-    metric = _kind(entry["metric"], str, "target.metric", where)
+def _targets(one: Any, several: Any, where: str) -> tuple[Target, ...]:
+    """``target`` (one) or ``targets`` (several values of one metric), easiest first."""
+    if (one is None) == (several is None):
+        raise UserError(
+            "give target = dict(metric=..., value=...) or targets = [dict(...), ...] (several values of one metric), one of the two",
+            key="targets" if one is not None else "target",
+            path=where,
+        )
+    if one is not None:
+        return (_target(one, "target", where),)
+    items = _kind(several, list, "targets", where)
+    if not items:
+        raise UserError("name at least one target, e.g. targets = [dict(metric='top1', value=0.78)]", key="targets", path=where)
+    found = [_target(item, f"targets[{i}]", where) for i, item in enumerate(items)]
+    if len({(t.metric, t.mode) for t in found}) > 1 or len({t.value for t in found}) < len(found):
+        raise UserError(
+            f"the targets must be distinct values of one metric and mode, got {', '.join(t.key for t in found)}; run a study per metric",
+            key="targets",
+            path=where,
+        )
+    return tuple(sorted(found, key=lambda t: t.value if t.mode == "max" else -t.value))
+
+
+def _target(value: Any, key: str, where: str) -> Target:
+    entry = _section(value, TARGET_KEYS, key, where)
+    metric = _kind(entry["metric"], str, f"{key}.metric", where)
     number = entry["value"]
     if isinstance(number, bool) or not isinstance(number, int | float):
-        raise UserError(f"must be a number, got {number!r}", key="target.value", path=where)
+        raise UserError(f"must be a number, got {number!r}", key=f"{key}.value", path=where)
     mode = entry["mode"] or ("min" if metric.endswith("loss") else "max")
     if mode not in ("min", "max"):
-        raise UserError(f"must be 'max' (reach at least the value) or 'min' (at most), got {mode!r}", key="target.mode", path=where)
+        raise UserError(f"must be 'max' (reach at least the value) or 'min' (at most), got {mode!r}", key=f"{key}.mode", path=where)
     return Target(metric.removeprefix("eval/"), float(number), mode)
+
+
+def _pilots(value: Any, optimizers: tuple[OptimizerSpec, ...], targets: tuple[Target, ...], where: str) -> dict[str, Pilot]:
+    labels = [o.label for o in optimizers]
+    out = {}
+    for label, entry in _kind(value, dict, "pilot", where).items():
+        key = f"pilot.{label}"
+        if label not in labels:
+            raise UserError(f"names no optimizer of the study ({', '.join(labels)})", key=key, path=where)
+        entry = _section(entry, PILOT_KEYS, key, where)
+        numbers = [entry["s_min"], entry["b_crit"]]
+        if any(isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in numbers):
+            raise UserError(f"s_min and b_crit are positive numbers, got {numbers}", key=key, path=where)
+        aim = targets[-1].value if entry["value"] is None else entry["value"]
+        if aim not in [t.value for t in targets]:
+            raise UserError(f"value {aim!r} is none of the targets' ({', '.join(t.key for t in targets)})", key=f"{key}.value", path=where)
+        out[label] = Pilot(float(numbers[0]), float(numbers[1]), float(aim))
+    return out
 
 
 def _evaluation(value: Any, where: str) -> dict[str, Any]:

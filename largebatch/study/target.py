@@ -11,6 +11,9 @@ rather than jumping to the next evaluation step.
 
 A target reached at the first evaluation has no lower end (``lo`` = 0): its resolution is
 unbounded and the report says so.
+
+A trial records the crossing of every target of its study, on each split, in its outcome
+(``crossings``: target key -> split -> crossing); ``crossing_of`` reads one back.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
+from typing import Any, Protocol
+
+
+class TargetLike(Protocol):
+    """What a crossing is looked up by (``largebatch.study.spec.Target``)."""
+
+    @property
+    def key(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,3 +81,16 @@ def first_crossing(curve: Iterable[tuple[int, float | None]], target: float, mod
             return Crossing(min(max(steps, float(lo)), float(step)), lo, step)
         previous = (step, value)
     return None
+
+
+def crossing_of(trial: Any, target: TargetLike, split: str = "eval") -> Crossing | None:
+    """A finished trial's crossing of ``target`` on ``split`` ('eval': held-out, 'test'),
+    or None when it did not reach it (or measured no such split).
+
+    Trials of a study with one target written before ``crossings`` existed hold it as
+    ``<split>_crossing``; that is read for any target.
+    """
+    outcome = trial.user_attrs.get("outcome") or {}
+    if "crossings" not in outcome:
+        return Crossing.from_dict(outcome.get(f"{split}_crossing"))
+    return Crossing.from_dict((outcome["crossings"].get(target.key) or {}).get(split))

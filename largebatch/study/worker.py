@@ -56,6 +56,13 @@ class Outcome:
     stopped: bool = False
 
 
+def threads_per_trial(spec: StudySpec, options: Options) -> int:
+    """OMP threads per trial: ``--threads``, else the study file's ``threads``, else this
+    machine's cores / ``--jobs``."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return options.threads or spec.threads or max(1, cpus // max(options.jobs, 1))
+
+
 class Workers:
     """The worker threads of one ``study run``."""
 
@@ -66,8 +73,7 @@ class Workers:
         self.stop = threading.Event()
         self.outcome = Outcome()
         self.claimed = 0
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.threads = options.threads or max(1, cpus // max(options.jobs, 1))
+        self.threads = threads_per_trial(spec, options)
 
     def run(self) -> Outcome:
         """Run the workers to the end (or until stopped); install signal handlers while they run."""
@@ -149,11 +155,11 @@ class Workers:
                 suggesting.suggest_int(p.name, math.ceil(low), math.floor(high), log=p.log)
             else:
                 suggesting.suggest_float(p.name, low, high, log=p.log)
-        cap = None
+        caps = None
         if info["phase"] == ledger.TUNE:
             cell = plan.cells(spec, self.study.get_trials(deepcopy=False))[(opt.label, batch)]
-            cap = plan.cap([t for ts in cell.tune.values() for t in ts], spec.target.mode)
-        sets = runner.trial_overrides(spec, self.base, info, suggesting.params, cap)
+            caps = [plan.cap([t for ts in cell.tune.values() for t in ts], target) for target in spec.targets]
+        sets = runner.trial_overrides(spec, self.base, info, suggesting.params, caps)
         run_dir = spec.folder / "trials" / runner.run_dir_name(trial.number, info)
         if run_dir.exists():  # left by a storage made before this one: a trial starts in an empty folder
             aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -162,11 +168,11 @@ class Workers:
         storage = self.study._storage
         storage.set_trial_user_attr(trial._trial_id, "run_dir", str(run_dir.relative_to(spec.folder)))
         storage.set_trial_user_attr(trial._trial_id, "overrides", [redact_text(s) for s in sets])  # the real ones: argv only
-        storage.set_trial_user_attr(trial._trial_id, "stop_after", cap)
+        storage.set_trial_user_attr(trial._trial_id, "stop_after", caps)
+        storage.set_trial_user_attr(trial._trial_id, "threads", self.threads)
         argv = ["--config", str(spec.base_config), "--run-dir", str(run_dir)] + [arg for s in sets for arg in ("--set", s)]
-        self.say(
-            f"trial {trial.number} {info['key']}: started" + (f" (stops unless at the target by step {math.ceil(cap)})" if cap else "")
-        )
+        by = ", ".join(f"{t.value:g} by step {math.ceil(c)}" for t, c in zip(spec.targets, caps or [], strict=False) if c is not None)
+        self.say(f"trial {trial.number} {info['key']}: started" + (f" (stops unless at the targets: {by})" if by else ""))
         start = time.monotonic()
         status = runner.run(
             argv,
@@ -182,7 +188,7 @@ class Workers:
         outcome = runner.read_outcome(run_dir, self.spec, seconds)
         self.outcome.ran += 1
         if status == 0 or outcome.get("stopped") == "diverged":
-            crossing = outcome["eval_crossing"]
+            crossing = outcome["crossings"][self.spec.target.key]["eval"]
             ledger.complete(self.study, trial._trial_id, math.inf if crossing is None else crossing["steps"], outcome)
             reached = "not reached" if crossing is None else f"reached at step {crossing['steps']:.1f}"
             self.say(f"trial {trial.number} {info['key']}: {outcome.get('stopped')}, held-out target {reached} ({seconds:.0f} s)")

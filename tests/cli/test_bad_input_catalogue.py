@@ -449,6 +449,18 @@ def study_case(*extra: str, **changes):
     return make
 
 
+def study_with_another_thread_count(tmp_path):
+    """A study whose storage recorded 3 threads per trial, resumed with 1."""
+    from largebatch.study import checks, storage
+    from largebatch.study.spec import load_study
+    from tests.study.helpers import write_study
+
+    spec = load_study(write_study(tmp_path))
+    url = storage.default_url(spec.folder)
+    checks.bind(spec, storage.create_or_load(storage.open_storage(url), spec.name), url, 3)
+    return ["study", "run", str(spec.path), "--threads", "1"], tmp_path / "trials"
+
+
 CASES = [
     # the command line
     ("flag-misspelt", case_argparse(TRAIN, "--config", "x.py", "--resum", "auto"), ["--resum", "did you mean --resume?"]),
@@ -615,6 +627,17 @@ CASES = [
         ["storage", "'postgresql://<redacted>@127.0.0.1:9/none' cannot be opened"],
     ),
     ("study-storage-folder-missing", study_case("--storage", "journal:/no/such/folder/study.log"), ["storage", "does not exist"]),
+    (
+        "study-targets-of-two-metrics",
+        study_case(target=None, targets=[{"metric": "top1", "value": 0.7}, {"metric": "loss", "value": 0.5}]),
+        ["targets", "distinct values of one metric and mode"],
+    ),
+    (
+        "study-pilot-scale-without-pilot",
+        study_case(search={"lr": {"low": 0.003, "high": 0.03}, "epochs": {"low": 2, "high": 3, "scale": "pilot"}}),
+        ["search.epochs.scale", "pilot = dict(<optimizer>=dict(s_min=..., b_crit=...))"],
+    ),
+    ("study-threads-changed", study_with_another_thread_count, ["run with 3 thread(s) per trial", "--threads 3"]),
 ]
 
 

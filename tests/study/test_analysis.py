@@ -10,6 +10,7 @@ import pytest
 
 from largebatch.study import analysis, ledger, plan, statistics
 from largebatch.study.spec import load_study
+from largebatch.study.target import crossing_of
 from tests.conftest import REPO
 
 SHIPPED = REPO / "studies" / "fashion-mnist"
@@ -32,10 +33,10 @@ def test_the_table_holds_every_finished_trial_with_the_crossings_it_recorded(shi
     assert len(table) == 198
     for trial in trials:
         run, outcome = table[trial.number], ledger.attrs(trial)["outcome"]
-        heldout, test = outcome["eval_crossing"], outcome["test_crossing"]
-        assert run.heldout_steps == (None if heldout is None else pytest.approx(heldout["steps"]))
+        heldout, test = crossing_of(trial, spec.target), crossing_of(trial, spec.target, "test")
+        assert run.heldout_steps == (None if heldout is None else pytest.approx(heldout.steps))
         if run.rerun:
-            assert run.steps == (None if test is None else pytest.approx(test["steps"]))
+            assert run.steps == (None if test is None else pytest.approx(test.steps))
         if run.steps is None:  # censored where it stopped, or at its whole budget
             assert run.budget == outcome["steps_run"] or outcome["stopped"] == "diverged"
 
@@ -44,7 +45,7 @@ def test_each_cells_choice_is_the_one_its_reruns_were_made_for(shipped):
     spec, trials = shipped
     cells, found = analysis.collect(spec, trials, set(), samples=0)
     for (label, batch), cell in plan.cells(spec, trials).items():
-        chosen = plan.best([t for ts in cell.tune.values() for t in ts], spec.target.mode)
+        chosen = plan.best([t for ts in cell.tune.values() for t in ts], spec.target)
         result = next(c for c in cells if (c.optimizer, c.batch) == (label, batch))
         assert result.best["number"] == chosen.number
         assert len(result.stats.reruns) == 3 and {r.point for r in result.stats.reruns} == {ledger.attrs(chosen)["slot"]}

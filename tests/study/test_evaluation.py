@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import pytest
 
 from largebatch.launch import TrainArgs, train
-from largebatch.study.evaluation import OUTCOME, next_eval_step
+from largebatch.study.evaluation import OUTCOME, TargetEvalHook, next_eval_step
 from largebatch.study.target import first_crossing
 from tests.conftest import hooks_override, tiny_config, write_config
 from tests.study.helpers import tiny_base
@@ -21,7 +22,7 @@ HOOK = "largebatch.study.evaluation:TargetEvalHook"
 def run(tmp_path, *, overrides=(), **hook):
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = write_config(tmp_path, tiny_base())
-    hook = {"type": HOOK, "metric": "top1", "target": 0.7, "coarse": 1.5, "fine": 1.1, "dense_within": 0.2, "first_fraction": 0.05, **hook}
+    hook = {"type": HOOK, "metric": "top1", "targets": 0.7, "coarse": 1.5, "fine": 1.1, "dense_within": 0.2, "first_fraction": 0.05, **hook}
     sets = ["epochs=4", "eval.interval_epochs=0", "optimizer.lr=0.002", hooks_override(hook), *overrides]
     train(TrainArgs(str(config), sets, str(tmp_path / "run"), None, False))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -32,7 +33,7 @@ def run(tmp_path, *, overrides=(), **hook):
 def test_without_refining_the_grid_is_coarse_far_from_the_target_fine_near_it_and_the_run_stops_there(
     tmp_path, preemption_handlers_restored
 ):
-    evals, outcome = run(tmp_path, target=0.9, refine=False)
+    evals, outcome = run(tmp_path, targets=0.9, refine=False)
     steps = [r["step"] for r in evals]
     values = [r["eval/top1"] for r in evals]
     assert steps[0] == math.ceil(outcome["total_steps"] * 0.05)
@@ -48,23 +49,30 @@ def test_without_refining_the_grid_is_coarse_far_from_the_target_fine_near_it_an
 
 
 @pytest.mark.slow  # two trainings, one evaluated at every step
-def test_refining_bisects_the_weights_kept_between_two_coarse_evaluations_for_a_one_fine_step_bracket(
-    tmp_path, preemption_handlers_restored
-):
-    """Coarse evaluations only in the run's metrics; around the crossing, the weights kept
-    on the fine grid are evaluated by bisection, and each of those values is what an
+def test_refining_evaluates_every_weight_snapshot_kept_between_two_coarse_evaluations(tmp_path, preemption_handlers_restored):
+    """Coarse evaluations only in the run's metrics; around the crossing, every weight
+    snapshot kept on the fine grid is evaluated, and each of those values is what an
     evaluation at that step of the same run gives (the reference evaluates every step)."""
     target = 0.9
-    evals, outcome = run(tmp_path / "refined", target=target, coarse=2.0, fine=1.1)
+    evals, outcome = run(tmp_path / "refined", targets=target, coarse=2.0, fine=1.1)
     steps = [r["step"] for r in evals]
     assert all(s1 == next_eval_step(s0, 2.0) for s0, s1 in zip(steps, steps[1:], strict=False))  # no dense grid
     assert evals[-1]["eval/top1"] >= target > evals[-2]["eval/top1"] and outcome["stopped"] == "target"
     refined = {row[0]: row[1] for row in outcome["refined"]}
-    assert refined and all(steps[-2] < s < steps[-1] for s in refined)
-    assert len(refined) <= math.ceil(math.log2(steps[-1] - steps[-2]))  # bisection, not every kept step
+    kept, step = [], next_eval_step(steps[-2], 1.1)
+    while step < steps[-1]:
+        kept.append(step)
+        step = next_eval_step(step, 1.1)
+    assert sorted(refined) == kept  # the fine grid between the two coarse evaluations, every step of it
 
     every, _ = run(
-        tmp_path / "every", target=2.0, refine=False, coarse=1.01, fine=1.01, first_fraction=0.01, overrides=["max_steps=" + str(steps[-1])]
+        tmp_path / "every",
+        targets=2.0,
+        refine=False,
+        coarse=1.01,
+        fine=1.01,
+        first_fraction=0.01,
+        overrides=["max_steps=" + str(steps[-1])],
     )
     truth = {r["step"]: r["eval/top1"] for r in every}
     assert all(value == pytest.approx(truth[step], abs=1e-6) for step, value in refined.items())
@@ -73,19 +81,59 @@ def test_refining_bisects_the_weights_kept_between_two_coarse_evaluations_for_a_
     assert truth[crossing.lo] < target <= truth[crossing.hi] and crossing.hi <= next_eval_step(crossing.lo, 1.1)
 
 
+class ScriptedCurve(TargetEvalHook):
+    """The hook with its evaluation of a kept snapshot replaced by a curve given in advance
+    (the selection of snapshots is what is tested, not the model)."""
+
+    def __init__(self, curve, **kwargs):
+        super().__init__(metric="top1", **kwargs)
+        self.curve = curve
+
+    def _evaluate_kept(self, state, step):
+        self.refined[step] = [self.curve[step], None, None]
+        return self.refined[step]
+
+
+def test_the_first_crossing_is_found_on_a_curve_that_dips_between_two_evaluations():
+    """Coarse evaluations at 100 (below 0.78) and 140 (above); the snapshots kept in between
+    cross at 104, dip below at 108 to 125, and cross again at 130. The first crossing is at
+    104; a bisection over the kept steps (which assumes a rising curve) finds 130."""
+    kept = [104, 108, 112, 117, 121, 125, 130, 135]
+    curve = dict.fromkeys(kept, 0.77) | {104: 0.785, 130: 0.79, 135: 0.8}
+    hook = ScriptedCurve(curve, targets=[0.78], coarse=1.4, fine=1.04)
+    hook._snapshots = [(step, {}) for step in kept]
+    hook.previous["eval"] = (100, 0.75)
+    state = types.SimpleNamespace(step=140, eval_metrics={"eval/top1": 0.81}, request_stop=lambda reason: None)
+    hook.after_eval(state)
+    rows = sorted([(100, 0.75), (140, 0.81), *((step, values[0]) for step, values in hook.refined.items())])
+    crossing = first_crossing(rows, 0.78, "max")
+    assert (crossing.lo, crossing.hi) == (100, 104) and hook.stopped == "target"
+
+
 def test_a_trial_that_cannot_beat_the_cells_best_stops_at_its_step(tmp_path, preemption_handlers_restored):
-    evals, outcome = run(tmp_path, target=0.99, dense_within=0.0, stop_after=9.5, refine=False)
+    evals, outcome = run(tmp_path, targets=0.99, dense_within=0.0, stop_after=9.5, refine=False)
     assert evals[-1]["step"] == 10 and evals[-1]["eval/top1"] < 0.99  # evaluated at ceil(9.5), then stopped
     assert outcome["stopped"] == "beaten" and outcome["steps_run"] == 10
 
 
+def test_with_two_targets_a_trial_runs_to_the_last_and_is_cut_only_when_beaten_for_both(tmp_path, preemption_handlers_restored):
+    """Reaching the first target does not stop the run; a step to beat for each target stops
+    it once it is past the second's without reaching it, not at the first's."""
+    evals, outcome = run(tmp_path / "both", targets=[0.5, 0.9], refine=False)
+    values = [r["eval/top1"] for r in evals]
+    assert any(v >= 0.5 for v in values[:-1]) and values[-1] >= 0.9 and outcome["stopped"] == "target"
+    evals, outcome = run(tmp_path / "cut", targets=[0.3, 0.99], dense_within=0.0, stop_after=[4, 9.5], refine=False)
+    assert evals[-1]["step"] == 10 and outcome["stopped"] == "beaten"  # reached 0.3, beaten for 0.99 at ceil(9.5)
+    assert evals[0]["step"] <= 4 and evals[-1]["eval/top1"] >= 0.3
+
+
 def test_an_unreached_target_runs_the_whole_budget(tmp_path, preemption_handlers_restored):
-    evals, outcome = run(tmp_path, target=0.99, dense_within=0.0, overrides=["epochs=1"])
+    evals, outcome = run(tmp_path, targets=0.99, dense_within=0.0, overrides=["epochs=1"])
     assert outcome["stopped"] == "budget" and outcome["steps_run"] == outcome["total_steps"] == evals[-1]["step"]
 
 
 def test_a_loss_target_is_reached_from_above(tmp_path, preemption_handlers_restored):
-    evals, outcome = run(tmp_path, metric="loss", target=1.2, mode="min")
+    evals, outcome = run(tmp_path, metric="loss", targets=1.2, mode="min")
     assert outcome["stopped"] == "target" and evals[-1]["eval/loss"] <= 1.2 < evals[-2]["eval/loss"]
 
 
@@ -122,7 +170,7 @@ def test_a_test_split_is_evaluated_beside_the_held_out_split_until_both_reach_th
         }
     )
     config = write_config(tmp_path, cfg)
-    hook = {"type": HOOK, "metric": "loss", "target": 100.0, "mode": "min", "test_split": "validation", "first_fraction": 0.5}
+    hook = {"type": HOOK, "metric": "loss", "targets": 100.0, "mode": "min", "test_split": "validation", "first_fraction": 0.5}
     train(TrainArgs(str(config), [hooks_override(hook)], str(tmp_path / "run"), None, False))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/loss" in r]

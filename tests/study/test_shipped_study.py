@@ -33,3 +33,25 @@ def test_the_shipped_study_reproduces_its_published_report_from_its_storage(tmp_
     for name in ("report.md", "report.json"):
         assert (folder / name).read_text() == (SHIPPED / name).read_text(), name
     assert sorted(p.name for p in folder.glob("*.png")) == sorted(p.name for p in SHIPPED.glob("*.png"))
+
+
+def test_the_16k_studys_longest_budgets_are_at_least_twice_the_first_studys_fit_at_every_batch():
+    """studies/fashion-mnist-16k scales its epoch range by the first study's fits (the
+    pilot): at every batch its longest run, in steps, is at least twice the steps those fits
+    predict to 78%, with 16 trials per cell (8 quasi-random), 3 seeds and 1 thread."""
+    import json
+    import math
+
+    from largebatch.study.spec import load_study
+
+    spec = load_study(REPO / "studies" / "fashion-mnist-16k" / "study.py")
+    fits = {o["optimizer"]: o["fit"] for o in json.loads((SHIPPED / "report.json").read_text())["optimizers"]}
+    train_images = 7 * 7500  # the 8 training shards of 7,500 images less the carved held-out one
+    assert max(spec.batches) == 16384 and spec.trials >= 16 and spec.quasi_random < spec.trials and len(spec.seeds) >= 3
+    assert spec.threads == 1 and [t.value for t in spec.targets] == [0.78, 0.80]
+    for opt in spec.optimizers:
+        fit, epochs = fits[opt.label], next(p for p in opt.space if p.name == "epochs")
+        assert spec.pilot[opt.label].b_crit == pytest.approx(fit["b_crit"], rel=1e-3)
+        for batch in spec.batches:
+            longest = math.floor(epochs.bounds(batch, min(spec.batches))[1]) * (train_images // batch)
+            assert longest >= 2 * fit["s_min"] * (1 + fit["b_crit"] / batch), (opt.label, batch, longest)

@@ -105,3 +105,14 @@ def test_both_warmup_forms_at_once_are_refused():
     with pytest.raises(UserError, match="warmup_fraction or warmup_epochs, not both"):
         parse_space({"warmup_fraction": {"low": 0, "high": 0.2}, "warmup_epochs": {"low": 0, "high": 1}}, "search", "s.py")
     assert math.isfinite(Param("warmup_epochs", 0.0, 1.0, log=False).value(0.3, 64, 64))
+
+
+def test_a_choice_that_used_its_cells_longest_budget_is_an_edge():
+    """Epochs 1 to 4: 4 sits at 0.875 of the range (each whole number a quarter), inside the
+    10% margin's reach no more, yet it is the longest run the cell allowed."""
+    epochs = (Param("epochs", 1, 4, log=False),)
+    assert epochs[0].position(4, 256, 256) == pytest.approx(0.875)
+    assert edges(epochs, {"epochs": 4}, 256, 256) == [("epochs", "high", pytest.approx(0.875))]
+    assert edges(epochs, {"epochs": 3}, 256, 256) == []
+    piloted = (Param("epochs", 1, 4, log=False, scale="pilot", pilot_b_crit=256),)  # twice the range at 768
+    assert piloted[0].bounds(768, 256) == (2.0, 8.0) and edges(piloted, {"epochs": 8}, 768, 256)[0][1] == "high"

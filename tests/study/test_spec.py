@@ -21,6 +21,20 @@ def test_a_yaml_study_file_is_read_with_its_defaults(tmp_path):
     assert spec.data == {"heldout": "heldout", "test": None, "carve": None}
     assert spec.evaluation["fine"] == 1.1 and spec.evaluation["batch_size"] is None
     assert spec.workers["max_retries"] == 2 and spec.storage is None
+    assert spec.trials == spec.quasi_random == 3 and spec.threads is None and spec.pilot == {}
+    assert [t.key for t in spec.targets] == ["top1>=0.7"] and spec.target is spec.targets[0]
+
+
+def test_a_pilot_scales_the_epoch_budget_to_the_same_multiple_of_its_predicted_steps_at_every_batch(tmp_path):
+    """S = S_min (1 + B_crit / B) steps of B samples: S_min (B + B_crit) samples, so with
+    B_crit 48 the epochs at 32 are (32 + 48) / (16 + 48) = 1.25 times those at 16."""
+    search = {"lr": {"low": 0.003, "high": 0.03}, "epochs": {"low": 4, "high": 40, "scale": "pilot"}}
+    pilot = {"lamb": {"s_min": 10, "b_crit": 48}, "adamw": {"s_min": 10, "b_crit": 16}}
+    spec = load_study(write_study(tmp_path, search=search, pilot=pilot))
+    epochs = spec.optimizer("lamb").space[1]
+    assert epochs.bounds(32, 16) == pytest.approx((5.0, 50.0)) and epochs.bounds(16, 16) == (4.0, 40.0)
+    assert spec.optimizer("adamw").space[1].bounds(32, 16) == pytest.approx((6.0, 60.0))  # its own pilot: (32 + 16) / (16 + 16)
+    assert spec.pilot["lamb"].steps(16) == pytest.approx(40.0) and spec.pilot["lamb"].value == 0.7
 
 
 def test_a_python_study_file_reads_like_a_config_and_merges_an_optimizers_search(tmp_path):
@@ -61,6 +75,21 @@ def test_a_python_study_file_reads_like_a_config_and_merges_an_optimizers_search
         ({"base_config": "missing.yaml"}, "base_config: base config"),
         ({"set": ["lr 0.1"]}, "set: each override is 'key.path=value' as for --set"),
         ({"noise_scale": {"at_eval_loss": 1.0, "min_ratio": 1}}, "noise_scale.min_ratio: B_big / B_small must be at least 2"),
+        ({"targets": [{"metric": "top1", "value": 0.8}]}, "targets: give target = dict(metric=..., value=...) or targets"),
+        ({"target": None}, "target: give target = dict(metric=..., value=...) or targets"),
+        (
+            {"target": None, "targets": [{"metric": "top1", "value": 0.8}, {"metric": "loss", "value": 0.5}]},
+            "targets: the targets must be distinct values of one metric and mode, got top1>=0.8, loss<=0.5",
+        ),
+        ({"target": None, "targets": [{"metric": "top1"}]}, "targets[0].value: is required"),
+        ({"quasi_random": 4}, "quasi_random: must be between 1 and trials (3), got 4"),
+        ({"threads": 0}, "threads: must be a positive number of threads"),
+        ({"pilot": {"sgd": {"s_min": 1, "b_crit": 2}}}, "pilot.sgd: names no optimizer of the study (lamb, adamw)"),
+        ({"pilot": {"lamb": {"s_min": 1, "b_crit": 2, "value": 0.8}}}, "pilot.lamb.value: value 0.8 is none of the targets' (top1>=0.7)"),
+        (
+            {"search": {"lr": {"low": 0.003, "high": 0.03}, "epochs": {"low": 2, "high": 3, "scale": "pilot"}}},
+            "search.epochs.scale: scale='pilot' scales the epoch budget by a pilot fit",
+        ),
     ],
 )
 def test_a_mistake_is_one_sentence_naming_the_file_and_key(tmp_path, changes, expected):

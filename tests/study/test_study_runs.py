@@ -56,6 +56,7 @@ def test_a_tiny_study_reports_its_cells_seeds_fit_and_edge_marks(tiny):
     fitted = [o for o in report["optimizers"] if o["fit"]]
     assert fitted and all(o["interval_95"]["b_crit"][0] <= o["fit"]["b_crit"] <= o["interval_95"]["b_crit"][1] for o in fitted)
     assert report["resolution"]["worst"] > 0 and report["reported_split"] == "heldout"
+    assert report["threads_per_trial"] == max(1, len(os.sched_getaffinity(0)) // 2)  # cores / --jobs, recorded
     markdown = (folder / "report.md").read_text()
     for text in (
         "## Protocol",
@@ -95,8 +96,9 @@ def test_a_study_killed_mid_trial_and_resumed_ends_with_the_trials_of_one_never_
     reference, stopped, marker = tmp_path / "reference", tmp_path / "stopped", tmp_path / "hold"
     base = tiny_base()
     base["hooks"] = [{"type": f"{REPO}/tests/support/study_trials.py:HoldWhileMarked", "marker": str(marker), "batch": 32}]
-    for folder in (reference, stopped):
-        write_study(folder, base=base)
+    two = [{"metric": "top1", "value": 0.6}, {"metric": "top1", "value": 0.7}]
+    for folder in (reference, stopped):  # 2 Sobol points, then 2 of TPE's, in each cell; two targets
+        write_study(folder, base=base, trials=4, quasi_random=2, target=None, targets=two)
     done = study_cli("run", "study.yaml", cwd=reference)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -119,6 +121,9 @@ def test_a_study_killed_mid_trial_and_resumed_ends_with_the_trials_of_one_never_
     resumed = study_cli("run", "study.yaml", cwd=stopped)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert completed(stopped) == completed(reference)  # the same keys, points and results
+    assert sum("unit" in t.user_attrs for t in trials(stopped) if t.state.name == "COMPLETE") == 8  # TPE's, the same too
+    outcome = next(t for t in trials(stopped) if t.state.name == "COMPLETE").user_attrs["outcome"]
+    assert set(outcome["crossings"]) == {"top1>=0.6", "top1>=0.7"} and outcome["threads"] >= 1
     failed = [t for t in trials(stopped) if t.state.name == "FAIL"]
     assert [t.number for t in failed] == [killed[0].number] and failed[0].user_attrs["failure"] == "killed"
     assert "is gone" in failed[0].user_attrs["error"]

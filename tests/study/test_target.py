@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from largebatch.study.target import Crossing, first_crossing, reached
+from largebatch.study.target import Crossing, crossing_of, first_crossing, reached
 
 
 def test_the_crossing_is_interpolated_in_log_step_inside_its_bracket():
@@ -43,3 +43,17 @@ def test_a_crossing_round_trips_through_its_stored_form():
     crossing = Crossing(211.5, 205, 213)
     assert Crossing.from_dict(crossing.to_dict()) == crossing
     assert Crossing.from_dict(None) is None
+
+
+def test_a_trial_holds_a_crossing_per_target_and_split_and_one_of_an_earlier_single_target_study():
+    import types
+
+    from largebatch.study.spec import Target
+
+    early, late = Target("top1", 0.78, "max"), Target("top1", 0.86, "max")
+    both = {"crossings": {early.key: {"eval": {"steps": 90.5, "lo": 88, "hi": 92}, "test": None}, late.key: {"eval": None, "test": None}}}
+    trial = types.SimpleNamespace(user_attrs={"outcome": both})
+    assert crossing_of(trial, early) == Crossing(90.5, 88, 92) and crossing_of(trial, early, "test") is None
+    assert crossing_of(trial, late) is None
+    older = types.SimpleNamespace(user_attrs={"outcome": {"eval_crossing": {"steps": 12.0, "lo": 11, "hi": 13}, "test_crossing": None}})
+    assert crossing_of(older, early) == Crossing(12.0, 11, 13) and crossing_of(older, early, "test") is None
