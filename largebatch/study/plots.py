@@ -1,4 +1,7 @@
-"""A study's three figures (matplotlib, written as PNG files):
+"""A study's three figures (matplotlib, written as PNG files), each drawn for every target
+of the study (one ``Series`` per target: the colour names the optimizer, the marker and
+the line style the target, so the curves of a higher target stand beside those of a lower
+one and the critical batch's growth shows as the bend moving right):
 
 * ``steps_vs_batch.png``: steps to target against the global batch, log-log, per
   optimizer: the median over seeds with the seeds' range, the censored fit
@@ -17,11 +20,35 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from largebatch.study.analysis import CellResult
 from largebatch.study.statistics import CellStats, OptimizerStats
+
+
+class Series(NamedTuple):
+    """One target's cells and fits; ``name`` labels them in a legend beside the optimizer
+    (empty: the study's only target, the legend names the optimizer alone)."""
+
+    name: str
+    cells: list[CellResult]
+    fits: list[OptimizerStats]
+
+
+MARKERS = ("o", "s", "D", "v")  # by target; the open triangle ^ is "not reached"
+FITS = ("-", "--", "-.", (0, (5, 1, 1, 1)))  # the fitted curve, by target
+
+
+def _styles(series: Sequence[Series]):
+    """(index, series, marker, fit line style) per target, the targets in the study's order."""
+    return [(i, s, MARKERS[i % len(MARKERS)], FITS[i % len(FITS)]) for i, s in enumerate(series)]
+
+
+def _label(series: Series, optimizer: str, what: str = "") -> str:
+    return f"{optimizer}{what}" + (f" to {series.name}" if series.name else "")
 
 
 def _pyplot():
@@ -55,96 +82,118 @@ def _finish(fig, ax, path: pathlib.Path, drawn: bool, batches: list[int] | None 
     return path
 
 
-def steps_vs_batch(cells: list[CellResult], fits: list[OptimizerStats], label: str, path: pathlib.Path) -> pathlib.Path:
+def steps_vs_batch(series: Sequence[Series], label: str, path: pathlib.Path) -> pathlib.Path:
     fig, ax = _pyplot().subplots(figsize=(7, 5))
-    batches = sorted({c.batch for c in cells})
+    batches = sorted({c.batch for s in series for c in s.cells})
     grid = np.geomspace(min(batches), max(batches), 200)
     drawn = False
-    for i, result in enumerate(fits):
-        color = f"C{i}"
-        mine = [c.stats for c in cells if c.optimizer == result.optimizer]
-        done = [c for c in mine if c.median is not None]
-        if done:
-            lows = [c.median - (c.low or c.median) for c in done]
-            highs = [(c.high - c.median) if c.high is not None else 0.0 for c in done]
-            ax.errorbar(
-                [c.batch for c in done],
-                [c.median for c in done],
-                yerr=[lows, highs],
-                fmt="o",
-                color=color,
-                capsize=3,
-                label=result.optimizer,
-            )
-        bounds = [c for c in mine if c.median is None and c.budget]
-        if bounds:
-            ax.plot([c.batch for c in bounds], [c.budget for c in bounds], "^", mfc="white", color=color)
-        if result.fit is not None:
-            ax.plot(grid, [result.fit.steps(b) for b in grid], "-", color=color, alpha=0.8)
-            near = grid[grid <= result.fit.b_crit]  # where perfect scaling is within 2x of the fit: the axis stays on the data
-            ax.plot(near, result.fit.e_min / near, ":", color=color, alpha=0.6)
-        drawn = drawn or bool(done or bounds)
+    for _, one, marker, line in _styles(series):
+        for i, result in enumerate(one.fits):
+            color = f"C{i}"
+            mine = [c.stats for c in one.cells if c.optimizer == result.optimizer]
+            done = [c for c in mine if c.median is not None]
+            if done:
+                lows = [c.median - (c.low or c.median) for c in done]
+                highs = [(c.high - c.median) if c.high is not None else 0.0 for c in done]
+                ax.errorbar(
+                    [c.batch for c in done],
+                    [c.median for c in done],
+                    yerr=[lows, highs],
+                    fmt=marker,
+                    color=color,
+                    capsize=3,
+                    label=_label(one, result.optimizer),
+                )
+            bounds = [c for c in mine if c.median is None and c.budget]
+            if bounds:
+                ax.plot([c.batch for c in bounds], [c.budget for c in bounds], "^", mfc="white", color=color)
+            if result.fit is not None:
+                ax.plot(grid, [result.fit.steps(b) for b in grid], linestyle=line, color=color, alpha=0.8)
+                near = grid[grid <= result.fit.b_crit]  # where perfect scaling is within 2x of the fit: the axis stays on the data
+                ax.plot(near, result.fit.e_min / near, ":", color=color, alpha=0.6)
+            drawn = drawn or bool(done or bounds)
     ax.set_xlabel("global batch size")
     ax.set_ylabel(f"steps to {label}")
+    fitted = "solid" if len(series) == 1 else "by target: " + ", ".join(f"{s.name} {_line_name(line)}" for _, s, _, line in _styles(series))
     ax.set_title(
-        "steps to target: median and range over seeds\n(solid: censored fit; dotted: its perfect scaling E_min / B, up to B_crit; "
+        f"steps to target: median and range over seeds\n({fitted}: censored fit; dotted: its perfect scaling E_min / B, up to B_crit; "
         "open triangle: not reached in budget)",
         fontsize=9,
     )
     return _finish(fig, ax, path, drawn, batches)
 
 
-def steps_vs_samples(cells: list[CellResult], fits: list[OptimizerStats], label: str, path: pathlib.Path) -> pathlib.Path:
+def _line_name(style) -> str:
+    return {"-": "solid", "--": "dashed", "-.": "dash-dot"}.get(style, "dash-dot-dot") if isinstance(style, str) else "dash-dot-dot"
+
+
+def steps_vs_samples(series: Sequence[Series], label: str, path: pathlib.Path) -> pathlib.Path:
     fig, ax = _pyplot().subplots(figsize=(7, 5))
     drawn = False
-    for i, result in enumerate(fits):
-        color = f"C{i}"
-        done = [c.stats for c in cells if c.optimizer == result.optimizer and c.stats.median is not None]
-        if not done:
-            continue
-        drawn = True
-        ax.plot([c.median * c.batch for c in done], [c.median for c in done], "o-", color=color, label=result.optimizer, alpha=0.9)
-        for c in done:
-            ax.annotate(str(c.batch), (c.median * c.batch, c.median), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if result.fit is not None:
-            batches = np.geomspace(min(c.batch for c in cells) / 4, max(c.batch for c in cells) * 4, 200)
-            steps = [result.fit.steps(b) for b in batches]
-            ax.plot([s * b for s, b in zip(steps, batches, strict=True)], steps, "-", color=color, alpha=0.4)
+    for _, one, marker, line in _styles(series):
+        for i, result in enumerate(one.fits):
+            color = f"C{i}"
+            done = [c.stats for c in one.cells if c.optimizer == result.optimizer and c.stats.median is not None]
+            if not done:
+                continue
+            drawn = True
+            ax.plot(
+                [c.median * c.batch for c in done],
+                [c.median for c in done],
+                marker=marker,
+                linestyle=line,
+                color=color,
+                label=_label(one, result.optimizer),
+                alpha=0.9,
+            )
+            for c in done:
+                ax.annotate(str(c.batch), (c.median * c.batch, c.median), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            if result.fit is not None:
+                batches = np.geomspace(min(c.batch for c in one.cells) / 4, max(c.batch for c in one.cells) * 4, 200)
+                steps = [result.fit.steps(b) for b in batches]
+                ax.plot([s * b for s, b in zip(steps, batches, strict=True)], steps, linestyle=line, color=color, alpha=0.4)
     ax.set_xlabel("samples to target (steps x batch)")
     ax.set_ylabel(f"steps to {label}")
     ax.set_title("the steps-samples trade-off (medians over seeds; lines: the fit)", fontsize=9)
     return _finish(fig, ax, path, drawn)
 
 
-def noise_scale(cells: list[CellResult], fits: list[OptimizerStats], loss: float, path: pathlib.Path) -> pathlib.Path:
+def noise_scale(series: Sequence[Series], loss: float, path: pathlib.Path) -> pathlib.Path:
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
-    batches = sorted({c.batch for c in cells})
+    batches = sorted({c.batch for s in series for c in s.cells})
     drawn = False
-    for i, result in enumerate(fits):
-        color = f"C{i}"
-        measured: list[CellStats] = [
-            c.stats
-            for c in cells
-            if c.optimizer == result.optimizer and c.stats.b_simple is not None and c.stats.b_simple_range is not None
-        ]
-        if measured:
-            drawn = True
-            spread = [[c.b_simple - c.b_simple_range[0] for c in measured], [c.b_simple_range[1] - c.b_simple for c in measured]]
-            ax.errorbar(
-                [c.batch for c in measured],
-                [c.b_simple for c in measured],
-                yerr=spread,
-                fmt="s",
-                color=color,
-                capsize=3,
-                label=f"{result.optimizer}: B_simple",
-            )
-        if result.fit is not None and not result.fit.bounded:
-            drawn = True
-            ax.axhline(result.fit.b_crit, color=color, linestyle="--", alpha=0.8, label=f"{result.optimizer}: fitted B_crit")
-            if result.intervals:
-                band = result.intervals["b_crit"]
-                ax.axhspan(band.low, band.high, color=color, alpha=0.1)
+    for _, one, marker, line in _styles(series):
+        for i, result in enumerate(one.fits):
+            color = f"C{i}"
+            measured: list[CellStats] = [
+                c.stats
+                for c in one.cells
+                if c.optimizer == result.optimizer and c.stats.b_simple is not None and c.stats.b_simple_range is not None
+            ]
+            if measured:
+                drawn = True
+                spread = [[c.b_simple - c.b_simple_range[0] for c in measured], [c.b_simple_range[1] - c.b_simple for c in measured]]
+                ax.errorbar(
+                    [c.batch for c in measured],
+                    [c.b_simple for c in measured],
+                    yerr=spread,
+                    fmt="s" if len(series) == 1 else marker,
+                    color=color,
+                    capsize=3,
+                    label=_label(one, result.optimizer, ": B_simple"),
+                )
+            if result.fit is not None and not result.fit.bounded:
+                drawn = True
+                ax.axhline(
+                    result.fit.b_crit,
+                    color=color,
+                    linestyle="--" if len(series) == 1 else line,
+                    alpha=0.8,
+                    label=_label(one, result.optimizer, ": fitted B_crit"),
+                )
+                if result.intervals:
+                    band = result.intervals["b_crit"]
+                    ax.axhspan(band.low, band.high, color=color, alpha=0.1)
     ax.set_xlabel("global batch of the run that measured it")
     ax.set_ylabel("batch size")
     ax.set_title(f"B_simple at held-out loss {loss:g} (median, range over seeds) beside the fitted B_crit (95% band)", fontsize=9)

@@ -13,6 +13,7 @@ failures, and the time it took.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from largebatch.config.redact import redact_text
 from largebatch.study import analysis, ledger, plots, statistics
 from largebatch.study import fit as fitting
 from largebatch.study.space import PARAMS
-from largebatch.study.spec import StudySpec
+from largebatch.study.spec import StudySpec, Target
 
 EDGE_MARK = "†"
 TUNING_MARK = "‡"
@@ -71,23 +72,40 @@ def _busy_seconds(trials: list[Any]) -> tuple[float, float]:
     return busy, spans[-1][1] - spans[0][0] if spans else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One target's part of the report: every cell's trials and figures for it, and its findings."""
+
+    target: Target
+    cells: list[analysis.CellResult]
+    found: statistics.Findings
+
+
 def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) -> dict[str, Any]:
-    """The report's content as plain data (``report.json``)."""
+    """The report's content as plain data (``report.json``).
+
+    A study with one target keeps its figures at the top level (``target``, ``resolution``,
+    ``cells``, ``optimizers``, ``comparisons``); one with several gives them per target in
+    ``targets`` (easiest first), after ``critical_batch_by_target``: per optimizer, each
+    target's fit and whether the B_crit intervals of consecutive targets overlap.
+    """
     from optuna.trial import TrialState
 
     trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in ledger.attrs(t)]
-    cells, found = analysis.collect(spec, trials, ledger.skipped(study), samples=bootstrap_samples)
+    skipped = ledger.skipped(study)
+    sections = [Section(t, *analysis.collect(spec, trials, skipped, t, samples=bootstrap_samples)) for t in spec.targets]
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
     busy, span = _busy_seconds(finished)
     trial_seconds = sum((ledger.attrs(t).get("outcome") or {}).get("seconds", 0.0) for t in finished)
     smallest = min(spec.batches)
     threads = {"threads_per_trial": study.user_attrs["threads"]} if "threads" in study.user_attrs else {}  # absent: not recorded
-    return {
+    head = {
         "study": spec.name,
         "study_file": spec.path.name,
         "storage": "study.db in this folder (SQLite)" if url.endswith(str(spec.folder / "study.db")) else redact_text(url),
         **threads,
-        "target": {"metric": spec.target.metric, "value": spec.target.value, "mode": spec.target.mode},
+    }
+    protocol = {
         "reported_split": spec.data["test"] or spec.data["heldout"],
         "heldout_split": spec.data["heldout"],
         "trials_per_cell": spec.trials,
@@ -103,19 +121,118 @@ def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) 
         "evaluation": spec.evaluation,
         "noise_scale": spec.noise_scale,
         "bootstrap_samples": bootstrap_samples,
-        "resolution": dataclasses.asdict(found.resolution),
-        "cells": [_cell_json(c) for c in cells],
-        "optimizers": [_optimizer_json(o) for o in found.optimizers],
-        "comparisons": [_comparison_json(c) for c in found.comparisons],
+    }
+    if len(sections) == 1:
+        one = _section_json(sections[0])
+        target = one.pop("target")
+        figures = {**head, "target": target, **protocol, **one}
+    else:
+        figures = {
+            **head,
+            **protocol,
+            "critical_batch_by_target": _summary_json(sections),
+            "targets": [_section_json(section) for section in sections],
+        }
+    return {
+        **figures,
         "time": {
             "trials": len(finished),
             "trial_seconds": round(trial_seconds, 1),
             "busy_wall_seconds": round(busy, 1),
             "span_wall_seconds": round(span, 1),
         },
-        "_cells": cells,
-        "_found": found,
+        "_sections": sections,
     }
+
+
+def _section_json(section: Section) -> dict[str, Any]:
+    t, found = section.target, section.found
+    return {
+        "target": {"metric": t.metric, "value": t.value, "mode": t.mode},
+        "resolution": dataclasses.asdict(found.resolution),
+        "cells": [_cell_json(c) for c in section.cells],
+        "optimizers": [_optimizer_json(o) for o in found.optimizers],
+        "comparisons": [_comparison_json(c) for c in found.comparisons],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One optimizer's B_crit at two consecutive targets (``lower`` easier) and whether
+    their intervals overlap (None: a fit or an interval is missing, or a B_crit is only a
+    bound, so there is nothing to compare)."""
+
+    optimizer: str
+    lower: Target
+    higher: Target
+    ratio: float | None
+    overlap: bool | None
+    why: str = ""  # when ``overlap`` is None
+
+
+def _fits(sections: list[Section], label: str) -> list[tuple[Target, statistics.OptimizerStats | None]]:
+    return [(s.target, next((o for o in s.found.optimizers if o.optimizer == label), None)) for s in sections]
+
+
+def _labels(sections: list[Section]) -> list[str]:
+    return list(dict.fromkeys(o.optimizer for s in sections for o in s.found.optimizers))
+
+
+def growth(sections: list[Section]) -> list[Step]:
+    """Per optimizer, B_crit from each target to the next (see ``Step``)."""
+    steps = []
+    for label in _labels(sections):
+        fits = _fits(sections, label)
+        for (lower, a), (higher, b) in zip(fits, fits[1:], strict=False):
+            step = functools.partial(Step, label, lower, higher)
+            if a is None or b is None or a.fit is None or b.fit is None:
+                steps.append(
+                    step(None, None, "no fit at " + " and ".join(t.key for t, o in ((lower, a), (higher, b)) if o is None or o.fit is None))
+                )
+                continue
+            ratio = b.fit.b_crit / a.fit.b_crit
+            bounds = [f"at {t.key} it is {o.fit.bounded} the batches measured" for t, o in ((lower, a), (higher, b)) if o.fit.bounded]
+            if bounds:
+                steps.append(step(ratio, None, "B_crit is a bound, not located: " + "; ".join(bounds)))
+            elif "b_crit" not in a.intervals or "b_crit" not in b.intervals:
+                steps.append(step(ratio, None, "no bootstrap interval"))
+            else:
+                steps.append(step(ratio, a.intervals["b_crit"].overlaps(b.intervals["b_crit"])))
+    return steps
+
+
+def _summary_json(sections: list[Section]) -> list[dict[str, Any]]:
+    out = []
+    steps = growth(sections)
+    for label in _labels(sections):
+        rows = []
+        for target, o in _fits(sections, label):
+            fit = None if o is None else o.fit
+            band = None if o is None or "b_crit" not in o.intervals else o.intervals["b_crit"]
+            rows.append(
+                {
+                    "target": target.key,
+                    "s_min": None if fit is None else fit.s_min,
+                    "b_crit": None if fit is None else fit.b_crit,
+                    "b_crit_interval_95": None if band is None else [band.low, band.high],
+                    "b_crit_bounded": None if fit is None else fit.bounded,
+                    "e_min": None if fit is None else fit.e_min,
+                    "b20": None if o is None else o.b20,
+                }
+            )
+        between = [
+            {
+                "lower": x.lower.key,
+                "higher": x.higher.key,
+                "b_crit_ratio": x.ratio,
+                "intervals_overlap": x.overlap,
+                "not_compared": x.why or None,
+            }
+            for x in steps
+            if x.optimizer == label
+        ]
+        out.append({"optimizer": label, "by_target": rows, "b_crit_between_targets": between})
+    return out
 
 
 RERUN_FIELDS = ("seed", "number", "steps", "resolution", "budget", "heldout_steps", "b_simple", "stopped")
@@ -180,20 +297,21 @@ def _comparison_json(c: statistics.Comparison) -> dict[str, Any]:
     }
 
 
-def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path) -> list[pathlib.Path]:
+def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path, bootstrap_samples: int = 1000) -> list[pathlib.Path]:
     """Write report.json, the plots and report.md into ``out``; the paths written."""
-    data = build(spec, study, url)
-    cells, found = data.pop("_cells"), data.pop("_found")
-    optimizers = found.optimizers
-    label = f"{spec.target.metric} {spec.target.value:g} ({data['reported_split']})"
+    data = build(spec, study, url, bootstrap_samples)
+    sections = data.pop("_sections")
+    several = len(sections) > 1
+    series = [plots.Series(f"{s.target.value:g}" if several else "", s.cells, s.found.optimizers) for s in sections]
+    label = f"{spec.target.metric} {', '.join(f'{s.target.value:g}' for s in sections)} ({data['reported_split']})"
     paths = [
-        plots.steps_vs_batch(cells, optimizers, label, out / "steps_vs_batch.png"),
-        plots.steps_vs_samples(cells, optimizers, label, out / "steps_vs_samples.png"),
+        plots.steps_vs_batch(series, label, out / "steps_vs_batch.png"),
+        plots.steps_vs_samples(series, label, out / "steps_vs_samples.png"),
     ]
     if spec.noise_scale is not None:
-        paths.append(plots.noise_scale(cells, optimizers, float(spec.noise_scale["at_eval_loss"]), out / "noise_scale.png"))
+        paths.append(plots.noise_scale(series, float(spec.noise_scale["at_eval_loss"]), out / "noise_scale.png"))
     _replace(out / "report.json", json.dumps(_strict(data), indent=1, default=str, allow_nan=False) + "\n")
-    _replace(out / "report.md", markdown(spec, data, cells, found, [p.name for p in paths]))
+    _replace(out / "report.md", markdown(spec, data, sections, [p.name for p in paths]))
     return [out / "report.md", out / "report.json", *paths]
 
 
@@ -216,28 +334,49 @@ def _replace(path: pathlib.Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def markdown(spec: StudySpec, data: dict[str, Any], cells: list[analysis.CellResult], found: statistics.Findings, images: list[str]) -> str:
+def _sign(t: Target) -> str:
+    return ">=" if t.mode == "max" else "<="
+
+
+def _aim(t: Target) -> str:
+    """``top1 >= 0.78``."""
+    return f"{t.metric} {_sign(t)} {t.value:g}"
+
+
+def markdown(spec: StudySpec, data: dict[str, Any], sections: list[Section], images: list[str]) -> str:
+    """report.md: the protocol, then each target's figures (with several targets, a summary
+    of the critical batch by target first and a part per target), the failures, the time."""
+    several = len(sections) > 1
     t = spec.target
-    sign = ">=" if t.mode == "max" else "<="
+    sign = _sign(t)
+    values = [f"{s.target.value:g}" for s in sections]
+    aims = f"{t.metric} {sign} {', '.join(values[:-1])} and {values[-1]}" if several else _aim(t)
     batches = list(spec.batches)
-    by = {(c.optimizer, c.batch): c for c in cells}
     labels = [o.label for o in spec.optimizers]
-    header = "| optimizer | " + " | ".join(f"{b:,}" for b in batches) + " |"
-    rule = "|---|" + "---:|" * len(batches)
     lines = [
-        f"# Study `{spec.name}`: steps to {t.metric} {sign} {t.value:g}",
+        f"# Study `{spec.name}`: steps to {aims}",
         "",
         f"Written from the storage ({data['storage']}) by `largebatch study report {spec.path.name}` (`study run` writes it too).",
+    ]
+    if several:
+        lines += _summary_section(sections)
+    choice = (
+        "for each target, the choice is the trial that reaches it"
+        if several
+        else f"the choice is the trial that reaches {t.metric} {sign} {t.value:g}"
+    )
+    lines += [
         "",
         "## Protocol",
         "",
         f"- Base config `{spec.base_config.name}` with {len(spec.overrides)} study override(s); cells: {', '.join(labels)} at global "
         f"batches {', '.join(f'{b:,}' for b in batches)}.",
         f"- Tuning, the same in every cell: {spec.trials} trials at the first {spec.trials} points of a scrambled Sobol sequence "
-        f"(Optuna's QMCSampler, seed {spec.sampler_seed}), seed {spec.tune_seed}; the choice is the trial that reaches "
-        f"{t.metric} {sign} {t.value:g} on the held-out split `{data['heldout_split']}` in the fewest steps (none: the best "
-        "held-out value at its end). A tuning trial stops once it can no longer beat its cell's best so far.",
-        f"- Re-runs: each cell's choice with seeds {', '.join(map(str, spec.seeds))}; every figure below is the median "
+        f"(Optuna's QMCSampler, seed {spec.sampler_seed}), seed {spec.tune_seed}; {choice} on the held-out split "
+        f"`{data['heldout_split']}` in the fewest steps (none: the best held-out value at its end). A tuning trial stops once it "
+        f"can no longer beat its cell's best so far{' for any target' if several else ''}.",
+        f"- Re-runs: each cell's choice{' for each target (targets with the same choice share its re-runs)' if several else ''} "
+        f"with seeds {', '.join(map(str, spec.seeds))}; every figure below is the median "
         f"[min, max] over them, on the `{data['reported_split']}` split, which no choice was made on.",
         f"- Evaluation: steps {spec.evaluation['coarse']}x apart; "
         + (
@@ -247,14 +386,17 @@ def markdown(spec: StudySpec, data: dict[str, Any], cells: list[analysis.CellRes
             else f"{spec.evaluation['fine']}x apart within {spec.evaluation['dense_within']:g} of the target"
         )
         + "; steps to target interpolated linearly in log(step) between the two evaluations around the crossing.",
-        _resolution_line(found.resolution, t, data["reported_split"]),
+    ]
+    if not several:
+        lines.append(_resolution_line(sections[0].found.resolution, t, data["reported_split"]))
+    shown = [p for p in PARAMS if any(p == q["param"] for s in data["search"].values() for q in s)]
+    lines += [
         "",
         "Search space (ranges at the smallest batch; `sqrt`/`linear`: both ends scale with the batch):",
         "",
-        "| optimizer | " + " | ".join(p for p in PARAMS if any(p == q["param"] for s in data["search"].values() for q in s)) + " |",
+        "| optimizer | " + " | ".join(shown) + " |",
+        "|---|" + "---|" * len(shown),
     ]
-    shown = [p for p in PARAMS if any(p == q["param"] for s in data["search"].values() for q in s)]
-    lines.append("|---|" + "---|" * len(shown))
     for label, space in data["search"].items():
         entries = {q["param"]: q for q in space}
         row = []
@@ -266,8 +408,44 @@ def markdown(spec: StudySpec, data: dict[str, Any], cells: list[analysis.CellRes
                 else f"{_num(q['low'])} to {_num(q['high'])}{' log' if q['log'] else ''}{'' if q['scale'] == 'none' else ' ' + q['scale']}"
             )
         lines.append(f"| {label} | " + " | ".join(row) + " |")
-    lines += ["", f"## Steps to {t.metric} {sign} {t.value:g} on `{data['reported_split']}`", ""]
+    for section in sections:
+        part = _target_sections(spec, data, section, shown)
+        if several:
+            part = [
+                "",
+                f"## Target {_aim(section.target)}",
+                "",
+                _resolution_line(section.found.resolution, section.target, data["reported_split"]),
+                *("#" + line if line.startswith("## ") else line for line in part),
+            ]
+        lines += part
+    lines += _failure_section(sections[0].cells)  # a cell's failed trials are the same for every target
+    time = data["time"]
     lines += [
+        "",
+        "## Time",
+        "",
+        f"{time['trials']} trials; {time['trial_seconds'] / 3600:.2f} hours of trial time, {time['busy_wall_seconds'] / 3600:.2f} hours of "
+        f"wall time with a trial running ({time['span_wall_seconds'] / 3600:.2f} hours from the first start to the last end).",
+        "",
+    ]
+    lines += [f"![{name}]({name})" for name in images]
+    return "\n".join(lines) + "\n"
+
+
+def _target_sections(spec: StudySpec, data: dict[str, Any], section: Section, shown: list[str]) -> list[str]:
+    """One target's figures: steps, efficiencies, the fit, leaving a batch out, what the
+    statistics separate, the choices at an edge and each cell's choice."""
+    t, cells, found = section.target, section.cells, section.found
+    batches = list(spec.batches)
+    by = {(c.optimizer, c.batch): c for c in cells}
+    labels = [o.label for o in spec.optimizers]
+    header = "| optimizer | " + " | ".join(f"{b:,}" for b in batches) + " |"
+    rule = "|---|" + "---:|" * len(batches)
+    lines = [
+        "",
+        f"## Steps to {_aim(t)} on `{data['reported_split']}`",
+        "",
         f"Median [range] over seeds; `{EDGE_MARK}`: the cell's choice sits in the outer 10% of a searched range; `{TUNING_MARK}`: its "
         "margin over the runner-up tuning trial lies within its seeds' spread, so tuning, not the batch, decides its figure (see below).",
         "",
@@ -291,18 +469,50 @@ def markdown(spec: StudySpec, data: dict[str, Any], cells: list[analysis.CellRes
     lines += _separation_section(found.comparisons)
     lines += _edge_section(spec, cells)
     lines += _choices_section(spec, cells, shown)
-    lines += _failure_section(cells)
-    time = data["time"]
-    lines += [
+    return lines
+
+
+def _summary_section(sections: list[Section]) -> list[str]:
+    """The critical batch by target: per optimizer, each target's fit, then whether the
+    B_crit intervals of consecutive targets separate them."""
+    lines = [
         "",
-        "## Time",
+        "## Critical batch by target",
         "",
-        f"{time['trials']} trials; {time['trial_seconds'] / 3600:.2f} hours of trial time, {time['busy_wall_seconds'] / 3600:.2f} hours of "
-        f"wall time with a trial running ({time['span_wall_seconds'] / 3600:.2f} hours from the first start to the last end).",
+        "Each target's fit S = S_min (1 + B_crit / B) (its part below gives the details): E_min = S_min B_crit in samples, "
+        "B_20% = 0.2 B_crit, B_crit with its 95% bootstrap interval. The critical batch grows as the loss falls (McCandlish et "
+        "al. 2018; Zhang et al. 2024); these trials show it grow only where the intervals of two targets do not overlap.",
         "",
+        "| optimizer | target | S_min | B_crit | E_min (samples) | B_20% | runs |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
-    lines += [f"![{name}]({name})" for name in images]
-    return "\n".join(lines) + "\n"
+    for label in _labels(sections):
+        for target, o in _fits(sections, label):
+            if o is None or o.fit is None:
+                lines.append(f"| {label} | {_aim(target)} | - | - | - | - | too few batches reached the target |")
+                continue
+            b_crit = _band(o.intervals, "b_crit", o.fit.b_crit) + (f" ({o.fit.bounded} the batches measured)" if o.fit.bounded else "")
+            lines.append(
+                f"| {label} | {_aim(target)} | {_num(o.fit.s_min)} | {b_crit} | {_num(o.fit.e_min)} | {_num(o.b20)} | "
+                f"{o.fit.reached} reached, {o.fit.censored} not |"
+            )
+    lines.append("")
+    by = {s.target: s for s in sections}
+    for step in growth(sections):
+        a, b = (_fits([by[t]], step.optimizer)[0][1] for t in (step.lower, step.higher))
+        between = f"{step.optimizer}, {_aim(step.lower)} to {step.higher.value:g}"
+        if step.overlap is None:
+            lines.append(f"- {between}: not compared ({step.why}).")
+            continue
+        assert a is not None and b is not None and a.fit is not None and b.fit is not None and step.ratio is not None
+        figures = f"B_crit {_band(a.intervals, 'b_crit', a.fit.b_crit)} then {_band(b.intervals, 'b_crit', b.fit.b_crit)}"
+        if step.overlap:
+            lines.append(f"- {between}: {figures}; the intervals overlap, so these trials do not separate the two critical batches.")
+        else:
+            lines.append(
+                f"- {between}: {figures}; the intervals do not overlap: B_crit {'grows' if step.ratio > 1 else 'falls'} {step.ratio:.2f}x."
+            )
+    return lines
 
 
 def _marks(cell: analysis.CellResult) -> str:
@@ -506,28 +716,37 @@ def _failure_section(cells: list[analysis.CellResult]) -> list[str]:
 
 
 def status_text(spec: StudySpec, study: Any, url: str) -> str:
-    """``study status``: per cell, tuning trials done/running/failed, re-runs, the steps so far."""
+    """``study status``: per cell, tuning trials done/running/failed, then per target its
+    choice's re-runs and the steps so far."""
     from optuna.trial import TrialState
 
     trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in ledger.attrs(t)]
     counts = {s: sum(t.state == s for t in trials) for s in TrialState}
+    several = len(spec.targets) > 1
     lines = [
         f"study {spec.name} in {url}: {counts[TrialState.COMPLETE]} trials complete, {counts[TrialState.RUNNING]} running, "
         f"{counts[TrialState.WAITING]} waiting, {ledger.endings(trials)}",
         "",
-        f"{'cell':<18} {'tuned':>7} {'running':>8} {'re-runs':>8}  steps to target (median [range])",
+        f"{'cell':<18} {'tuned':>7} {'running':>8} "
+        + ("  per target: re-runs, steps to it (median [range])" if several else f"{'re-runs':>8}  steps to target (median [range])"),
     ]
-    cells, _ = analysis.collect(spec, trials, ledger.skipped(study), samples=0)
-    running = {(ledger.attrs(t).get("optimizer"), ledger.attrs(t).get("batch")): 0 for t in trials}
+    skipped = ledger.skipped(study)
+    per_target = [analysis.collect(spec, trials, skipped, target, samples=0)[0] for target in spec.targets]
+    running: dict[tuple[Any, Any], int] = {}
     for t in trials:
         if t.state == TrialState.RUNNING:
             key = (ledger.attrs(t).get("optimizer"), ledger.attrs(t).get("batch"))
             running[key] = running.get(key, 0) + 1
-    for c in cells:
-        lines.append(
-            f"{c.key:<18} {c.tuned:>3}/{c.planned:<3} {running.get((c.stats.optimizer, c.stats.batch), 0):>8} {len(c.stats.reruns):>4}/{len(spec.seeds):<3}  {_steps(c.stats)}"
-        )
-    for c in cells:
+    for index, c in enumerate(per_target[-1]):
+        progress = [len(cs[index].stats.reruns) for cs in per_target]
+        steps = [_steps(cs[index].stats) for cs in per_target]
+        line = f"{c.key:<18} {c.tuned:>3}/{c.planned:<3} {running.get((c.stats.optimizer, c.stats.batch), 0):>8} "
+        if several:
+            line += "  " + "; ".join(f"{t.key}: {n}/{len(spec.seeds)}, {x}" for t, n, x in zip(spec.targets, progress, steps, strict=True))
+        else:
+            line += f"{progress[0]:>4}/{len(spec.seeds):<3}  {steps[0]}"
+        lines.append(line)
+    for c in per_target[-1]:
         for f in c.failed:
             last = (f["error"].strip().splitlines() or ["?"])[-1][:200]
             decided = "skipped" if f["skipped"] else "run again with --retry-failed or skip with --skip-failed"

@@ -125,6 +125,10 @@ class Interval:
     def __contains__(self, value: float) -> bool:
         return self.low <= value <= self.high
 
+    def overlaps(self, other: Interval) -> bool:
+        """Whether the two intervals share a value."""
+        return self.low <= other.high and other.low <= self.high
+
 
 @dataclasses.dataclass
 class CellStats:

@@ -140,3 +140,8 @@ def test_the_sample_count_is_the_common_denominator_of_the_proportions_measured(
     assert st.sample_count(values) == 7500
     assert st.sample_count([0.3169, 0.7786, 0.5361]) == 10_000
     assert st.sample_count([1.7]) is None and st.sample_count([math.pi / 4]) is None
+
+
+def test_two_intervals_overlap_when_they_share_a_value():
+    assert st.Interval(1.0, 2.0).overlaps(st.Interval(2.0, 3.0)) and st.Interval(2.0, 3.0).overlaps(st.Interval(0.0, 5.0))
+    assert not st.Interval(1.0, 2.0).overlaps(st.Interval(2.5, 3.0)) and not st.Interval(2.5, 3.0).overlaps(st.Interval(1.0, 2.0))
