@@ -5,7 +5,7 @@ one and the critical batch's growth shows as the bend moving right):
 
 * ``steps_vs_batch.png``: steps to target against the global batch, log-log, per
   optimizer: the median over seeds with the seeds' range, the censored fit
-  S_min (1 + B_crit / B) (solid) and its perfect-scaling line E_min / B up to B_crit
+  S_min (1 + B_crit / B) (solid; dashed and dash-dot for further targets) and its perfect-scaling line E_min / B up to B_crit
   (dotted); a cell
   without a median (most re-runs did not reach the target) is an open triangle at its
   budget (the steps are above it);
@@ -114,12 +114,13 @@ def steps_vs_batch(series: Sequence[Series], label: str, path: pathlib.Path) -> 
             drawn = drawn or bool(done or bounds)
     ax.set_xlabel("global batch size")
     ax.set_ylabel(f"steps to {label}")
-    fitted = "solid" if len(series) == 1 else "by target: " + ", ".join(f"{s.name} {_line_name(line)}" for _, s, _, line in _styles(series))
-    ax.set_title(
-        f"steps to target: median and range over seeds\n({fitted}: censored fit; dotted: its perfect scaling E_min / B, up to B_crit; "
-        "open triangle: not reached in budget)",
-        fontsize=9,
-    )
+    perfect = "dotted: its perfect scaling E_min / B, up to B_crit"
+    if len(series) == 1:
+        title = f"steps to target: median and range over seeds\n(solid: censored fit; {perfect}; open triangle: not reached in budget)"
+    else:
+        lines = ", ".join(f"{s.name} {_line_name(line)}" for _, s, _, line in _styles(series))
+        title = f"steps to target: median and range over seeds (marker by target)\ncensored fit by target: {lines}\n{perfect}; open triangle: not reached in budget"
+    ax.set_title(title, fontsize=9)
     return _finish(fig, ax, path, drawn, batches)
 
 

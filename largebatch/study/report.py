@@ -8,6 +8,12 @@ resolution of the evaluations, efficiencies, the fit with its bootstrap interval
 critical batches, B_simple, which differences the seeds and the resolution separate, the
 cells whose choice sits at the edge of a searched range (with the wider range to try),
 failures, and the time it took.
+
+A study with several targets gets all of that once per target (each target has its own
+choice and re-runs), after a summary of the critical batch by target: per optimizer,
+each target's fit, and whether the B_crit intervals of consecutive targets overlap; the
+report calls the critical batch grown (McCandlish et al. 2018; Zhang et al. 2024) only
+where they do not.
 """
 
 from __future__ import annotations
