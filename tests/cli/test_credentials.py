@@ -13,7 +13,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from largebatch import cli
+from largebatch.train_command import train_main
 from tests.conftest import REPO
 from tests.study.helpers import study_cli, tiny_base, write_study
 
@@ -103,7 +103,7 @@ def files_under(folder: pathlib.Path, skip: tuple[pathlib.Path, ...] = ()) -> di
 
 def invoke(argv: list[str]) -> int:
     try:
-        return cli.train_main(argv)
+        return train_main(argv)
     except SystemExit as exc:  # argparse
         return exc.code if isinstance(exc.code, int) else 1
 
