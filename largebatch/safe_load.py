@@ -195,25 +195,77 @@ def read_dcp_metadata(stream: IO[bytes], path: str | os.PathLike[str]) -> Any:
 
 
 def storage_reader(path: pathlib.Path, *, trust: bool = False) -> Any:
-    """A DCP ``FileSystemReader`` of ``path`` whose metadata is read as data (unless ``trust``)."""
+    """A DCP ``FileSystemReader`` of ``path`` whose metadata is read as data (unless
+    ``trust``) and checked before anything else is read (``check_dcp_metadata``, trusted or not)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    if trust:
-        return FileSystemReader(str(path))
-
-    class PlainMetadataReader(FileSystemReader):
+    class CheckedMetadataReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            rank = kwargs.get("rank")
-            name = ".metadata" if rank is None else f"__{rank}.metadata"
-            with open(pathlib.Path(self.path) / name, "rb") as stream:
-                metadata = read_dcp_metadata(stream, path)
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
+            if trust:
+                metadata = super().read_metadata(*args, **kwargs)
+            else:
+                rank = kwargs.get("rank")
+                name = ".metadata" if rank is None else f"__{rank}.metadata"
+                with open(pathlib.Path(self.path) / name, "rb") as stream:
+                    metadata = read_dcp_metadata(stream, path)
+                if getattr(metadata, "storage_meta", None) is None:
+                    metadata.storage_meta = StorageMeta()
+                metadata.storage_meta.load_id = self.load_id
+            check_dcp_metadata(metadata, path)
             return metadata
 
-    return PlainMetadataReader(str(path))
+    return CheckedMetadataReader(str(path))
+
+
+def check_dcp_metadata(metadata: Any, folder: pathlib.Path) -> None:
+    """DCP's metadata must describe the files of its own folder: each data file a plain name
+    in it (DCP would open ``relative_path`` joined to the folder, so ``../../etc/hostname``
+    reads outside), each stored slice within its file, and no tensor larger than the data
+    files hold (a size claiming 2^40 elements would be allocated before anything is read).
+
+    Raises:
+        UserError: naming the folder and what the metadata claims.
+    """
+    root = pathlib.Path(folder).resolve()
+    damaged = "it is damaged or was made to read other files; resume from another checkpoint"
+    sizes: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or pathlib.PurePath(name).name != name:
+            raise UserError(
+                f"the checkpoint's .metadata names the data file {name!r}, which is not a file of its folder; {damaged}", path=str(folder)
+            )
+        if name not in sizes:
+            target = (root / name).resolve()
+            if target.parent != root or not target.is_file():
+                raise UserError(
+                    f"the checkpoint's .metadata names the data file {name!r}, which is not a file of its folder; {damaged}",
+                    path=str(folder),
+                )
+            sizes[name] = target.stat().st_size
+        offset, length = getattr(info, "offset", -1), getattr(info, "length", -1)
+        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset and 0 <= length and offset + length <= sizes[name]):
+            raise UserError(
+                f"the checkpoint's .metadata places a value at bytes {offset}..+{length} of {name}, which holds {sizes[name]}; {damaged}",
+                path=str(folder),
+            )
+    stored = sum(sizes.values())
+    for key, entry in (getattr(metadata, "state_dict_metadata", None) or {}).items():
+        size = getattr(entry, "size", None)
+        if size is None:
+            continue  # a non-tensor value
+        numel = 1
+        for extent in size:
+            numel *= extent
+        dtype = getattr(getattr(entry, "properties", None), "dtype", None)
+        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
+        if any(extent < 0 for extent in size) or numel * itemsize > stored:
+            raise UserError(
+                f"the checkpoint's .metadata gives {key} the size {list(size)} ({numel * itemsize} bytes), more than its data "
+                f"files hold ({stored} bytes); {damaged}",
+                path=str(folder),
+            )
 
 
 def _load_planner(path: pathlib.Path, *, trust: bool = False) -> Any:
