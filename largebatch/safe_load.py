@@ -232,12 +232,9 @@ def check_dcp_metadata(metadata: Any, folder: pathlib.Path) -> None:
     sizes: dict[str, int] = {}
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         name = getattr(info, "relative_path", None)
-        if not isinstance(name, str) or name in ("", ".", "..") or pathlib.PurePath(name).name != name:
-            raise UserError(
-                f"the checkpoint's .metadata names the data file {name!r}, which is not a file of its folder; {damaged}", path=str(folder)
-            )
-        if name not in sizes:
-            target = (root / name).resolve()
+        plain = isinstance(name, str) and name not in ("", ".", "..") and pathlib.PurePath(name).name == name
+        if not plain or name not in sizes:
+            target = (root / name).resolve() if plain else root
             if target.parent != root or not target.is_file():
                 raise UserError(
                     f"the checkpoint's .metadata names the data file {name!r}, which is not a file of its folder; {damaged}",
@@ -255,15 +252,16 @@ def check_dcp_metadata(metadata: Any, folder: pathlib.Path) -> None:
         size = getattr(entry, "size", None)
         if size is None:
             continue  # a non-tensor value
+        extents = list(size) if isinstance(size, (tuple, list)) else [-1]
         numel = 1
-        for extent in size:
-            numel *= extent
+        for extent in extents:
+            numel *= extent if isinstance(extent, int) and not isinstance(extent, bool) and extent >= 0 else -1
         dtype = getattr(getattr(entry, "properties", None), "dtype", None)
         itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
-        if any(extent < 0 for extent in size) or numel * itemsize > stored:
+        if numel < 0 or numel * itemsize > stored:
             raise UserError(
-                f"the checkpoint's .metadata gives {key} the size {list(size)} ({numel * itemsize} bytes), more than its data "
-                f"files hold ({stored} bytes); {damaged}",
+                f"the checkpoint's .metadata gives {key} the size {extents if isinstance(size, (tuple, list)) else size!r} ({max(numel, 0) * itemsize} bytes), more than "
+                f"its data files hold ({stored} bytes); {damaged}",
                 path=str(folder),
             )
 
@@ -295,19 +293,20 @@ def load_dcp(state_dict: dict[str, Any], path: pathlib.Path, *, trust: bool = Fa
     ``trust`` (``storage_reader``, ``_load_planner``).
 
     Raises:
-        UserError: the checkpoint holds more than data (DCP reports it from the rank that
-            read it, to every rank).
+        UserError: the metadata does not describe its folder (``check_dcp_metadata``), or
+            the checkpoint holds more than data (DCP reports it from the rank that read it,
+            to every rank).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
+    reader = storage_reader(path, trust=trust)
+    reader.read_metadata()  # checked here first: inside dcp.load a refusal becomes part of another error
     try:
         with warnings.catch_warnings():
             if no_dist:  # asked for: DCP's warning that it assumes one process says nothing new
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load(
-                state_dict, storage_reader=storage_reader(path, trust=trust), planner=_load_planner(path, trust=trust), no_dist=no_dist
-            )
+            dcp.load(state_dict, storage_reader=reader, planner=_load_planner(path, trust=trust), no_dist=no_dist)
     except CheckpointException as exc:  # a BaseException wrapping each rank's failure
         for failure, _ in exc.failures.values():
             if isinstance(failure, UserError):
