@@ -100,6 +100,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     if info.is_main and not finished(state):
         run_dir.path.mkdir(parents=True, exist_ok=True)
         run_dir.config.write_text(dump_yaml(redact({**cfg.to_dict(), "derived": derived.to_dict()})))
+    barrier()  # every rank's hooks may write into the folder from the first event on
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
 

@@ -4,7 +4,9 @@ A run's config is a file (``.py`` or ``.yaml``, with ``_base_`` pieces) plus ``-
 overrides. ``resolve_config`` loads them (``loader``), validates every key against the
 schema (``schema``), checks what needs the model library (the model's name and
 arguments), and returns the frozen, typed ``Config`` (``sections``, generated from the
-schema). It is the only place that turns files and dicts into a config: components
+schema). A run directory's saved ``config.yaml`` is read by ``resolve_saved_config``
+instead, as data: one YAML file, its ``_base_`` refused. These are the only places that
+turn files and dicts into a config: components
 receive their typed section (``cfg.data``, ``cfg.optimizer``, ...), and the numbers that
 follow from the world size and the data are one frozen ``Derived`` (``derive``) holding
 the run's ``BatchPlan``.
