@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from largebatch.config import Config, resolve_config
+from largebatch.config import Config, resolve_saved_config
 from largebatch.errors import UserError
 from largebatch.rundir import HUB_CONFIG, WEIGHTS, RunDir, read_metrics
 from largebatch.safe_load import read_safetensors
@@ -119,12 +119,13 @@ def write_run_hub_config(cfg: Config, run_dir: RunDir) -> None:
 
 
 def load_run(run_dir: RunDir, model_name: str | None = None) -> tuple[Config, torch.nn.Module]:
-    """The run's resolved config (its ``config.yaml``) and its model with the final weights
-    (``model_name``: an extra model's, ``"ema"`` for ``model_ema.safetensors``).
+    """The run's resolved config (its ``config.yaml``, read as data: a ``_base_`` in it is
+    refused, not followed) and its model with the final weights (``model_name``: an extra
+    model's, ``"ema"`` for ``model_ema.safetensors``).
 
     Raises:
         UserError: not a finished run directory (no ``config.yaml`` or no final weights),
-            or a finished run without that extra model.
+            a finished run without that extra model, or a ``config.yaml`` naming ``_base_``.
     """
     from largebatch.models import build_model
 
@@ -138,7 +139,7 @@ def load_run(run_dir: RunDir, model_name: str | None = None) -> tuple[Config, to
         )
     if not weights.is_file():
         raise UserError(f"{run_dir} has no {weights.name}: the run kept no model EMA (set ema.decay to keep one)")
-    cfg = resolve_config(run_dir.config)
+    _, cfg = resolve_saved_config(run_dir.config)  # as data: a run directory may come from anyone
     model = build_model(cfg.model, cfg.data)
     model.load_state_dict(read_safetensors(weights))
     return cfg, model

@@ -7,9 +7,6 @@ checked first (the config, the model name), so a mistake costs seconds, not a qu
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import os
-import pathlib
 import random
 from typing import Any
 
@@ -20,20 +17,20 @@ from largebatch import checkpoint as ckpt
 from largebatch import data as data_mod
 from largebatch import preemption
 from largebatch.backends import create_backend
-from largebatch.config import Config, Derived, derive, dump_yaml, resolve_config, restore_secrets
-from largebatch.config.redact import REDACTED, redact, unresolved
+from largebatch.config import Config, Derived, derive, dump_yaml
+from largebatch.config.redact import redact
 from largebatch.data.mixup import MixupCutmix
 from largebatch.dist import barrier, broadcast_object, destroy_process_group, discover
 from largebatch.engine.engine import Engine
 from largebatch.engine.state import Run, TrainState
-from largebatch.errors import UserError
 from largebatch.export import check_timm, write_run_hub_config
 from largebatch.hooks import build_hooks
 from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model
 from largebatch.optim.schedules import build_schedule
 from largebatch.randomness import RandomStreams
-from largebatch.rundir import CHECKPOINTS, RunDir
+from largebatch.rundir import RunDir
+from largebatch.start import StartPlan, plan_start
 from largebatch.tasks import build_task
 
 
@@ -56,161 +53,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def default_run_dir(config_path: str, resume: str | None, env: dict[str, str] | None = None) -> pathlib.Path:
-    """The run directory when ``--run-dir`` is not given.
-
-    A name that survives restarts, so ``--resume auto`` finds the run again:
-    ``runs/<config name>-job<SLURM_JOB_ID>`` inside a Slurm job (a requeued job keeps its
-    id), ``runs/<config name>-<rdzv id>`` under torchrun with ``--rdzv-id`` or
-    ``--standalone`` (the same for all restarts of one torchrun). Otherwise
-    ``runs/<config name>-<timestamp>``, or with ``--resume auto`` the newest existing one.
-    """
-    env = dict(os.environ if env is None else env)
-    stem = pathlib.Path(config_path).stem
-    if env.get("SLURM_JOB_ID"):
-        return pathlib.Path("runs") / f"{stem}-job{env['SLURM_JOB_ID']}"
-    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
-    if run_id != "none":
-        return pathlib.Path("runs") / f"{stem}-{run_id}"
-    if resume == "auto":
-        existing = sorted(p for p in pathlib.Path("runs").glob(f"{stem}-*") if ckpt.list_checkpoints(p))
-        if existing:
-            return existing[-1]
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return pathlib.Path("runs") / f"{stem}-{stamp}"
-
-
-def run_to_resume(args: TrainArgs) -> RunDir | None:
-    """The run directory ``--resume`` continues: ``--run-dir``; for a checkpoint path, the
-    run that holds it; for ``auto`` without ``--run-dir``, the newest run of ``--config``'s
-    name (``default_run_dir``). None when there is none yet (a fresh start).
-
-    Raises:
-        UserError: ``--resume auto`` with neither ``--run-dir`` nor ``--config``.
-    """
-    if args.resume not in (None, "auto"):
-        path = pathlib.Path(args.resume)
-        return RunDir(path.parent.parent) if path.parent.name == CHECKPOINTS else None
-    if args.run_dir:
-        return RunDir(args.run_dir)
-    if args.config is None:
-        raise UserError("--resume auto needs the run to continue: give --run-dir RUN (or --config, for the newest run of that config)")
-    found = default_run_dir(args.config, "auto")
-    return RunDir(found) if ckpt.list_checkpoints(found) else None
-
-
-def starting_config(args: TrainArgs, is_main: bool, run: RunDir | None) -> tuple[str, Config]:
-    """The config file a run trains with, and the config: ``--config`` for a new run; for
-    a resumed one (``run``, from ``run_to_resume``), the run's saved ``config.yaml`` (what
-    it was started with, ``--set`` values included), with this command's ``--set`` values
-    applied on top, each change printed once (rank 0, redacted).
-
-    ``config.yaml`` holds credentials redacted (``largebatch.config.redact``): a resumed
-    run takes them from ``--config`` where its values redact to the saved ones.
-
-    Raises:
-        UserError: neither ``--config`` nor a run to resume with a saved config; or a
-            config that still holds a redacted value.
-    """
-    if args.config is None and not args.resume:
-        raise UserError(
-            "--config CONFIG is required to start a run (only --resume, which continues a run with its saved config, goes without)"
-        )
-    saved = run.config if run is not None and run.config.is_file() and ckpt.list_checkpoints(run) else None
-    if saved is None:
-        if args.config is None:
-            where = f" in {run}" if run is not None else ""
-            raise UserError(
-                f"no run to resume{where} (no checkpoint with its config.yaml); give --config CONFIG to start one",
-                path=args.resume if args.resume != "auto" else None,
-            )
-        return args.config, refuse_redacted(resolve_config(args.config, args.overrides), args.config)
-    cfg = resolve_config(saved, args.overrides)
-    if args.config is not None and unresolved(cfg.to_dict()):
-        cfg = restore_secrets(cfg, resolve_config(args.config, args.overrides))
-    refuse_redacted(cfg, str(saved))
-    if is_main:
-        base = redact(resolve_config(saved).to_dict())  # a config.yaml written before redaction, too
-        changed = ckpt.config_changes(base, redact(cfg.to_dict()))
-        note = f"; --set changed {', '.join(changed)}" if changed else ""
-        print(f"largebatch: resuming {run} with its saved config {saved}{note}", flush=True)
-        if args.config is not None and pathlib.Path(args.config).resolve() != pathlib.Path(saved).resolve():
-            ignored = ckpt.config_changes(base, redact(resolve_config(args.config).to_dict()))
-            if ignored:
-                shown = ", ".join(ignored[:4]) + (f" and {len(ignored) - 4} more" if len(ignored) > 4 else "")
-                print(
-                    f"largebatch: --config {args.config} differs from the saved config in {shown}; the saved values "
-                    "are kept (change one with --set KEY=VALUE)",
-                    flush=True,
-                )
-    return str(saved), cfg
-
-
-def refuse_redacted(cfg: Config, path: str) -> Config:
-    """``cfg``, unless a value in it was redacted (a run's ``config.yaml`` given as the
-    config, or resumed without the file holding the credential): the run would use the
-    placeholder instead of the credential.
-
-    Raises:
-        UserError: naming the keys and where to give the values.
-    """
-    missing = unresolved(cfg.to_dict())
-    if missing:
-        raise UserError(
-            f"{', '.join(missing[:3])}: {REDACTED!r}, as written to the run directory, which keeps credentials out; give the "
-            "real values again with --config (the file that holds them) or --set, or pass credentials through the environment "
-            "(MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, WANDB_API_KEY) instead of the config",
-            path=path,
-        )
-    return cfg
-
-
-def check_run_dir(run_dir: pathlib.Path, *, resuming: bool) -> None:
-    """A ``--run-dir`` that cannot hold a run is the user's mistake, caught before any work.
-
-    Raises:
-        UserError: the path, or one of its parents, is a file; the nearest existing
-            folder is not writable; or, without ``--resume``, the folder holds another
-            run's checkpoints (a fresh run would overwrite them).
-    """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError("--run-dir names a file, not a folder; give a new or existing folder", path=run_dir)
-    parent = run_dir
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--run-dir {str(run_dir)!r} would be made inside a file; choose a path under a folder", path=parent)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--run-dir {str(run_dir)!r}: no permission to write in this folder", path=parent)
-    if not resuming and run_dir.is_dir() and ckpt.list_checkpoints(run_dir):
-        newest = ckpt.list_checkpoints(run_dir)[-1]
-        raise UserError(
-            f"--run-dir already holds a run's checkpoints (newest {newest.name}); continue it with "
-            f"`largebatch train --run-dir {run_dir} --resume auto`, or choose another --run-dir",
-            path=run_dir,
-        )
-
-
 def build_run(args: TrainArgs) -> tuple[Engine, list]:
-    """Everything a run needs, resumed if asked; returns the engine and its hooks."""
+    """Everything a run needs, resumed if asked; returns the engine and its hooks.
+
+    Where the run starts (its folder, config and checkpoint) is decided first, once
+    (``largebatch.start.plan_start``); the run directory is made only once the run has
+    been accepted, so a refused command leaves none behind.
+    """
     check_timm()  # a run must not train for hours and then fail to write its config.json
     info = discover()
-    resumed = run_to_resume(args) if args.resume else None
-    config_path, cfg = starting_config(args, info.is_main, resumed)
-    hooks = build_hooks(cfg, pathlib.Path(config_path))
-    task = build_task(cfg.task, pathlib.Path(config_path))
-    if args.run_dir:
-        check_run_dir(pathlib.Path(args.run_dir), resuming=bool(args.resume))
+    plan = plan_start(args, is_main=info.is_main)
+    if info.is_main:
+        for line in plan.messages():
+            print(line, flush=True)
+    cfg = plan.config
+    hooks = build_hooks(cfg, plan.config_file)
+    task = build_task(cfg.task, plan.config_file)
     backend = create_backend(cfg.device, cfg.precision, info.local_rank, cuda=cfg.cuda, hpu=cfg.hpu)
     dist_backend = backend.dist_backend if cfg.dist.backend == "auto" else cfg.dist.backend
     backend.init_process_group(info, dist_backend, cfg.dist.timeout_minutes)
 
     derived = derive(cfg, info.world_size, data_mod.count_samples(cfg.data, "train"))
-    path = pathlib.Path(args.run_dir) if args.run_dir else resumed.path if resumed else default_run_dir(config_path, args.resume)
-    run_dir = RunDir(broadcast_object(str(path)))
-    if info.is_main:
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-
+    run_dir = RunDir(broadcast_object(str(plan.run_dir)))
     model, train_model, optimizer = build_training_model(cfg, derived, info, backend, trust_checkpoint=args.trust_checkpoint)
     train_loader, eval_loader = build_loaders(cfg, derived, hooks, info, backend.device)
     run = Run(
@@ -229,12 +93,14 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         random=RandomStreams(cfg.seed, info.rank, backend),
     )
     state = TrainState(run)
-    if args.resume:
-        resume(args, state, hooks, train_loader)
+    if plan.checkpoint is not None:
+        resume(plan, args, state, hooks, train_loader)
     # Only once a resume has been accepted (a refused one leaves the run's config as it
     # was), and not for a finished run that has nothing to do.
     if info.is_main and not finished(state):
+        run_dir.path.mkdir(parents=True, exist_ok=True)
         run_dir.config.write_text(dump_yaml(redact({**cfg.to_dict(), "derived": derived.to_dict()})))
+    barrier()  # every rank's hooks may write into the folder from the first event on
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
 
@@ -291,24 +157,28 @@ def build_loaders(cfg: Config, derived: Derived, hooks: list, info: Any, device:
     return train_loader, eval_loader
 
 
-def resume(args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -> None:
-    """Load the checkpoint ``--resume`` names into ``state``, the hooks and the loader.
+def resume(plan: StartPlan, args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -> None:
+    """Load the plan's checkpoint (read already) into ``state``, the hooks and the loader.
 
     Raises:
-        UserError: ``--resume`` names a checkpoint that is not there (``auto`` without
-            one starts afresh).
+        UserError: the checkpoint does not fit this run (``largebatch.checkpoint.check_resumable``).
     """
+    assert plan.checkpoint is not None
     run = state.run
-    found = ckpt.read_resume_checkpoint(args.resume, run.run_dir, warn=run.is_main, trust=args.trust_checkpoint)
-    if found is not None:
-        path, payload = found
-        ckpt.load_checkpoint(
-            path, state, hooks, train_loader, ignore_config=args.resume_ignore_config, payload=payload, trust=args.trust_checkpoint
+    ckpt.load_checkpoint(
+        plan.checkpoint,
+        state,
+        hooks,
+        train_loader,
+        ignore_config=args.resume_ignore_config,
+        payload=plan.payload,
+        trust=args.trust_checkpoint,
+    )
+    if run.is_main and state.step < run.total_steps:  # a finished run says so instead (train)
+        print(
+            f"resumed from {plan.checkpoint} at step {state.step}/{run.total_steps}, epoch {state.epoch + 1}/{run.config.epochs}",
+            flush=True,
         )
-        if run.is_main and state.step < run.total_steps:  # a finished run says so instead (train)
-            print(f"resumed from {path} at step {state.step}/{run.total_steps}, epoch {state.epoch + 1}/{run.config.epochs}", flush=True)
-    elif args.resume != "auto":
-        raise UserError("no checkpoint to resume from", path=args.resume)
 
 
 def how_to_train_on(state: TrainState) -> str:

@@ -253,25 +253,75 @@ def read_dcp_metadata(stream: IO[bytes], path: str | os.PathLike[str]) -> Any:
 
 
 def storage_reader(path: pathlib.Path, *, trust: bool = False) -> Any:
-    """A DCP ``FileSystemReader`` of ``path`` whose metadata is read as data (unless ``trust``)."""
+    """A DCP ``FileSystemReader`` of ``path`` whose metadata is read as data (unless
+    ``trust``) and checked before anything else is read (``check_dcp_metadata``, trusted or not)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    if trust:
-        return FileSystemReader(str(path))
-
-    class PlainMetadataReader(FileSystemReader):
+    class CheckedMetadataReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            rank = kwargs.get("rank")
-            name = ".metadata" if rank is None else f"__{rank}.metadata"
-            with open(pathlib.Path(self.path) / name, "rb") as stream:
-                metadata = read_dcp_metadata(stream, path)
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
+            if trust:
+                metadata = super().read_metadata(*args, **kwargs)
+            else:
+                rank = kwargs.get("rank")
+                name = ".metadata" if rank is None else f"__{rank}.metadata"
+                with open(pathlib.Path(self.path) / name, "rb") as stream:
+                    metadata = read_dcp_metadata(stream, path)
+                if getattr(metadata, "storage_meta", None) is None:
+                    metadata.storage_meta = StorageMeta()
+                metadata.storage_meta.load_id = self.load_id
+            check_dcp_metadata(metadata, path)
             return metadata
 
-    return PlainMetadataReader(str(path))
+    return CheckedMetadataReader(str(path))
+
+
+def check_dcp_metadata(metadata: Any, folder: pathlib.Path) -> None:
+    """DCP's metadata must describe the files of its own folder: each data file a plain name
+    in it (DCP would open ``relative_path`` joined to the folder, so ``../../etc/hostname``
+    reads outside), each stored slice within its file, and no tensor larger than the data
+    files hold (a size claiming 2^40 elements would be allocated before anything is read).
+
+    Raises:
+        UserError: naming the folder and what the metadata claims.
+    """
+    root = pathlib.Path(folder).resolve()
+    damaged = "it is damaged or was made to read other files; resume from another checkpoint"
+    sizes: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name = getattr(info, "relative_path", None)
+        plain = isinstance(name, str) and name not in ("", ".", "..") and pathlib.PurePath(name).name == name
+        if not plain or name not in sizes:
+            target = (root / name).resolve() if plain else root
+            if target.parent != root or not target.is_file():
+                raise UserError(
+                    f"the checkpoint's .metadata names the data file {name!r}, which is not a file of its folder; {damaged}",
+                    path=str(folder),
+                )
+            sizes[name] = target.stat().st_size
+        offset, length = getattr(info, "offset", -1), getattr(info, "length", -1)
+        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset and 0 <= length and offset + length <= sizes[name]):
+            raise UserError(
+                f"the checkpoint's .metadata places a value at bytes {offset}..+{length} of {name}, which holds {sizes[name]}; {damaged}",
+                path=str(folder),
+            )
+    stored = sum(sizes.values())
+    for key, entry in (getattr(metadata, "state_dict_metadata", None) or {}).items():
+        size = getattr(entry, "size", None)
+        if size is None:
+            continue  # a non-tensor value
+        extents = list(size) if isinstance(size, (tuple, list)) else [-1]
+        numel = 1
+        for extent in extents:
+            numel *= extent if isinstance(extent, int) and not isinstance(extent, bool) and extent >= 0 else -1
+        dtype = getattr(getattr(entry, "properties", None), "dtype", None)
+        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
+        if numel < 0 or numel * itemsize > stored:
+            raise UserError(
+                f"the checkpoint's .metadata gives {key} the size {extents if isinstance(size, (tuple, list)) else size!r} ({max(numel, 0) * itemsize} bytes), more than "
+                f"its data files hold ({stored} bytes); {damaged}",
+                path=str(folder),
+            )
 
 
 def _load_planner(path: pathlib.Path, *, trust: bool = False) -> Any:
@@ -301,19 +351,20 @@ def load_dcp(state_dict: dict[str, Any], path: pathlib.Path, *, trust: bool = Fa
     ``trust`` (``storage_reader``, ``_load_planner``).
 
     Raises:
-        UserError: the checkpoint holds more than data (DCP reports it from the rank that
-            read it, to every rank).
+        UserError: the metadata does not describe its folder (``check_dcp_metadata``), or
+            the checkpoint holds more than data (DCP reports it from the rank that read it,
+            to every rank).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
+    reader = storage_reader(path, trust=trust)
+    reader.read_metadata()  # checked here first: inside dcp.load a refusal becomes part of another error
     try:
         with warnings.catch_warnings():
             if no_dist:  # asked for: DCP's warning that it assumes one process says nothing new
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load(
-                state_dict, storage_reader=storage_reader(path, trust=trust), planner=_load_planner(path, trust=trust), no_dist=no_dist
-            )
+            dcp.load(state_dict, storage_reader=reader, planner=_load_planner(path, trust=trust), no_dist=no_dist)
     except CheckpointException as exc:  # a BaseException wrapping each rank's failure
         for failure, _ in exc.failures.values():
             if isinstance(failure, UserError):

@@ -190,3 +190,50 @@ def test_a_callable_in_dcp_values_or_metadata_is_refused_without_running(tmp_pat
     with pytest.raises(safe_load.UntrustedCheckpoint, match="posix.system"):
         safe_load.storage_reader(tmp_path / "ck").read_metadata()
     assert not marker.exists()
+
+
+def rewrite_metadata(folder: pathlib.Path, change) -> None:
+    metadata = pickle.loads((folder / ".metadata").read_bytes())  # our own test file: a plain load is fine here
+    change(metadata)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+
+
+def test_dcp_metadata_never_reads_outside_its_folder(tmp_path):
+    """``relative_path`` pointing out of the folder (to a copy of the real data file there, so
+    that reading it would succeed), or through a link in it: one line naming the folder,
+    trusted or not."""
+    from largebatch.checkpoint import read_model_weights
+
+    dcp_checkpoint(tmp_path / "ck", {})
+    (data,) = {info.relative_path for info in safe_load.storage_reader(tmp_path / "ck").read_metadata().storage_data.values()}
+    (tmp_path / "outside.distcp").write_bytes((tmp_path / "ck" / data).read_bytes())
+    for name in ("../outside.distcp", str(tmp_path / "outside.distcp"), "link.distcp"):
+        rewrite_metadata(tmp_path / "ck", lambda m, name=name: [setattr(info, "relative_path", name) for info in m.storage_data.values()])
+        (tmp_path / "ck/link.distcp").unlink(missing_ok=True)
+        (tmp_path / "ck/link.distcp").symlink_to(tmp_path / "outside.distcp")
+        for trust in (False, True):
+            with pytest.raises(UserError) as error:
+                safe_load.load_dcp(
+                    {"model": {"weight": torch.empty(2, 3), "bias": torch.empty(2)}}, tmp_path / "ck", trust=trust, no_dist=True
+                )
+            assert str(error.value) == (
+                f"{tmp_path / 'ck'}: the checkpoint's .metadata names the data file {name!r}, which is not a file of its folder; "
+                "it is damaged or was made to read other files; resume from another checkpoint"
+            )
+        with pytest.raises(UserError, match="not a file of its folder"):
+            read_model_weights(tmp_path / "ck")
+
+
+def test_dcp_metadata_claiming_more_than_its_files_hold_is_refused_before_allocating(tmp_path):
+    from largebatch.checkpoint import read_model_weights
+
+    dcp_checkpoint(tmp_path / "ck", {})
+    assert read_model_weights(tmp_path / "ck")["weight"].shape == (2, 3)
+    rewrite_metadata(tmp_path / "ck", lambda m: setattr(m.state_dict_metadata["model.weight"], "size", torch.Size([2**20, 2**20])))
+    with pytest.raises(
+        UserError, match=r"gives model.weight the size \[1048576, 1048576\] \(4398046511104 bytes\), more than its data files"
+    ):
+        read_model_weights(tmp_path / "ck")  # init_from: allocates the tensors the metadata names
+    rewrite_metadata(tmp_path / "ck", lambda m: [setattr(info, "length", 2**40) for info in m.storage_data.values()])
+    with pytest.raises(UserError, match=r"places a value at bytes \d+\.\.\+1099511627776 of"):
+        read_model_weights(tmp_path / "ck")

@@ -4,7 +4,9 @@ A run's config is a file (``.py`` or ``.yaml``, with ``_base_`` pieces) plus ``-
 overrides. ``resolve_config`` loads them (``loader``), validates every key against the
 schema (``schema``), checks what needs the model library (the model's name and
 arguments), and returns the frozen, typed ``Config`` (``sections``, generated from the
-schema). It is the only place that turns files and dicts into a config: components
+schema). A run directory's saved ``config.yaml`` is read by ``resolve_saved_config``
+instead, as data: one YAML file, its ``_base_`` refused. These are the only places that
+turn files and dicts into a config: components
 receive their typed section (``cfg.data``, ``cfg.optimizer``, ...), and the numbers that
 follow from the world size and the data are one frozen ``Derived`` (``derive``) holding
 the run's ``BatchPlan``.
@@ -12,6 +14,7 @@ the run's ``BatchPlan``.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import pathlib
 from collections.abc import Sequence
@@ -20,12 +23,13 @@ from typing import Any
 import yaml
 
 from largebatch.config.derive import Derived, LrScaling, derive
-from largebatch.config.loader import load_config
+from largebatch.config.loader import apply_override, load_config, read_yaml_data
 from largebatch.config.redact import restore
 from largebatch.config.schema import SCHEMA, validate
 from largebatch.config.sections import *  # noqa: F403 - the section classes
 from largebatch.config.sections import Config
 from largebatch.config.typed import typed
+from largebatch.errors import ConfigError
 
 __all__ = [
     "SCHEMA",
@@ -36,6 +40,7 @@ __all__ = [
     "dump_yaml",
     "load_config",
     "resolve_config",
+    "resolve_saved_config",
     "restore_secrets",
     "validate",
 ]
@@ -55,7 +60,42 @@ def resolve_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> C
     Raises:
         ConfigError: the file, an override or a value is wrong (naming the key and the fix).
     """
-    cfg = typed(load_config(path, list(overrides)))
+    return _checked(typed(load_config(path, list(overrides))))
+
+
+def resolve_saved_config(path: str | pathlib.Path, overrides: Sequence[str] = (), *, trust: bool = False) -> tuple[Config, Config]:
+    """A run directory's ``config.yaml``, read as data: the config as saved, and with
+    ``--set`` overrides applied (checked as ``resolve_config`` checks).
+
+    A run directory may come from anyone, so its config is one YAML file and nothing
+    else: a ``_base_`` in it (which would load, and for a ``.py`` file run, another file
+    beside it) is refused unless ``trust`` says to follow it, as ``--trust-checkpoint`` does.
+
+    Raises:
+        ConfigError: the file names ``_base_`` (without ``trust``), or it, an override or a
+            value is wrong.
+    """
+    data = read_yaml_data(path)
+    if "_base_" in data:
+        if not trust:
+            raise ConfigError(
+                f"names _base_ {data['_base_']!r}, which would load (a .py file: run) a file from the run directory, and a "
+                "run directory is read as data (its config.yaml holds the whole config); remove the _base_ line, or, to "
+                "follow it in a run directory you trust, resume with --trust-checkpoint",
+                path=str(path),
+            )
+        data = load_config(path)
+    saved = typed(data)
+    if not overrides:
+        return saved, _checked(saved)
+    data = copy.deepcopy(data)
+    for override in overrides:
+        apply_override(data, override)
+    return saved, _checked(typed(data))
+
+
+def _checked(cfg: Config) -> Config:
+    """``cfg``, once the checks that need more than the schema pass (``CONFIG_CHECKS``)."""
     for check in CONFIG_CHECKS:
         module, _, function = check.partition(":")
         getattr(importlib.import_module(module), function)(cfg)

@@ -73,10 +73,27 @@ def read_plain_file(path: str | pathlib.Path) -> dict[str, Any]:
     return _load_file(pathlib.Path(path), chain=())
 
 
-def _load_file(path: pathlib.Path, chain: tuple[pathlib.Path, ...]) -> dict[str, Any]:
+def read_yaml_data(path: str | pathlib.Path) -> dict[str, Any]:
+    """A YAML config file as plain data, read once and nothing else: a ``_base_`` it names
+    is kept as a key, not followed, and no other file is opened (a run's saved
+    ``config.yaml`` is read this way: ``largebatch.config.resolve_saved_config``).
+
+    Raises:
+        ConfigError: the file is missing, not valid YAML, or not a mapping of plain values.
+    """
+    path = pathlib.Path(path)
+    _check_exists(path)
+    return _read_yaml(path)
+
+
+def _check_exists(path: pathlib.Path) -> None:
     if not path.is_file():
         hint = "check the path" if path.suffix in CONFIG_SUFFIXES else f"a config file ends in {', '.join(CONFIG_SUFFIXES)}"
         raise ConfigError(f"config file not found; {hint}", path=str(path))
+
+
+def _load_file(path: pathlib.Path, chain: tuple[pathlib.Path, ...]) -> dict[str, Any]:
+    _check_exists(path)
     resolved = path.resolve()
     if resolved in chain:
         cycle = " -> ".join(str(p) for p in (*chain, resolved))

@@ -4,7 +4,9 @@ Hooks (``hooks``) and the task (``task.type``) are named the same way:
 
 * a built-in name (``'logger'``, ``'classification'``);
 * ``'path/file.py:Class'``: a file of yours, read relative to the working directory,
-  then to the config file's folder and its parents;
+  then to the config file's folder and its parents (for a resumed run, the ``--config``
+  file the command names: the run directory that holds its saved ``config.yaml`` is data,
+  and is never searched);
 * ``'package.module:Class'``: a module on the Python path;
 * a name an installed package registers under the entry-point group ``largebatch.hooks``
   (hooks) or ``largebatch.tasks`` (tasks), e.g. in its ``pyproject.toml``::
@@ -53,6 +55,12 @@ def _is_file(location: str) -> bool:
 def _load_file(file: str, key: str, kind: str, config_path: pathlib.Path | None) -> ModuleType:
     found = next((p for p in _search_paths(file, config_path) if p.is_file()), None)
     if found is None:
+        if config_path is None:  # a resumed run's saved config: its run directory is never searched
+            raise ConfigError(
+                f"{kind} file {file!r} not found in the working directory (a run directory is not searched: it is data); "
+                "check the path, or give --config FILE to look beside that file too",
+                key=key,
+            )
         raise ConfigError(f"{kind} file {file!r} not found (looked in the working directory and above the config); check the path", key=key)
     module_name = f"largebatch_user_{kind}_{hashlib.sha1(str(found).encode()).hexdigest()[:12]}"
     module = sys.modules.get(module_name)
@@ -110,7 +118,8 @@ def load_class(spec: str, *, key: str, kind: str, base: type, builtins: dict[str
         kind: what is named (``hook``, ``task``), for errors.
         base: the class it must subclass (and not be).
         builtins: built-in names, each mapped to ``'package.module:Class'``.
-        config_path: the config file, whose folders are searched for relative paths.
+        config_path: the config file the user named, whose folders are searched for relative
+            paths; None searches the working directory only.
 
     Raises:
         ConfigError: unknown name, missing file, module or class, a class that is not a

@@ -2,8 +2,8 @@
 
 Every case must end the same way: exit status 2, exactly one ``error:`` line on stderr
 that names what is wrong (the key, flag or file) and, where there is one, the fix; no
-traceback; nothing trained (no weights, no checkpoint); and a run directory that already
-held something is left as it was.
+traceback; nothing trained (no weights, no checkpoint); a run directory that already
+held something is left as it was, and none is left empty behind.
 """
 
 from __future__ import annotations
@@ -136,6 +136,15 @@ def run_dir_with_checkpoints(tmp_path):
     return train(config_with(tmp_path), run_dir), run_dir
 
 
+def run_dir_with_a_runs_files(tmp_path):
+    """A finished run whose checkpoints were removed: nothing to resume, everything to lose."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("config.yaml", "metrics.jsonl", "model.safetensors"):
+        (run_dir / name).write_text("an earlier run's\n")
+    return train(config_with(tmp_path), run_dir), run_dir
+
+
 def resume_from_nothing(tmp_path):
     return train(config_with(tmp_path), tmp_path / "run", "--resume", str(tmp_path / "no-such-checkpoint")), tmp_path / "run"
 
@@ -180,6 +189,55 @@ def resume_checkpoint_carrying_a_callable(tmp_path):
     payload["hooks"]["LossAccuracyHook"] = {"sums": RunsCode(f"touch {tmp_path / 'it-ran'}")}
     torch.save(payload, tmp_path / "step-9.pt")
     return train(config, run_dir, "--resume", str(tmp_path / "step-9.pt")), run_dir
+
+
+def trained_run_with_a_planted_base(tmp_path: pathlib.Path) -> tuple[str, pathlib.Path]:
+    """A finished run whose config.yaml names a ``_base_`` planted beside it (``touch``)."""
+    config, run_dir = trained_run(tmp_path)
+    (run_dir / "notes.py").write_text(f"import pathlib\n\npathlib.Path({str(tmp_path / 'it-ran')!r}).touch()\n")
+    (run_dir / "config.yaml").write_text("_base_: notes.py\n" + (run_dir / "config.yaml").read_text())
+    return config, run_dir
+
+
+def resume_saved_config_naming_a_base(tmp_path):
+    config, run_dir = trained_run_with_a_planted_base(tmp_path)
+    return train(config, run_dir, "--resume", "auto", "--set", "max_steps=8"), run_dir
+
+
+def export_saved_config_naming_a_base(tmp_path):
+    _, run_dir = trained_run_with_a_planted_base(tmp_path)
+    return ["export", str(run_dir), "--out", str(tmp_path / "out")], run_dir
+
+
+def init_from_dcp_folder(change):
+    """``model.init_from`` naming a sharded (DCP) checkpoint whose ``.metadata`` was changed."""
+
+    def make(tmp_path):
+        import pickle
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        folder = tmp_path / "step-00000002"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({"model": {"head.weight": torch.ones(4, 32)}}, checkpoint_id=str(folder), no_dist=True)
+        (tmp_path / "hostname").write_bytes((folder / "__0_0.distcp").read_bytes())  # readable, were it read
+        metadata = pickle.loads((folder / ".metadata").read_bytes())
+        change(metadata)
+        (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+        return train(config_with(tmp_path, **{"model.init_from": str(folder)}), tmp_path / "run"), tmp_path / "run"
+
+    return make
+
+
+def reading_outside(metadata) -> None:
+    for info in metadata.storage_data.values():
+        info.relative_path = "../hostname"
+
+
+def claiming_2_to_the_40(metadata) -> None:
+    metadata.state_dict_metadata["model.head.weight"].size = torch.Size([2**20, 2**20])
 
 
 def resume_auto_newest_carrying_a_callable(tmp_path):
@@ -547,7 +605,20 @@ CASES = [
     ("run-dir-is-a-file", run_dir_is_a_file, ["--run-dir names a file", "taken"]),
     ("run-dir-under-a-file", run_dir_under_a_file, ["inside a file", "taken"]),
     ("run-dir-holds-checkpoints", run_dir_with_checkpoints, ["step-4.pt", "--resume auto"]),
+    ("run-dir-holds-a-runs-files", run_dir_with_a_runs_files, ["config.yaml, metrics.jsonl, model.safetensors", "another --run-dir"]),
     ("resume-from-nothing", resume_from_nothing, ["no-such-checkpoint"]),
+    ("resume-saved-config-names-a-base", resume_saved_config_naming_a_base, ["config.yaml", "_base_ 'notes.py'", "--trust-checkpoint"]),
+    ("export-saved-config-names-a-base", export_saved_config_naming_a_base, ["config.yaml", "_base_ 'notes.py'", "remove the _base_"]),
+    (
+        "init-from-dcp-reading-outside",
+        init_from_dcp_folder(reading_outside),
+        ["step-00000002", "'../hostname'", "not a file of its folder"],
+    ),
+    (
+        "init-from-dcp-claiming-2-to-the-40",
+        init_from_dcp_folder(claiming_2_to_the_40),
+        ["step-00000002", "model.head.weight", "[1048576, 1048576]", "more than its data files hold"],
+    ),
     ("resume-garbage-file", resume_garbage_checkpoint, ["step-9.pt"]),
     ("resume-truncated-file", resume_truncated_checkpoint, ["step-"]),
     ("resume-changed-model", resume_with_another_model, ["model.embed_dim", "--resume-ignore-config"]),
@@ -652,7 +723,7 @@ def test_a_mistake_is_one_error_line_and_loses_nothing(tmp_path, capsys, monkeyp
     argv, run_dir = make(tmp_path)
     for name, value in getattr(make, "env", {}).items():
         monkeypatch.setenv(name, value)
-    before = snapshot(run_dir)
+    before, existed = snapshot(run_dir), run_dir.exists()
     status = invoke(argv)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -664,7 +735,8 @@ def test_a_mistake_is_one_error_line_and_loses_nothing(tmp_path, capsys, monkeyp
     after = snapshot(run_dir)
     assert {k: v for k, v in after.items() if k in before} == before, "an existing file was changed"
     assert not any(name.endswith(".safetensors") or name.startswith("checkpoints/") for name in set(after) - set(before))
-    assert not (tmp_path / "it-ran").exists()  # a checkpoint's pickled call never ran
+    assert not (tmp_path / "it-ran").exists()  # a checkpoint's pickled call, or a file planted in a run directory, never ran
+    assert existed or not run_dir.exists() or any(run_dir.iterdir()), "a refused command left an empty run directory behind"
 
 
 def test_evaluation_switched_off_needs_no_eval_split(tmp_path, capsys):

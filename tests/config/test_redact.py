@@ -255,22 +255,25 @@ def test_a_resume_takes_redacted_values_from_the_config_file_that_holds_them(tmp
     """``config.yaml`` is written redacted; resuming with ``--config`` gives the run the real
     values back, resuming without it (or with a file whose values differ) is refused, and so
     is starting a new run from the redacted file."""
+    import torch
+
     from largebatch.config import dump_yaml, resolve_config
     from largebatch.errors import UserError
-    from largebatch.launch import TrainArgs, run_to_resume, starting_config
+    from largebatch.launch import TrainArgs
+    from largebatch.start import plan_start
     from tests.conftest import tiny_config, write_config
 
     def start(args: TrainArgs):
-        return starting_config(args, is_main=False, run=run_to_resume(args) if args.resume else None)
+        return plan_start(args, is_main=False).config
 
     cfg = tiny_config(hooks=[{"type": "hooks/notify.py:Notify", "url": "https://alice:tok@hooks.example.com/x", "api_key": "sk-1"}])
     source = write_config(tmp_path, cfg, name="mine.yaml")
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "checkpoints" / "step-00000001.pt").write_bytes(b"")  # a checkpoint by name: starting_config reads the config only
+    torch.save({"format": 1, "model": {}}, run_dir / "checkpoints" / "step-00000001.pt")  # the plan reads it; nothing loads it
     (run_dir / "config.yaml").write_text(dump_yaml(redact(resolve_config(source).to_dict())))
 
-    _, resumed = start(TrainArgs(config=str(source), run_dir=str(run_dir), resume="auto"))
+    resumed = start(TrainArgs(config=str(source), run_dir=str(run_dir), resume="auto"))
     assert resumed.to_dict()["hooks"] == cfg["hooks"]
     with pytest.raises(UserError, match=r"config.yaml: hooks\[0\].url, hooks\[0\].api_key: '<redacted>'"):
         start(TrainArgs(config=None, run_dir=str(run_dir), resume="auto"))

@@ -31,8 +31,8 @@ import subprocess
 import pytest
 
 from largebatch import cli, train_command
+from largebatch.config import resolve_config
 from largebatch.errors import UserError
-from largebatch.launch import resolve_config
 from tests.conftest import clean_env
 from tests.docs import markdown
 from tests.docs.markdown import REPO
