@@ -72,7 +72,7 @@ class Critical:
         batch: the critical batch, interpolated in log k where the efficiency falls
             through ``1 - tolerance`` (k x B when it never does).
         bound: every k was efficient: the critical batch is at least ``batch``.
-        k_by_seed: the critical k of each seed on its own.
+        k_by_seed, batch_by_seed: the critical k and batch of each seed on its own.
         efficiency: k -> (L0 - L(k)) / (L0 - L(1)), on the mean losses.
     """
 
@@ -80,6 +80,7 @@ class Critical:
     batch: float | None
     bound: bool
     k_by_seed: dict[int, int | None]
+    batch_by_seed: dict[int, float | None]
     efficiency: dict[int, float]
 
 
@@ -90,13 +91,20 @@ def _efficiency(start: float, losses: Mapping[int, float]) -> dict[int, float] |
     return {k: (start - loss) / progress for k, loss in sorted(losses.items())}
 
 
-def _critical_k(efficiency: Mapping[int, float], tolerance: float) -> int:
-    chosen = 1
-    for k in sorted(efficiency):
-        if efficiency[k] < 1 - tolerance:
+def _choose(efficiency: Mapping[int, float], base_batch: int, tolerance: float) -> tuple[int, float, bool]:
+    """(critical k, critical batch interpolated in log k, whether every k was efficient)."""
+    ks = sorted(efficiency)
+    k = ks[0]
+    for candidate in ks:
+        if efficiency[candidate] < 1 - tolerance:
             break
-        chosen = k
-    return chosen
+        k = candidate
+    if k == ks[-1]:
+        return k, float(k * base_batch), True
+    after = ks[ks.index(k) + 1]
+    hi, lo = efficiency[k], efficiency[after]  # hi >= 1 - tolerance > lo
+    fraction = (hi - (1 - tolerance)) / (hi - lo)
+    return k, base_batch * math.exp(math.log(k) + fraction * (math.log(after) - math.log(k))), False
 
 
 def critical(start: float, losses: Mapping[int, Mapping[int, float]], base_batch: int, tolerance: float) -> Critical:
@@ -123,23 +131,17 @@ def critical(start: float, losses: Mapping[int, Mapping[int, float]], base_batch
     if not seeds or any(set(by_seed) != seeds for by_seed in losses.values()):
         raise ValueError("every k needs the same seeds")
     mean = {k: statistics.fmean(by_seed.values()) for k, by_seed in losses.items()}
-    by_seed = {}
+    by_seed: dict[int, tuple[int, float] | None] = {}
     for seed in sorted(seeds):
         own = _efficiency(start, {k: losses[k][seed] for k in losses})
-        by_seed[seed] = None if own is None else _critical_k(own, tolerance)
+        by_seed[seed] = None if own is None else _choose(own, base_batch, tolerance)[:2]
     efficiency = _efficiency(start, mean)
+    seed_k = {seed: None if v is None else v[0] for seed, v in by_seed.items()}
+    seed_batch = {seed: None if v is None else v[1] for seed, v in by_seed.items()}
     if efficiency is None:
-        return Critical(None, None, False, by_seed, {})
-    k = _critical_k(efficiency, tolerance)
-    ks = sorted(efficiency)
-    bound = k == ks[-1]
-    batch = float(k * base_batch)
-    if not bound:
-        after = ks[ks.index(k) + 1]
-        hi, lo = efficiency[k], efficiency[after]  # hi >= 1 - tolerance > lo
-        fraction = (hi - (1 - tolerance)) / (hi - lo)
-        batch = base_batch * math.exp(math.log(k) + fraction * (math.log(after) - math.log(k)))
-    return Critical(k, batch, bound, by_seed, efficiency)
+        return Critical(None, None, False, seed_k, seed_batch, {})
+    k, batch, bound = _choose(efficiency, base_batch, tolerance)
+    return Critical(k, batch, bound, seed_k, seed_batch, efficiency)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +169,7 @@ class Row:
             "critical_batch": None if c is None else c.batch,
             "bound": None if c is None else c.bound,
             "k_by_seed": None if c is None else {str(s): v for s, v in c.k_by_seed.items()},
+            "batch_by_seed": None if c is None else {str(s): v for s, v in c.batch_by_seed.items()},
             "efficiency": None if c is None else {str(k): v for k, v in c.efficiency.items()},
             "b_simple": self.b_simple,
             "missing": self.missing,

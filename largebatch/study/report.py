@@ -19,7 +19,7 @@ import pathlib
 from typing import Any
 
 from largebatch.config.redact import redact_text
-from largebatch.study import analysis, ledger, plots
+from largebatch.study import analysis, branch_report, ledger, plots
 from largebatch.study.space import PARAMS
 from largebatch.study.spec import StudySpec
 
@@ -172,9 +172,13 @@ def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path) -> list[path
     ]
     if spec.noise_scale is not None:
         paths.append(plots.noise_scale(cells, optimizers, float(spec.noise_scale["at_eval_loss"]), out / "noise_scale.png"))
+    branch = None if spec.branches is None else branch_report.build(spec, study.get_trials(deepcopy=False), out)
+    if branch is not None:  # the critical batch along training: a section of its own, at the end
+        data["branches"] = branch.data
     _replace(out / "report.json", json.dumps(data, indent=1, default=str) + "\n")
-    _replace(out / "report.md", markdown(spec, data, cells, optimizers, [p.name for p in paths]))
-    return [out / "report.md", out / "report.json", *paths]
+    text = markdown(spec, data, cells, optimizers, [p.name for p in paths])
+    _replace(out / "report.md", text if branch is None else text + branch.markdown)
+    return [out / "report.md", out / "report.json", *paths, *([] if branch is None else [branch.plot])]
 
 
 def _replace(path: pathlib.Path, text: str) -> None:

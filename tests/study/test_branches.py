@@ -118,7 +118,16 @@ def test_lr_rules():
 
 def test_table_waits_for_every_branch_and_counts_diverged_ones_as_worst():
     def result(samples, k, seed, end):
-        return {"at_samples": samples, "step": samples // 8, "base_batch": 8, "k": k, "seed": seed, "start_loss": 1.0, "end_loss": end, "b_simple": 5.0}
+        return {
+            "at_samples": samples,
+            "step": samples // 8,
+            "base_batch": 8,
+            "k": k,
+            "seed": seed,
+            "start_loss": 1.0,
+            "end_loss": end,
+            "b_simple": 5.0,
+        }
 
     results = [result(64, 1, 1, 0.5), result(64, 2, 1, None), result(128, 1, 1, 0.5)]
     rows = table(results, ks=(1, 2), seeds=(1,), tolerance=0.2)
