@@ -68,3 +68,15 @@ def test_a_missing_or_unfitting_checkpoint_is_one_error_line(tmp_path):
         "train", "--config", str(config), "--run-dir", str(tmp_path / "b"), "--branch-from", str(checkpoint), "--set", "optimizer.type=lamb"
     )
     assert result.returncode == 2 and result.stderr.startswith("error:") and "holds adamw's state" in result.stderr, result.stderr
+
+
+def test_a_branch_stopped_and_resumed_ends_as_one_never_stopped(tmp_path):
+    config, checkpoint = source(tmp_path, {"type": "adamw", "lr": 1e-3})
+    whole = train(TrainArgs(config=str(config), overrides=BRANCH, run_dir=str(tmp_path / "whole"), branch_from=str(checkpoint)))
+    saving = [*BRANCH, "checkpoint.interval_steps=1"]
+    part = TrainArgs(config=str(config), overrides=[*saving, "max_steps=1"], run_dir=str(tmp_path / "part"), branch_from=str(checkpoint))
+    assert train(part).step == 1
+    # --resume auto beside --branch-from: the branch's own checkpoint wins over the source's
+    rest = TrainArgs(config=str(config), overrides=saving, run_dir=str(tmp_path / "part"), resume="auto", branch_from=str(checkpoint))
+    assert train(rest).step == whole.step == 2
+    assert_same_weights(tmp_path / "whole" / "model.safetensors", tmp_path / "part" / "model.safetensors")

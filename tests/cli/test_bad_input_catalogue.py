@@ -140,6 +140,10 @@ def resume_from_nothing(tmp_path):
     return train(config_with(tmp_path), tmp_path / "run", "--resume", str(tmp_path / "no-such-checkpoint")), tmp_path / "run"
 
 
+def branch_from_nothing(tmp_path):
+    return train(config_with(tmp_path), tmp_path / "run", "--branch-from", str(tmp_path / "no-such-checkpoint")), tmp_path / "run"
+
+
 def trained_run(tmp_path: pathlib.Path) -> tuple[str, pathlib.Path]:
     """A finished one-epoch run with its checkpoint (the starting point of resume mistakes)."""
     config = config_with(tmp_path, **{"checkpoint.at_end": True})
@@ -444,6 +448,7 @@ CASES = [
     ("run-dir-under-a-file", run_dir_under_a_file, ["inside a file", "taken"]),
     ("run-dir-holds-checkpoints", run_dir_with_checkpoints, ["step-4.pt", "--resume auto"]),
     ("resume-from-nothing", resume_from_nothing, ["no-such-checkpoint"]),
+    ("branch-from-nothing", branch_from_nothing, ["--branch-from", "no-such-checkpoint", "checkpoint not found"]),
     ("resume-garbage-file", resume_garbage_checkpoint, ["step-9.pt"]),
     ("resume-truncated-file", resume_truncated_checkpoint, ["step-"]),
     ("resume-changed-model", resume_with_another_model, ["model.embed_dim", "--resume-ignore-config"]),
@@ -502,6 +507,8 @@ CASES = [
         ["storage", "'postgresql://<redacted>@127.0.0.1:9/none' cannot be opened"],
     ),
     ("study-storage-folder-missing", study_case("--storage", "journal:/no/such/folder/study.log"), ["storage", "does not exist"]),
+    ("study-branches-without-k1", study_case(branches={"run": "source", "ks": [2, 4], "samples": 64}), ["branches.ks", "must hold 1"]),
+    ("study-branches-run-missing", study_case(branches={"run": "nowhere", "samples": 64}), ["branches.run", "nowhere", "holds no run"]),
 ]
 
 
