@@ -38,6 +38,16 @@ def build(spec: Any, trials: list[Any], out: pathlib.Path) -> Section:
     return Section(data, _markdown(data, rows), plot)
 
 
+def status_line(spec: Any, trials: list[Any]) -> str:
+    """``study status``'s line on the branches: complete of planned, and running."""
+    section = spec.branches
+    done = len(branch_trials.results(spec, trials))
+    running = sum(t.state.name == "RUNNING" and t.user_attrs.get("phase") == branch_trials.PHASE for t in trials)
+    planned = len(section["ks"]) * len(section["seeds"]) * len(section["at_samples"]) if section["at_samples"] else None
+    of = f" of {planned}" if planned is not None else ""
+    return f"branches from {section['run']}: {done}{of} complete, {running} running"
+
+
 def _num(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 

@@ -413,6 +413,8 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
         lines.append(
             f"{c.key:<18} {c.tuned:>3}/{c.planned:<3} {running.get((c.optimizer, c.batch), 0):>8} {len(c.reruns):>4}/{len(spec.seeds):<3}  {_steps(c)}"
         )
+    if spec.branches is not None:
+        lines.append(branch_report.status_line(spec, trials))
     for c in cells:
         for f in c.failed:
             last = (f["error"].strip().splitlines() or ["?"])[-1][:200]

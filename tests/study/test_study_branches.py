@@ -40,6 +40,7 @@ def branched(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_training(branched):
     import optuna
 
@@ -72,6 +73,8 @@ def test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_trai
     markdown = (folder / "report.md").read_text()
     assert "## The critical batch along training" in markdown and "![critical_batch.png](critical_batch.png)" in markdown
     assert (folder / "critical_batch.png").stat().st_size > 1000
+    status = study_cli("status", "study.yaml", cwd=folder)
+    assert "branches from source: 12 of 12 complete, 0 running" in status.stdout, status.stdout + status.stderr
 
 
 @pytest.mark.parametrize(
