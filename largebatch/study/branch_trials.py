@@ -58,8 +58,8 @@ def parse(value: Any, seeds: tuple[int, ...], where: str) -> dict[str, Any]:
     if not isinstance(entry["run"], str):
         raise UserError("is required: the source run's directory, relative to the study file", key="branches.run", path=where)
     for key in ("ks", "seeds", "at_samples"):
-        items = entry[key] if entry[key] is not None or key != "seeds" else list(seeds)
-        if items is None:
+        items = list(seeds) if key == "seeds" and entry[key] is None else entry[key]
+        if items is None and key == "at_samples":  # every checkpoint
             continue
         if not isinstance(items, list) or not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in items):
             raise UserError(f"must be a list of distinct non-negative integers, got {items!r}", key=f"branches.{key}", path=where)
@@ -235,6 +235,7 @@ def launch(spec: Any, info: dict[str, Any], run_dir: pathlib.Path) -> list[str]:
         f"global_batch_size={b['batch']}",
         f"micro_batch_size={math.gcd(b['micro_batch'], b['batch'])}",
         f"seed={info['seed']}",
+        "model.init_from=null",  # the weights come from the checkpoint
         f"optimizer.lr={b['lr']!r}",
         "lr_schedule.type=constant",
         "lr_schedule.warmup_steps=0",

@@ -77,10 +77,23 @@ def test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_trai
     assert "branches from source: 12 of 12 complete, 0 running" in status.stdout, status.stdout + status.stderr
 
 
+def test_b_simple_is_the_last_estimate_at_or_before_each_checkpoint(tmp_path):
+    from largebatch.study.branch_trials import _b_simple
+
+    records = [{"step": 4, "noise_scale/b_simple": 10.0}, {"step": 8, "loss": 1.0}, {"step": 12, "noise_scale/b_simple": float("nan")}]
+    records += [{"step": 16, "noise_scale/b_simple": 30.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert _b_simple(tmp_path / "metrics.jsonl", [2, 8, 12, 16, 20]) == {2: None, 8: 10.0, 12: 10.0, 16: 30.0, 20: 30.0}
+    assert _b_simple(tmp_path / "none.jsonl", [8]) == {8: None}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"ks": [2, 4]}, "branches.ks"),
+        ({"ks": None}, "branches.ks"),
+        ({"seeds": [1, 1]}, "branches.seeds"),
+        ({"run": None}, "branches.run"),
         ({"tolerance": 1.5}, "branches.tolerance"),
         ({"lr_rule": "cubic"}, "branches.lr_rule"),
         ({"sample": 10}, "branches.sample"),
