@@ -177,6 +177,9 @@ _HOOKS_DEMO = (
 )
 _FIRST = "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/first --set max_steps=8"
 _SHORT = "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/short --set max_steps=8"
+_SOURCE = (
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/source --set max_steps=8 --set checkpoint.interval_steps=4"
+)
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +212,10 @@ RUN_IN_SCRATCH = {
     "largebatch export runs/first --out exports/first": (_FIRST, False),
     _SHORT: (None, False),
     "python train.py --run-dir runs/short --resume auto": (_SHORT, False),
+    _SOURCE: (None, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/branch-k2 --branch-from runs/source/checkpoints/step-00000004.pt"
+    " --set global_batch_size=512 --set optimizer.lr=0.0028 --set lr_schedule.type=constant --set lr_schedule.warmup_steps=0"
+    " --set max_steps=2": (_SOURCE, False),
     "python train.py --run-dir runs/short --resume auto --set max_steps=16": (_SHORT, False),
     "python train.py --config configs/demo/vit-tiny-synthetic.py --set checkpoint.interval_steps=2 --set checkpoint.async_save=true": (
         None,
