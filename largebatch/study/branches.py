@@ -18,8 +18,10 @@ when
 that is, when it makes at least ``1 - tolerance`` of the progress the base batch makes
 from the same samples. (Merrill et al. compare the smoothed training loss against an
 absolute tolerance; on a multi-epoch data set the held-out loss is the unbiased one, and
-a tolerance relative to the branch's progress does not change with the branch's length:
-a longer branch widens absolute gaps in proportion.) The critical k is the largest k
+a tolerance relative to the branch's progress changes little with the branch's length,
+where an absolute gap widens in proportion to it. Branches should still be short against
+the run: as the loss approaches its floor every branch's progress saturates and the
+efficiencies drift towards 1.) The critical k is the largest k
 such that every k' up to it is efficient, on the mean loss over seeds; with each seed on
 its own (the seeds are paired: every k of one seed sees the same samples in the same
 order) it gives a range. ``batch`` interpolates, in log k, where the efficiency
@@ -30,9 +32,11 @@ efficient the critical batch is only known to be at least the largest k x B (``b
 dimensions and no label noise, the gradient noise scale B_noise = tr(Sigma) / |G|^2 is
 d + 1 at every point, and a branch at batch b with learning rate k eta0 (the linear rule,
 eta0 the best rate at B) multiplies the expected loss per step by exactly
-r(b) = (1 - eta)^2 + eta^2 B_noise / b. The efficiency then falls as
-1 - (kB - B) / (2 (B + B_noise)) to first order in kB / B_noise, whatever the branch's
-length: the critical batch with ``tolerance`` t sits near B + 2 t (B + B_noise).
+r(b) = (1 - eta)^2 + eta^2 B_noise / b. Measured in log-loss the efficiency is then
+exactly independent of the branch's length and falls as 1 - (kB - B) / (2 (B + B_noise))
+to first order in kB / B_noise; in the loss itself, the same for branches that lower the
+loss by a small fraction: the critical batch with ``tolerance`` t sits near
+B + 2 t (B + B_noise).
 ``tests/study/test_branches.py`` trains that problem with torch and checks both the
 exact prediction and the proportionality to B_noise.
 
