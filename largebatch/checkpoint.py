@@ -493,7 +493,23 @@ def load_checkpoint(
     if payload is None:
         payload = read_checkpoint(path, trust=trust)
     run = state.run
-    sharded_file = check_resumable(path, payload, state, ignore_config=ignore_config)
+    _load_training_tensors(path, payload, run, check_resumable(path, payload, state, ignore_config=ignore_config), trust=trust)
+    state.counters = type(state.counters).from_state_dict(payload["counters"])
+    state.last_eval_step = payload.get("last_eval_step")
+    # before the non-finite check was part of every step, it was a hook of this name
+    run.guard.load_state_dict(payload.get("nan_guard") or payload["hooks"].get("NanGuardHook", {}))
+    for key, hook in zip(hook_state_keys(hooks), hooks):
+        if key in payload["hooks"]:
+            hook.load_state_dict(payload["hooks"][key])
+    # The position within the epoch follows from the counters: checkpoints are taken at
+    # optimizer-step boundaries, and the samples of each step do not depend on the world
+    # size (``largebatch.data.sharding``), so this also holds after a change of world size.
+    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * run.plan.accumulation})
+
+
+def _load_training_tensors(path: pathlib.Path, payload: dict[str, Any], run: Any, sharded_file: bool, *, trust: bool) -> None:
+    """The model's weights, the optimizer's state and the grad scaler's from a checkpoint
+    already checked by ``check_resumable``."""
     try:
         if sharded_file:
             load_sharded_tensors(path, run, trust=trust)
@@ -508,17 +524,27 @@ def load_checkpoint(
         ) from exc
     if run.scaler and payload["scaler"]:
         run.scaler.load_state_dict(payload["scaler"])
-    state.counters = type(state.counters).from_state_dict(payload["counters"])
-    state.last_eval_step = payload.get("last_eval_step")
-    # before the non-finite check was part of every step, it was a hook of this name
-    run.guard.load_state_dict(payload.get("nan_guard") or payload["hooks"].get("NanGuardHook", {}))
-    for key, hook in zip(hook_state_keys(hooks), hooks):
-        if key in payload["hooks"]:
-            hook.load_state_dict(payload["hooks"][key])
-    # The position within the epoch follows from the counters: checkpoints are taken at
-    # optimizer-step boundaries, and the samples of each step do not depend on the world
-    # size (``largebatch.data.sharding``), so this also holds after a change of world size.
-    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * run.plan.accumulation})
+
+
+def load_branch_start(path: pathlib.Path, state: Any, *, trust: bool = False) -> int:
+    """Start a new run from another run's checkpoint (``--branch-from``): its model
+    weights, optimizer state and grad scaler, nothing else. The counters stay at zero, so
+    the new run's schedule, data order (from its own seed) and hooks start afresh, and
+    its config may change anything that keeps the weights' shapes and the optimizer type:
+    the global batch, the learning rate and its schedule, the seed, the length.
+
+    Returns:
+        The checkpoint's step.
+
+    Raises:
+        UserError: no checkpoint at ``path``, or one that does not fit this run (its
+            format, weights or optimizer; named as for a resume).
+    """
+    if not (path.is_file() or (path / SHARDED_META).is_file()):
+        raise UserError("--branch-from: checkpoint not found; give a step-* file (or a sharded checkpoint's folder)", path=str(path))
+    payload = read_checkpoint(path, trust=trust)
+    _load_training_tensors(path, payload, state.run, check_resumable(path, payload, state, ignore_config=True), trust=trust)
+    return int(payload["counters"]["step"])
 
 
 def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, ignore_config: bool = False) -> bool:

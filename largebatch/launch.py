@@ -7,6 +7,7 @@ checked first (the config, the model name), so a mistake costs seconds, not a qu
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import random
 from typing import Any
 
@@ -45,6 +46,7 @@ class TrainArgs:
     resume: str | None = None
     resume_ignore_config: bool = False
     trust_checkpoint: bool = False
+    branch_from: str | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -95,6 +97,8 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     state = TrainState(run)
     if plan.checkpoint is not None:
         resume(plan, args, state, hooks, train_loader)
+    if args.branch_from and state.step == 0:  # a branch resumed from its own checkpoint goes on from there
+        branch_from(args.branch_from, state, trust=args.trust_checkpoint)
     # Only once a resume has been accepted (a refused one leaves the run's config as it
     # was), and not for a finished run that has nothing to do.
     if info.is_main and not finished(state):
@@ -179,6 +183,20 @@ def resume(plan: StartPlan, args: TrainArgs, state: TrainState, hooks: list, tra
             f"resumed from {plan.checkpoint} at step {state.step}/{run.total_steps}, epoch {state.epoch + 1}/{run.config.epochs}",
             flush=True,
         )
+
+
+def branch_from(path: str, state: TrainState, *, trust: bool = False) -> None:
+    """Start this run from another run's checkpoint (``--branch-from``): weights, optimizer
+    and grad scaler state, with this run's own config and counters from zero
+    (``largebatch.checkpoint.load_branch_start``). A short run at another global batch or
+    learning rate from a point of a longer one: the critical-batch study's branches.
+
+    Raises:
+        UserError: the checkpoint is missing or does not fit this run.
+    """
+    step = ckpt.load_branch_start(pathlib.Path(path), state, trust=trust)
+    if state.run.is_main:
+        print(f"largebatch: branching from {path} (its step {step}): weights and optimizer state; counters from 0", flush=True)
 
 
 def how_to_train_on(state: TrainState) -> str:

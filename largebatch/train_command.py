@@ -88,6 +88,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--resume-ignore-config", action="store_true", help="resume even if the config differs from the checkpoint's")
     parser.add_argument(
+        "--branch-from",
+        metavar="CHECKPOINT",
+        help="start a new run from another run's checkpoint: its weights and optimizer state, this run's config "
+        "(any global batch, learning rate or schedule) and counters from zero",
+    )
+    parser.add_argument(
         "--trust-checkpoint",
         action="store_true",
         help="load a checkpoint (--resume, model.init_from) that holds more than tensors and plain values; loading it may "
@@ -102,7 +108,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from largebatch.launch import TrainArgs, train
 
     state = train(
-        TrainArgs(args.config, args.overrides, args.run_dir, args.resume, args.resume_ignore_config, trust_checkpoint=args.trust_checkpoint)
+        TrainArgs(
+            args.config,
+            args.overrides,
+            args.run_dir,
+            args.resume,
+            args.resume_ignore_config,
+            trust_checkpoint=args.trust_checkpoint,
+            branch_from=args.branch_from,
+        )
     )
     return preemption.EXIT_REQUEUE if state.interrupted else 0
 

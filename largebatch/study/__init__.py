@@ -24,5 +24,7 @@ edges), ``data`` (carving the held-out split), ``evaluation`` (the hook that eva
 trial densely near the target and stops it), ``target`` (steps to target), ``storage``
 (Optuna storages), ``ledger`` (claiming, heartbeats, finishing trials), ``plan`` (which
 trials a study needs), ``runner`` (one trial as a subprocess), ``worker`` (the loop),
-``analysis``, ``fit``, ``report``, ``plots``, ``cli``.
+``analysis``, ``fit``, ``report``, ``plots``, ``cli``; the critical batch along a run by
+branching from its checkpoints (Merrill et al. 2025): ``branches`` (the measurement),
+``branch_trials`` (the branches as trials), ``branch_hook``, ``branch_report``, ``branch_plots``.
 """

@@ -27,7 +27,7 @@ import pathlib
 from typing import Any
 
 from largebatch.config.redact import redact_text
-from largebatch.study import analysis, ledger, plots, statistics
+from largebatch.study import analysis, branch_report, ledger, plots, statistics
 from largebatch.study import fit as fitting
 from largebatch.study.space import PARAMS
 from largebatch.study.spec import StudySpec, Target
@@ -316,9 +316,13 @@ def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path, bootstrap_sa
     ]
     if spec.noise_scale is not None:
         paths.append(plots.noise_scale(series, float(spec.noise_scale["at_eval_loss"]), out / "noise_scale.png"))
+    branch = None if spec.branches is None else branch_report.build(spec, study.get_trials(deepcopy=False), out)
+    if branch is not None:  # the critical batch along training: a section of its own, at the end
+        data["branches"] = branch.data
     _replace(out / "report.json", json.dumps(_strict(data), indent=1, default=str, allow_nan=False) + "\n")
-    _replace(out / "report.md", markdown(spec, data, sections, [p.name for p in paths]))
-    return [out / "report.md", out / "report.json", *paths]
+    text = markdown(spec, data, sections, [p.name for p in paths])
+    _replace(out / "report.md", text if branch is None else text + branch.markdown)
+    return [out / "report.md", out / "report.json", *paths, *([] if branch is None else [branch.plot])]
 
 
 def _strict(value: Any) -> Any:
@@ -752,6 +756,8 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
         else:
             line += f"{progress[0]:>4}/{len(spec.seeds):<3}  {steps[0]}"
         lines.append(line)
+    if spec.branches is not None:
+        lines.append(branch_report.status_line(spec, trials))
     for c in per_target[-1]:
         for f in c.failed:
             last = (f["error"].strip().splitlines() or ["?"])[-1][:200]

@@ -27,6 +27,7 @@ from typing import Any
 
 from largebatch.config.loader import read_plain_file
 from largebatch.errors import UserError
+from largebatch.study import branch_trials
 from largebatch.study.space import Param, parse_space
 
 # name -> (meaning, default; REQUIRED when there is none)
@@ -60,6 +61,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "sampler_seed": ("the seed of the scrambled Sobol sequence (the same points in every cell)", 0),
     "storage": ("an Optuna storage URL (None: sqlite:///<study folder>/study.db) or a journal file (journal:PATH)", None),
     "workers": ("dict(heartbeat_seconds, stale_seconds, max_retries, poll_seconds)", {}),
+    "branches": ("None, or dict(run, at_samples, ks, samples, seeds, tolerance, lr_rule): the critical batch along a run", None),
 }
 DATA_KEYS = {"heldout": "heldout", "test": None, "carve": None}
 EVALUATION_KEYS = {"coarse": 1.4, "fine": 1.04, "dense_within": 0.03, "first_fraction": 1 / 32, "batch_size": None, "refine": True}
@@ -135,6 +137,8 @@ class StudySpec:
     def target(self) -> Target:
         """The last target (the one reached last: a trial runs until it)."""
         return self.targets[-1]
+
+    branches: dict[str, Any] | None = None  # largebatch.study.branch_trials
 
     @property
     def folder(self) -> pathlib.Path:
@@ -218,6 +222,7 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
         workers=_section(values["workers"], WORKER_KEYS, "workers", where),
         pilot=_pilots(values["pilot"], optimizers, targets, where),
         threads=threads,
+        branches=None if values["branches"] is None else branch_trials.parse(values["branches"], seeds, where),
     )
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from largebatch.config.redact import redact_text
-from largebatch.study import ledger, plan, runner
+from largebatch.study import branch_trials, ledger, plan, runner
 from largebatch.study.spec import StudySpec
 
 REQUEUE_STATUS = 75  # largebatch train stopped by a signal (largebatch.preemption.EXIT_REQUEUE)
@@ -74,6 +74,7 @@ class Workers:
         self.outcome = Outcome()
         self.claimed = 0
         self.threads = threads_per_trial(spec, options)
+        self.source = branch_trials.source(spec) if spec.branches is not None else None
 
     def run(self) -> Outcome:
         """Run the workers to the end (or until stopped); install signal handlers while they run."""
@@ -111,6 +112,11 @@ class Workers:
             wanted, to_skip, blocked = plan.decide(
                 self.spec, trials, skipped, self.options.retry_failed, self.options.skip_failed, self.points
             )
+            if self.source is not None:
+                wanted += [
+                    plan.Wanted({}, attrs)
+                    for attrs in branch_trials.decide(self.spec, self.source, trials, skipped, self.options.retry_failed)
+                ]
             for key in to_skip:
                 ledger.skip(self.study, key)
             for item in wanted:
@@ -147,6 +153,9 @@ class Workers:
         import optuna
 
         spec, info = self.spec, ledger.attrs(trial)
+        if info["phase"] == branch_trials.PHASE:
+            self._execute_branch(trial, info)
+            return
         opt, batch = spec.optimizer(info["optimizer"]), int(info["batch"])
         suggesting = optuna.trial.Trial(self.study, trial._trial_id)
         for p in opt.space:  # records each parameter with this cell's range (the value is the queued one)
@@ -193,6 +202,27 @@ class Workers:
             reached = "not reached" if crossing is None else f"reached at step {crossing['steps']:.1f}"
             self.say(f"trial {trial.number} {info['key']}: {outcome.get('stopped')}, held-out target {reached} ({seconds:.0f} s)")
             return
+        self._failed(trial, info, status, run_dir)
+
+    def _execute_branch(self, trial: Any, info: dict[str, Any]) -> None:
+        """A branch of the critical-batch measurement (``branch_trials``): its value is the held-out loss at its end."""
+        run_dir = self.spec.folder / "trials" / runner.run_dir_name(trial.number, info)
+        argv = branch_trials.launch(self.spec, info, run_dir)
+        self.study._storage.set_trial_user_attr(trial._trial_id, "run_dir", str(run_dir.relative_to(self.spec.folder)))
+        self.say(f"trial {trial.number} {info['key']}: started")
+        start = time.monotonic()
+        beat = lambda: ledger.beat(self.study, trial._trial_id)  # noqa: E731
+        status = runner.run(argv, run_dir, self.threads, beat, float(self.spec.workers["heartbeat_seconds"]), self.stop.is_set)
+        outcome = branch_trials.read_outcome(run_dir, time.monotonic() - start)
+        self.outcome.ran += 1
+        if status == 0 or outcome.get("stopped") == "diverged":
+            end = outcome.get("end_loss")
+            ledger.complete(self.study, trial._trial_id, math.inf if end is None else end, outcome)
+            self.say(f"trial {trial.number} {info['key']}: held-out loss {outcome.get('start_loss')} -> {end} ({outcome['seconds']:.0f} s)")
+            return
+        self._failed(trial, info, status, run_dir)
+
+    def _failed(self, trial: Any, info: dict[str, Any], status: int, run_dir: pathlib.Path) -> None:
         killed = self.stop.is_set() or status < 0 or status == REQUEUE_STATUS
         error = redact_text(runner.tail(run_dir / "train.log")) or f"exit status {status}"
         ledger.fail(self.study, trial._trial_id, "killed" if killed else "error", f"exit status {status}: {error}")

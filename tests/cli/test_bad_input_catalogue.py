@@ -149,6 +149,10 @@ def resume_from_nothing(tmp_path):
     return train(config_with(tmp_path), tmp_path / "run", "--resume", str(tmp_path / "no-such-checkpoint")), tmp_path / "run"
 
 
+def branch_from_nothing(tmp_path):
+    return train(config_with(tmp_path), tmp_path / "run", "--branch-from", str(tmp_path / "no-such-checkpoint")), tmp_path / "run"
+
+
 def trained_run(tmp_path: pathlib.Path) -> tuple[str, pathlib.Path]:
     """A finished one-epoch run with its checkpoint (the starting point of resume mistakes)."""
     config = config_with(tmp_path, **{"checkpoint.at_end": True})
@@ -619,6 +623,7 @@ CASES = [
         init_from_dcp_folder(claiming_2_to_the_40),
         ["step-00000002", "model.head.weight", "[1048576, 1048576]", "more than its data files hold"],
     ),
+    ("branch-from-nothing", branch_from_nothing, ["--branch-from", "no-such-checkpoint", "checkpoint not found"]),
     ("resume-garbage-file", resume_garbage_checkpoint, ["step-9.pt"]),
     ("resume-truncated-file", resume_truncated_checkpoint, ["step-"]),
     ("resume-changed-model", resume_with_another_model, ["model.embed_dim", "--resume-ignore-config"]),
@@ -709,6 +714,8 @@ CASES = [
         ["search.epochs.scale", "pilot = dict(<optimizer>=dict(s_min=..., b_crit=...))"],
     ),
     ("study-threads-changed", study_with_another_thread_count, ["run with 3 thread(s) per trial", "--threads 3"]),
+    ("study-branches-without-k1", study_case(branches={"run": "source", "ks": [2, 4], "samples": 64}), ["branches.ks", "must hold 1"]),
+    ("study-branches-run-missing", study_case(branches={"run": "nowhere", "samples": 64}), ["branches.run", "nowhere", "holds no run"]),
 ]
 
 

@@ -115,6 +115,10 @@ COVERED = {
         "tests/study/test_study_runs.py::test_a_tiny_study_reports_its_cells_seeds_fit_and_edge_marks"
         "  # the same command on the tests' tiny study; the shipped study takes hours"
     ),
+    "largebatch study run studies/fashion-mnist-16k/study.py --jobs 2": (
+        "tests/study/test_shipped_study.py::test_the_16k_studys_longest_budgets_are_at_least_twice_the_first_studys_fit_at_every_batch"
+        "  # its design checked; running it takes hours (in sittings: it resumes), the command is the tiny study's above"
+    ),
     "largebatch study status studies/fashion-mnist/study.py": "tests/study/test_study_runs.py::test_status_lists_every_cell",
     "largebatch study report studies/fashion-mnist/study.py": (
         "tests/study/test_study_runs.py::test_the_report_is_written_again_from_the_storage_alone"
@@ -177,6 +181,9 @@ _HOOKS_DEMO = (
 )
 _FIRST = "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/first --set max_steps=8"
 _SHORT = "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/short --set max_steps=8"
+_SOURCE = (
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/source --set max_steps=8 --set checkpoint.interval_steps=4"
+)
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +216,10 @@ RUN_IN_SCRATCH = {
     "largebatch export runs/first --out exports/first": (_FIRST, False),
     _SHORT: (None, False),
     "python train.py --run-dir runs/short --resume auto": (_SHORT, False),
+    _SOURCE: (None, False),
+    "python train.py --config configs/demo/vit-tiny-synthetic.py --run-dir runs/branch-k2 --branch-from runs/source/checkpoints/step-00000004.pt"
+    " --set global_batch_size=512 --set optimizer.lr=0.0028 --set lr_schedule.type=constant --set lr_schedule.warmup_steps=0"
+    " --set max_steps=2": (_SOURCE, False),
     "python train.py --run-dir runs/short --resume auto --set max_steps=16": (_SHORT, False),
     "python train.py --config configs/demo/vit-tiny-synthetic.py --set checkpoint.interval_steps=2 --set checkpoint.async_save=true": (
         None,

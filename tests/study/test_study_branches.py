@@ -1,0 +1,113 @@
+"""The critical batch along training as study trials: a source run with checkpoints, a tiny
+study with a ``branches`` section, its branches run by the study's workers, the CBS(t)
+table and figure in the report (the measurement itself: tests/study/test_branches.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from largebatch.errors import UserError
+from largebatch.study.branches import critical
+from largebatch.study.spec import load_study
+from tests.conftest import run_cli
+from tests.study.helpers import study_cli, tiny_base, write_study
+
+BRANCHES = {"run": "source", "at_samples": [256, 768], "ks": [1, 2, 4], "samples": 256, "seeds": [1, 2], "tolerance": 0.3}
+
+
+def make_source(folder):
+    """32 steps at batch 32 (cosine, peak 1e-3, one warmup step), a checkpoint every 8, B_simple logged."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "source.yaml").write_text(yaml.safe_dump(tiny_base(), sort_keys=False))
+    sets = ["checkpoint.interval_steps=8", "checkpoint.keep=10", 'hooks=[{"type": "noise_scale"}]']
+    result = run_cli(
+        "train", "--config", str(folder / "source.yaml"), "--run-dir", str(folder / "source"), *[a for s in sets for a in ("--set", s)]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def branched(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("branched")
+    make_source(folder)
+    write_study(folder, optimizers={"adamw": {}}, batches=[32], trials=1, branches=BRANCHES)
+    result = study_cli("run", "study.yaml", "--jobs", "2", cwd=folder)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return folder
+
+
+@pytest.mark.slow
+def test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_training(branched):
+    import optuna
+
+    folder = branched
+    spec = load_study(folder / "study.yaml")
+    study = optuna.load_study(study_name=spec.name, storage=f"sqlite:///{folder / 'study.db'}")
+    trials = [t for t in study.get_trials() if t.user_attrs.get("phase") == "branch"]
+    assert sorted(t.user_attrs["key"] for t in trials) == sorted(
+        f"branch/source/n{n}/k{k}/d256/sqrt/s{s}" for n in (256, 768) for k in (1, 2, 4) for s in (1, 2)
+    )
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    for t in trials:
+        b = t.user_attrs["branch"]
+        saved = yaml.safe_load((folder / t.user_attrs["run_dir"] / "config.yaml").read_text())
+        # the source's cosine schedule at the checkpoint's step (32 steps, 1 warmup step), times sqrt(k) for AdamW
+        at = 0.5 * (1 + math.cos(math.pi * (b["step"] - 1) / 31)) * 1e-3
+        assert saved["optimizer"]["lr"] == pytest.approx(at * math.sqrt(b["k"]))
+        assert saved["global_batch_size"] == 32 * b["k"] and saved["derived"]["max_steps"] == 256 // (32 * b["k"])
+        assert t.user_attrs["outcome"]["steps_run"] == 256 // (32 * b["k"])
+    report = json.loads((folder / "report.json").read_text())["branches"]
+    assert [row["samples"] for row in report["rows"]] == [256, 768]
+    for row in report["rows"]:
+        mine = [t for t in trials if t.user_attrs["branch"]["at_samples"] == row["samples"]]
+        starts = {t.user_attrs["outcome"]["start_loss"] for t in mine}
+        assert len(starts) == 1  # every branch starts from the checkpoint's weights
+        losses = {k: {s: t.value for t in mine for s in [t.user_attrs["seed"]] if t.user_attrs["branch"]["k"] == k} for k in (1, 2, 4)}
+        expected = critical(starts.pop(), losses, 32, 0.3)
+        assert (row["critical_k"], row["critical_batch"], row["missing"]) == (expected.k, expected.batch, 0)
+        assert row["b_simple"] is not None and row["b_simple"] > 0
+    markdown = (folder / "report.md").read_text()
+    assert "## The critical batch along training" in markdown and "![critical_batch.png](critical_batch.png)" in markdown
+    assert (folder / "critical_batch.png").stat().st_size > 1000
+    status = study_cli("status", "study.yaml", cwd=folder)
+    assert "branches from source: 12 of 12 complete, 0 running" in status.stdout, status.stdout + status.stderr
+
+
+def test_b_simple_is_the_last_estimate_at_or_before_each_checkpoint(tmp_path):
+    from largebatch.study.branch_trials import _b_simple
+
+    records = [{"step": 4, "noise_scale/b_simple": 10.0}, {"step": 8, "loss": 1.0}, {"step": 12, "noise_scale/b_simple": float("nan")}]
+    records += [{"step": 16, "noise_scale/b_simple": 30.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert _b_simple(tmp_path / "metrics.jsonl", [2, 8, 12, 16, 20]) == {2: None, 8: 10.0, 12: 10.0, 16: 30.0, 20: 30.0}
+    assert _b_simple(tmp_path / "none.jsonl", [8]) == {8: None}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"ks": [2, 4]}, "branches.ks"),
+        ({"ks": None}, "branches.ks"),
+        ({"seeds": [1, 1]}, "branches.seeds"),
+        ({"run": None}, "branches.run"),
+        ({"tolerance": 1.5}, "branches.tolerance"),
+        ({"lr_rule": "cubic"}, "branches.lr_rule"),
+        ({"sample": 10}, "branches.sample"),
+    ],
+)
+def test_a_bad_branches_section_is_named(tmp_path, change, message):
+    path = write_study(tmp_path, branches={**BRANCHES, **change})
+    with pytest.raises(UserError, match=message):
+        load_study(path)
+
+
+def test_a_source_without_the_checkpoint_is_one_error_line(tmp_path):
+    make_source(tmp_path)
+    write_study(tmp_path, optimizers={"adamw": {}}, batches=[32], trials=1, branches={**BRANCHES, "at_samples": [300]})
+    result = study_cli("run", "study.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error:"), result.stderr
+    assert "branches.at_samples" in result.stderr and "256, 512, 768, 1024 samples" in result.stderr
