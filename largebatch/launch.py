@@ -6,7 +6,6 @@ checked first (the config, the model name), so a mistake costs seconds, not a qu
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 import random
 from typing import Any
@@ -31,22 +30,8 @@ from largebatch.models import build_model
 from largebatch.optim.schedules import build_schedule
 from largebatch.randomness import RandomStreams
 from largebatch.rundir import RunDir
-from largebatch.start import StartPlan, plan_start
+from largebatch.start import StartPlan, TrainArgs, plan_start
 from largebatch.tasks import build_task
-
-
-@dataclasses.dataclass
-class TrainArgs:
-    """The command line of ``train.py``; ``config`` may be None when resuming (the run's
-    saved ``config.yaml`` is the config then)."""
-
-    config: str | None
-    overrides: list[str] = dataclasses.field(default_factory=list)
-    run_dir: str | None = None
-    resume: str | None = None
-    resume_ignore_config: bool = False
-    trust_checkpoint: bool = False
-    branch_from: str | None = None
 
 
 def seed_everything(seed: int) -> None:

@@ -28,7 +28,7 @@ import dataclasses
 import datetime
 import os
 import pathlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from largebatch import checkpoint as ckpt
 from largebatch.config import Config, resolve_config, resolve_saved_config, restore_secrets
@@ -36,8 +36,20 @@ from largebatch.config.redact import REDACTED, redact, unresolved
 from largebatch.errors import UserError
 from largebatch.rundir import CHECKPOINTS, CONFIG, METRICS, WEIGHTS, RunDir
 
-if TYPE_CHECKING:
-    from largebatch.launch import TrainArgs
+
+@dataclasses.dataclass
+class TrainArgs:
+    """The command line of ``train.py``; ``config`` may be None when resuming (the run's
+    saved ``config.yaml`` is the config then)."""
+
+    config: str | None
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    run_dir: str | None = None
+    resume: str | None = None
+    resume_ignore_config: bool = False
+    trust_checkpoint: bool = False
+    branch_from: str | None = None
+
 
 # What a run writes into its folder that a new run would overwrite or mix with its own.
 RUN_FILES = (CONFIG, METRICS, WEIGHTS, CHECKPOINTS)

@@ -74,16 +74,16 @@ def installed(tmp_path_factory):
     return work, env
 
 
-def train_with(work, env, hooks):
+def train_with(work, env, hooks, run="run"):
     cfg = tiny_config(max_steps=3, hooks=hooks)
-    return run_cli("train", "--config", str(write_config(work, cfg)), "--run-dir", str(work / "run"), env=env)
+    return run_cli("train", "--config", str(write_config(work, cfg)), "--run-dir", str(work / run), env=env)
 
 
 def test_a_registered_name_and_the_module_form_both_run(installed, tmp_path):
     work, env = installed
     for spec in ("marker", "lbmarker:MarkerHook"):
         mark = tmp_path / f"{spec.replace(':', '-')}.txt"
-        result = train_with(tmp_path, env, [{"type": spec, "path": str(mark)}])
+        result = train_with(tmp_path, env, [{"type": spec, "path": str(mark)}], run=f"run-{mark.stem}")  # a new run each
         assert result.returncode == 0, result.stderr
         assert mark.read_text() == "3"
 
