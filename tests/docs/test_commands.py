@@ -83,11 +83,11 @@ COVERED = {
     "largebatch data verify data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
     "largebatch config keys --write docs/configs.md": "tests/config/test_reference.py::test_docs_configs_page_matches_the_schema",
     "largebatch config import colossalai config.py --train-script train.py --world-size 8 --out vit-b16-largebatch.py": (
-        "tests/config/colossal/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
+        "tests/importers/colossalai/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
         "  # on a config and train script in the shape of Colossal-AI's data-parallel ViT example, then config show on the result"
     ),
     "largebatch config import colossalai vit_1d_tp2_pp2.py --train-script train_with_engine.py --world-size 64 --out vit-hybrid.py": (
-        "tests/config/colossal/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
+        "tests/importers/colossalai/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
         "  # on a config and engine script in the shape of Colossal-AI's hybrid-parallel ViT example"
     ),
     "torchrun --standalone --nproc_per_node=2 train.py --config configs/demo/finetune-vit-tiny-fmnist.py": (
