@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     study_cli.register(commands)
 
     try:
-        from largebatch.data import cli as data_cli
+        from largebatch.shards import cli as data_cli
     except ImportError:
         data_cli = None
     if data_cli is not None:
