@@ -428,7 +428,7 @@ def shards_for(sizes: Sizes) -> pathlib.Path:
     """Photo-like JPEGs (about 500x375) in 4 TFRecord train shards, made once per machine
     and size and reused by sections d and e (a folder in the system's temporary folder)."""
     from bench.loaders import make_images
-    from largebatch.data import convert
+    from largebatch.shards import convert
 
     root = pathlib.Path(tempfile.gettempdir()) / f"largebatch-accelerator-shards-{sizes.images}"
     if not (root / "complete").exists():

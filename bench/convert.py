@@ -32,8 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.machine import machine_description  # noqa: E402
-from largebatch.data import convert  # noqa: E402
-from largebatch.data.shardpool import default_workers  # noqa: E402
+from largebatch.shards import FASHION_MNIST_DIR, convert  # noqa: E402
+from largebatch.shards.pool import default_workers  # noqa: E402
+from largebatch.shards.verify import verify_split  # noqa: E402
 
 
 def job_runners(work: Path, chosen: list[str]) -> dict[str, Callable[[int, Path], object]]:
@@ -44,7 +45,7 @@ def job_runners(work: Path, chosen: list[str]) -> dict[str, Callable[[int, Path]
         return convert.convert_image_folder(work / "folder", scratch, train_shards=32, progress=False, workers=workers)
 
     def verify(workers: int, scratch: Path) -> object:
-        return convert.verify_split(shards, "train", num_classes=8, label_offset=1, progress=False, workers=workers)
+        return verify_split(shards, "train", num_classes=8, label_offset=1, progress=False, workers=workers)
 
     def fmnist(workers: int, scratch: Path) -> object:
         return convert.convert_fashion_mnist(scratch, progress=False, workers=workers)
@@ -83,8 +84,8 @@ def main() -> None:
     try:
         make_images(work / "folder", args.images)
         convert.convert_image_folder(work / "folder", work / "shards", train_shards=32, progress=False)
-        if not (Path(convert.FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file() and "fashion-mnist" in args.jobs:
-            print(f"fashion-mnist skipped: not installed at {convert.FASHION_MNIST_DIR}", file=sys.stderr)
+        if not (Path(FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file() and "fashion-mnist" in args.jobs:
+            print(f"fashion-mnist skipped: not installed at {FASHION_MNIST_DIR}", file=sys.stderr)
             args.jobs.remove("fashion-mnist")
         jobs = job_runners(work, args.jobs)
         sides = {"one": 1, "many": args.workers, "A/A": 1}

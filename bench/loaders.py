@@ -25,6 +25,7 @@ the worker count: what the workers could deliver if decoding were all they did.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from largebatch import data as data_mod
 from largebatch.config import derive, resolve_config
-from largebatch.data import convert, native
+from largebatch.shards import convert
 
 REPO = Path(__file__).resolve().parent.parent
 CEILING = "decode only, 1 core x workers"
@@ -303,11 +304,9 @@ def main() -> None:
     cpu = torch.device("cpu")
     sizes = [p.stat().st_size for p in (work / "folder").rglob("*.JPEG")]
 
-    loaders = {NATIVE: native.build_train_loader(cfg.data, plan, rank=0, seed=0, device=cpu)}
+    loaders = {NATIVE: data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=cpu)}
     try:
-        from largebatch.data import dali
-
-        loaders[DALI] = dali.build_train_loader(cfg.data, plan, rank=0, seed=0, device=cpu)
+        loaders[DALI] = data_mod.build_train_loader(dataclasses.replace(cfg.data, loader="dali"), plan, rank=0, seed=0, device=cpu)
     except Exception as err:  # noqa: BLE001 - report, keep the other rows
         print(f"DALI skipped: {err}", file=sys.stderr)
     loaders[FOLDER] = imagefolder_loader(work / "folder", args.workers, args.batch)

@@ -39,10 +39,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.loaders import make_images  # noqa: E402
-from largebatch.data import convert  # noqa: E402
 from largebatch.engine.engine import Engine  # noqa: E402
 from largebatch.engine.hook import Hook  # noqa: E402
 from largebatch.launch import TrainArgs, build_run  # noqa: E402
+from largebatch.shards import convert  # noqa: E402
 
 CLASSES = 8
 

@@ -22,9 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from largebatch.data import convert  # noqa: E402 - after the sys.path line
-from largebatch.data.shardpool import default_workers  # noqa: E402
 from largebatch.errors import UserError  # noqa: E402
+from largebatch.shards import FASHION_MNIST_DIR, convert  # noqa: E402 - after the sys.path line
+from largebatch.shards.pool import default_workers  # noqa: E402
 
 PACKAGE = "dataset-fashion-mnist"
 INSTALL = f"apt-get update && apt-get install -y {PACKAGE}"
@@ -49,7 +49,7 @@ def ensure_package(src: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "data" / "fashion-mnist"))
-    parser.add_argument("--src", default=convert.FASHION_MNIST_DIR)
+    parser.add_argument("--src", default=FASHION_MNIST_DIR)
     parser.add_argument("--limit", type=int, help="only the first N records per split")
     parser.add_argument(
         "--workers", type=int, default=default_workers(), help="shards written at once (default: the usable CPUs, at most 8)"

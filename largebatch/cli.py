@@ -62,7 +62,7 @@ def cmd_config_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_config_import_colossalai(args: argparse.Namespace) -> int:
-    from largebatch.config.colossal.importer import import_colossalai
+    from largebatch.importers.colossalai.importer import import_colossalai
 
     out = pathlib.Path(args.out) if args.out else None
     if out is not None and out.exists() and not args.force:
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     study_cli.register(commands)
 
     try:
-        from largebatch.data import cli as data_cli
+        from largebatch.shards import cli as data_cli
     except ImportError:
         data_cli = None
     if data_cli is not None:

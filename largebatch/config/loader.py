@@ -11,8 +11,9 @@ classes are ignored, so a config may compute its values::
     optimizer = dict(type='lamb', lr=1.8e-2, weight_decay=0.1)
 
 A file shaped like a Colossal-AI config (it imports ``colossalai``, or sets its keys
-and constants) is refused with the command that converts it
-(``largebatch.config.colossal.detect``). A YAML file of the same shape is accepted. ``_base_`` (a path or a list of paths,
+and constants) is recognised and refused with the command that converts it,
+``largebatch config import colossalai`` (``largebatch.importers.colossalai``); a YAML file of
+the same shape is accepted. ``_base_`` (a path or a list of paths,
 relative to the file) is merged first, in order; this file's values are merged over it.
 Dicts merge key by key; a dict holding ``_delete_=True`` replaces its base instead.
 Lists and scalars replace.
@@ -56,8 +57,6 @@ def load_config(path: str | pathlib.Path, overrides: list[str] | None = None) ->
     for override in overrides or []:
         apply_override(config, override)
     if pathlib.Path(path).suffix == ".py":
-        from largebatch.config.colossal.detect import refuse_colossalai_shape  # only when a config is read: --help stays fast
-
         refuse_colossalai_shape(pathlib.Path(path), config)
     return config
 
@@ -118,8 +117,6 @@ def _load_file(path: pathlib.Path, chain: tuple[pathlib.Path, ...]) -> dict[str,
 
 
 def _read_python(path: pathlib.Path) -> dict[str, Any]:
-    from largebatch.config.colossal.detect import refuse_colossalai_imports
-
     try:
         refuse_colossalai_imports(path, ast.parse(path.read_text(), filename=str(path)))
     except SyntaxError:
@@ -237,3 +234,102 @@ def apply_override(config: dict[str, Any], override: str) -> None:
             raise ConfigError(f"cannot set {key!r}: {where} is {child!r}, not a dict", key="--set")
         node = child
     node[parts[-1]] = value
+
+
+# A Colossal-AI config given where a largebatch config is expected: recognised, never read.
+# Its ViT examples' upper-case constants -> the largebatch key each stands for (which the
+# importer maps), and the lower-case names only Colossal-AI's engine reads.
+CONSTANT_KEYS = {
+    "BATCH_SIZE": "micro_batch_size",
+    "TOTAL_BATCH_SIZE": "global_batch_size",
+    "NUM_EPOCHS": "epochs",
+    "LEARNING_RATE": "optimizer.lr",
+    "WEIGHT_DECAY": "optimizer.weight_decay",
+    "WARMUP_EPOCHS": "lr_schedule.warmup_epochs",
+    "IMG_SIZE": "data.image_size",
+    "NUM_CLASSES": "data.num_classes",
+    "DROP_RATE": "model.drop_rate",
+    "PATCH_SIZE": "model.patch_size",
+    "HIDDEN_SIZE": "model.embed_dim",
+    "DEPTH": "model.depth",
+    "NUM_HEADS": "model.num_heads",
+    "MLP_RATIO": "model.mlp_ratio",
+}
+COLOSSALAI_KEYS = (
+    "fp16",
+    "gradient_accumulation",
+    "dali",
+    "parallel",
+    "zero",
+    "cudnn_benchmark",
+    "cudnn_deterministic",
+    "gradient_handler",
+)
+
+
+def colossalai_import_lines(tree: ast.Module) -> tuple[int, ...]:
+    """The lines of ``import colossalai...`` and ``from colossalai... import ...``."""
+    names = {node.lineno: [a.name for a in node.names] for node in ast.walk(tree) if isinstance(node, ast.Import)}
+    names |= {node.lineno: [node.module or ""] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+    return tuple(sorted(line for line, found in names.items() if any(n.split(".")[0] == "colossalai" for n in found)))
+
+
+def assignment_lines(tree: ast.Module) -> dict[str, int]:
+    """Each module-level name with the line of its last top-level assignment."""
+    targets: list[tuple[ast.stmt, ast.expr]] = [(node, t) for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
+    targets += [(node, node.target) for node in tree.body if isinstance(node, ast.AnnAssign | ast.AugAssign)]
+    found = sorted((node.lineno, name.id) for node, target in targets for name in ast.walk(target) if isinstance(name, ast.Name))
+    return {name: line for line, name in found}
+
+
+def _import_command(path: pathlib.Path) -> str:
+    return f"largebatch config import colossalai {path} --out {path.with_name(path.stem + '-largebatch.py')}"
+
+
+def refuse_colossalai_imports(path: pathlib.Path, tree: ast.Module) -> None:
+    """Before a config file runs: one ``ConfigError`` (the file, the line, the import command) if it imports ``colossalai``."""
+    if lines := colossalai_import_lines(tree):
+        raise ConfigError(
+            f"a Colossal-AI config (it imports colossalai at line {lines[0]}), which is not a largebatch config; write one "
+            f"from it with `{_import_command(path)}` (add --train-script for the optimizer, schedule and model set there)",
+            path=str(path),
+        )
+
+
+def refuse_colossalai_shape(path: pathlib.Path, config: dict[str, Any]) -> None:
+    """After a Python config has loaded into ``config``: one ``ConfigError`` if it sets
+    Colossal-AI's keys with its constants, or an upper-case constant stands for a key it lacks."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return
+    assigned = assignment_lines(tree)
+    read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    keys = [key for key in COLOSSALAI_KEYS if key in assigned]
+    ignored = [name for name in assigned if name in CONSTANT_KEYS and name not in read]
+    missing = [name for name in ignored if not _sets(config, CONSTANT_KEYS[name])]
+    if len(keys) >= 2 or (keys and ignored):
+        constants = f" and {', '.join(ignored)}, upper-case names a largebatch config does not read (they are the file's own constants)"
+        raise ConfigError(
+            f"looks like a Colossal-AI config: it sets {', '.join(keys)} (Colossal-AI's keys){constants if ignored else ''}; "
+            f"write a largebatch config from it with `{_import_command(path)}`",
+            path=str(path),
+        )
+    if missing:
+        one = len(missing) == 1
+        stands = ", ".join(f"{name} -> {CONSTANT_KEYS[name]}" for name in missing)
+        raise ConfigError(
+            f"{', '.join(missing)} {'is' if one else 'are'} upper-case, so the config does not read {'it' if one else 'them'} "
+            f"(upper-case names are the file's own constants), and {'its key is' if one else 'their keys are'} not set "
+            f"({stands}); set the lower-case key, or, for a Colossal-AI config, run `{_import_command(path)}`",
+            path=str(path),
+        )
+
+
+def _sets(config: dict[str, Any], dotted: str) -> bool:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True

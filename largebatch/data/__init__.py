@@ -1,9 +1,11 @@
 """Data loaders behind one contract.
 
-``data.loader`` picks a module (``synthetic``, ``native``, ``dali``, ``mediapipe``); each
-module offers ``count_samples(data_cfg, split)``, ``build_train_loader(data_cfg, plan, *,
-rank, seed, device)`` and ``build_eval_loader(data_cfg, *, batch_size, rank, world_size,
-device)``. A loader (typed as ``largebatch.data.base.Loader``, a ``typing.Protocol``; the
+``data.loader`` picks a loader class (``synthetic``, ``native``, ``dali``, ``mediapipe``:
+``loader_class``), and one builder (``largebatch.data.base.build_loader``) makes every
+loader: ``build_train_loader(data_cfg, plan, *, rank, seed, device)`` and
+``build_eval_loader(data_cfg, *, batch_size, rank, world_size, device)``;
+``count_samples(data_cfg, part)`` counts the training or evaluation split without building
+one. A loader (typed as ``largebatch.data.base.Loader``, a ``typing.Protocol``; the
 built-in ones share ``base.IndexedLoader``, which owns the epoch, the position and the
 state, and keep only their pipelines):
 
@@ -30,9 +32,7 @@ the uninterrupted one would have.
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
@@ -40,42 +40,59 @@ from largebatch.config.sections import DataConfig
 if TYPE_CHECKING:  # torch is imported by the loaders, not here: `largebatch --help` stays light
     import torch
 
-FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
-
-LOADER_MODULES = {
-    "synthetic": "largebatch.data.synthetic",
-    "native": "largebatch.data.native",
-    "dali": "largebatch.data.dali",
-    "mediapipe": "largebatch.data.mediapipe",
-}
+    from largebatch.data.base import RecordLoader
 
 
-def loader_module(data_cfg: DataConfig) -> ModuleType:
-    return importlib.import_module(LOADER_MODULES[data_cfg.loader])
+def loader_class(data_cfg: DataConfig) -> type[RecordLoader]:
+    """The class of ``data.loader`` (imported only when asked for: ``largebatch --help`` stays light)."""
+    if data_cfg.loader == "synthetic":
+        from largebatch.data.synthetic import SyntheticLoader
+
+        return SyntheticLoader
+    if data_cfg.loader == "dali":
+        from largebatch.data.dali import DaliLoader
+
+        return DaliLoader
+    if data_cfg.loader == "mediapipe":
+        from largebatch.data.mediapipe import MediaPipeLoader
+
+        return MediaPipeLoader
+    from largebatch.data.native import NativeLoader
+
+    return NativeLoader
 
 
-def count_samples(data_cfg: DataConfig, split: str) -> int:
-    """Samples in the training (``split='train'``) or evaluation (``'eval'``) split, whose
-    shard names are ``data.train_split`` and ``data.eval_split`` (the TFRecord loaders count
-    the shards' index files, without loading a loader)."""
-    module = loader_module(data_cfg) if data_cfg.loader == "synthetic" else importlib.import_module("largebatch.data.tfrecord")
-    return module.count_samples(data_cfg, data_cfg.train_split if split == "train" else data_cfg.eval_split)
+def count_samples(data_cfg: DataConfig, part: Literal["train", "eval"]) -> int:
+    """Samples in the training (``part='train'``) or evaluation (``'eval'``) split: synthetic
+    data's ``data.train_samples`` or ``data.eval_samples``, else the records of the shards named
+    ``data.train_split`` or ``data.eval_split``, counted from their index files (no loader is built)."""
+    train = {"train": True, "eval": False}[part]
+    if data_cfg.loader == "synthetic":
+        return data_cfg.train_samples if train else data_cfg.eval_samples
+    from largebatch.data.tfrecord import count_records
+
+    assert data_cfg.root is not None, "the schema requires data.root of a TFRecord loader"
+    return count_records(data_cfg.root, data_cfg.train_split if train else data_cfg.eval_split)
 
 
-def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
-    """The training loader of ``data.loader``; augmentation policies it lacks are refused
-    (``largebatch.data.policies``: all but native; synthetic takes ``repeated_aug``)."""
+def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> RecordLoader:
+    """The training loader of ``data.loader`` for ``rank`` (``base.build_loader``); augmentation
+    policies it lacks are refused (``largebatch.data.policies``: all but native; synthetic takes
+    ``repeated_aug``)."""
+    from largebatch.data.base import build_loader
     from largebatch.data.policies import refuse_policies
 
     if data_cfg.loader != "native":
         refuse_policies(data_cfg, data_cfg.loader)
-    return loader_module(data_cfg).build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
+    return build_loader(loader_class(data_cfg), data_cfg, plan=plan, rank=rank, seed=seed, device=device)
 
 
 def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device, cache: bool = False):
-    """The evaluation loader of ``data.loader``; ``cache=True`` (``eval.cache``) wraps it
-    in a ``CachedEvalLoader``."""
-    loader = loader_module(data_cfg).build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
+    """The evaluation loader of ``data.loader`` for ``rank`` (``base.build_loader``);
+    ``cache=True`` (``eval.cache``) wraps it in a ``CachedEvalLoader``."""
+    from largebatch.data.base import build_loader
+
+    loader = build_loader(loader_class(data_cfg), data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
     return CachedEvalLoader(loader) if cache else loader
 
 

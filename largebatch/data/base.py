@@ -5,16 +5,16 @@ is described in ``largebatch.data``'s module docstring). ``IndexedLoader`` owns 
 same for every loader: the epoch, the position in it, ``state_dict``/``load_state_dict``
 and the rule for which micro-batches a rank reads (``MicroBatches``). A loader built on it
 implements one method, ``_iterate(batches)``: turn the epoch's remaining micro-batches (arrays
-of record indices) into ``(images, labels)`` on the device. The helpers below hold the checks
-every TFRecord loader makes before it is built (shards against the batch plan, channels,
-normalisation).
+of record indices) into ``(images, labels)`` on the device. Every built-in loader is a
+``RecordLoader`` and is built by ``build_loader``: the class for the device, the split's
+records, the rank's micro-batches.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -22,21 +22,13 @@ import torch
 
 from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
-from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, decode_example, image_and_label
+from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, class_number, decode_example, image_and_label
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import DataError, UserError
 from largebatch.randomness import augmentation_seeds, augmentation_uniforms
 
-__all__ = [
-    "IndexedLoader",
-    "Loader",
-    "MicroBatches",
-    "check_channels",
-    "check_normalisation",
-    "eval_shards",
-    "train_shards",
-]
+__all__ = ["IndexedLoader", "Loader", "MicroBatches", "RecordLoader", "ShardLoader", "build_loader"]
 
 
 @runtime_checkable
@@ -185,12 +177,12 @@ class IndexedLoader:
         raise NotImplementedError
 
 
-class ShardLoader(IndexedLoader):
-    """An ``IndexedLoader`` over TFRecord shards (the native, DALI and media-pipeline
-    loaders): the shards, the ``data`` section, and the run's seed and rank.
+class RecordLoader(IndexedLoader):
+    """An ``IndexedLoader`` over a split's records (synthetic images, TFRecord shards) with
+    the ``data`` section and the run's seed and rank: what ``build_loader`` builds.
 
     Args:
-        shards: the split's records.
+        records: the split's records (``len()`` of them).
         batches: the rank's micro-batches.
         data_cfg: the config's ``data`` section.
         seed: the run's seed.
@@ -198,15 +190,39 @@ class ShardLoader(IndexedLoader):
         device: where batches are delivered.
     """
 
-    def __init__(
-        self, shards: ShardSet, batches: MicroBatches, *, data_cfg: DataConfig, seed: int, rank: int, device: torch.device
-    ) -> None:
-        super().__init__(len(shards), data_cfg.num_classes, batches, device)
-        self.shards, self.data_cfg, self.seed, self.rank = shards, data_cfg, seed, rank
+    def __init__(self, records: Sized, batches: MicroBatches, *, data_cfg: DataConfig, seed: int, rank: int, device: torch.device) -> None:
+        super().__init__(len(records), data_cfg.num_classes, batches, device)
+        self.records, self.data_cfg, self.seed, self.rank = records, data_cfg, seed, rank
+
+    @classmethod
+    def for_device(cls, data_cfg: DataConfig, device: torch.device) -> type[RecordLoader]:
+        """The class that reads ``data_cfg`` on ``device``: this one, unless it needs a package
+        that is missing (a ``UserError`` naming it) or a device that is not there (a stand-in)."""
+        return cls
+
+    @classmethod
+    def open(cls, data_cfg: DataConfig, *, train: bool) -> Sized:
+        """The records of the training (``train``) or the evaluation split."""
+        raise NotImplementedError
 
     def pipeline_seed(self) -> int:
         """A 31-bit seed of ``(seed, epoch, rank)`` for a pipeline's own random operators."""
         return zlib.crc32(f"{self.seed}/{self.epoch}/{self.rank}".encode()) & 0x7FFFFFFF
+
+
+class ShardLoader(RecordLoader):
+    """A ``RecordLoader`` over TFRecord shards (the native, DALI and media-pipeline loaders).
+    Reads check record CRCs as ``data.verify_crc`` says, unless the class's ``verify_crc`` is
+    False (DALI, whose reader reads the records: the shards are read only to name a bad one)."""
+
+    records: ShardSet
+    verify_crc = True
+
+    @classmethod
+    def open(cls, data_cfg: DataConfig, *, train: bool) -> ShardSet:
+        """The split's shards under ``data.root`` (which the schema requires of these loaders)."""
+        assert data_cfg.root is not None, "the schema requires data.root of a TFRecord loader"
+        return ShardSet(data_cfg.root, data_cfg.train_split if train else data_cfg.eval_split, data_cfg.verify_crc and cls.verify_crc)
 
 
 def labelled_jpeg(shards: ShardSet, index: int, label_offset: int, num_classes: int) -> tuple[bytes, int]:
@@ -220,56 +236,41 @@ def labelled_jpeg(shards: ShardSet, index: int, label_offset: int, num_classes: 
         jpeg, raw_label = image_and_label(decode_example(shards.read(index), (IMAGE, LABEL)))
     except ExampleDecodeError as err:
         raise DataError(f"{shards.where(index)}: not an ImageNet-schema Example ({err})") from err
-    label = raw_label - label_offset
-    if not 0 <= label < num_classes:
-        raise DataError(
-            f"{shards.where(index)}: label {raw_label} is outside {label_offset}..{label_offset + num_classes - 1} "
-            f"(data.num_classes {num_classes}, data.label_offset {label_offset})"
-        )
-    return jpeg, label
+    return jpeg, class_number(raw_label, num_classes=num_classes, label_offset=label_offset, where=shards.where(index))
 
 
-def shard_root(data_cfg: DataConfig) -> str:
-    """``data.root``; None (a synthetic config's) is a ``UserError`` naming it."""
-    if data_cfg.root is None:
-        raise UserError("missing data setting 'root'", key="data.root")
-    return data_cfg.root
+def build_loader(
+    loader_class: type[RecordLoader],
+    data_cfg: DataConfig,
+    *,
+    rank: int,
+    device: torch.device,
+    plan: BatchPlan | None = None,
+    seed: int = 0,
+    batch_size: int = 0,
+    world_size: int = 1,
+) -> RecordLoader:
+    """A loader of ``loader_class`` (or of the class it names for ``device``). With ``plan``:
+    the training loader of ``rank``, ``plan.micro_batches_per_epoch`` micro-batches per epoch
+    shuffled by ``seed``. Without: the evaluation loader of ``rank``, every record exactly once
+    across the ``world_size`` ranks, in order, in batches of ``batch_size`` (the last perhaps
+    short).
 
-
-def check_channels(data_cfg: DataConfig) -> int:
-    """``data.channels``, which must be 1 or 3."""
-    channels = data_cfg.channels
-    if channels not in (1, 3):
-        raise UserError(f"data.channels must be 1 or 3, got {channels}", key="data.channels")
-    return channels
-
-
-def check_normalisation(data_cfg: DataConfig) -> tuple[list[float], list[float]]:
-    """``data.mean`` and ``data.std``, one value per channel."""
-    channels = check_channels(data_cfg)
-    mean, std = [float(m) for m in data_cfg.mean], [float(s) for s in data_cfg.std]
-    if len(mean) != channels or len(std) != channels:
+    Raises:
+        UserError: the loader's package is missing, or the plan counts another number of
+            training samples.
+        DataError: missing or inconsistent shards or index files.
+    """
+    loader_class = loader_class.for_device(data_cfg, device)
+    records = loader_class.open(data_cfg, train=plan is not None)
+    if plan is None:
+        batches = MicroBatches.for_evaluation(len(records), batch_size, rank, world_size)
+    elif len(records) != plan.num_samples:
         raise UserError(
-            f"data.mean and data.std need {channels} values (data.channels), got {len(mean)} and {len(std)}",
-            key="data.mean",
-        )
-    return mean, std
-
-
-def train_shards(data_cfg: DataConfig, plan: BatchPlan, *, verify_crc: bool) -> ShardSet:
-    """The training split's shards, checked against the batch plan's sample count."""
-    check_normalisation(data_cfg)
-    shards = ShardSet(shard_root(data_cfg), data_cfg.train_split, verify_crc)
-    if len(shards) != plan.num_samples:
-        raise UserError(
-            f"the batch plan counts {plan.num_samples} training samples but {shards.root} has "
-            f"{len(shards)} in split {shards.split!r}; build the plan from count_samples()",
+            f"the batch plan counts {plan.num_samples} training samples but the training split has {len(records)}; "
+            "build the plan from largebatch.data.count_samples()",
             key="data.root",
         )
-    return shards
-
-
-def eval_shards(data_cfg: DataConfig, *, verify_crc: bool) -> ShardSet:
-    """The evaluation split's shards."""
-    check_normalisation(data_cfg)
-    return ShardSet(shard_root(data_cfg), data_cfg.eval_split, verify_crc)
+    else:
+        batches = MicroBatches.for_training(plan, rank, seed, repeats=data_cfg.repeated_aug)
+    return loader_class(records, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)

@@ -54,15 +54,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
-from largebatch.data.base import MicroBatches, ShardLoader, check_normalisation, eval_shards, labelled_jpeg, train_shards
+from largebatch.data.base import MicroBatches, RecordLoader, ShardLoader, labelled_jpeg
 from largebatch.data.size_limit import JPEG_MAGIC, not_a_jpeg, too_large, undecodable
-from largebatch.data.tfrecord import ShardSet, count_samples
+from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import DataError, UserError
 from largebatch.randomness import CROP_ATTEMPTS
 
-__all__ = ["DaliLoader", "build_eval_loader", "build_train_loader", "count_samples"]
+__all__ = ["DaliLoader"]
 
 _READER = "tfrecord_reader"
 
@@ -193,13 +192,15 @@ class DaliLoader(ShardLoader):
     """A DALI pipeline per epoch, following the loader contract (``IndexedLoader``); the
     arguments are ``ShardLoader``'s."""
 
+    verify_crc = False  # DALI's reader reads the records; the shards are read only to name a bad one
+
     def __init__(self, shards: ShardSet, batches: MicroBatches, **options: Any) -> None:
         self._dali = _import_dali()
         super().__init__(shards, batches, **options)
         data_cfg = self.data_cfg
         self._label_offset = data_cfg.label_offset
-        self._mean, self._std = check_normalisation(data_cfg)
-        self._channels = len(self._mean)
+        self._mean, self._std = data_cfg.mean, data_cfg.std
+        self._channels = data_cfg.channels
         self._folder = tempfile.mkdtemp(prefix="largebatch-dali-")
         # GPU decoding whenever the run's device (the backend's) is a CUDA GPU; on any
         # other device (CPU, or an HPU running a config written for GPUs) the pipeline
@@ -269,19 +270,19 @@ class DaliLoader(ShardLoader):
 
         for index in batch.tolist():
             try:
-                jpeg, _ = labelled_jpeg(self.shards, index, self._label_offset, self.num_classes)
+                jpeg, _ = labelled_jpeg(self.records, index, self._label_offset, self.num_classes)
                 simplejpeg.decode_jpeg(jpeg)
             except DataError as bad:
                 return bad
             except Exception as bad:  # noqa: BLE001 - any failure here names the record
-                return DataError(f"{self.shards.where(index)}: {undecodable(jpeg, bad)}")
-        return DataError(f"DALI pipeline failed on a micro-batch of {self.shards.split!r}: {str(err).splitlines()[0]}")
+                return DataError(f"{self.records.where(index)}: {undecodable(jpeg, bad)}")
+        return DataError(f"DALI pipeline failed on a micro-batch of {self.records.split!r}: {str(err).splitlines()[0]}")
 
     def _iterate(self, batches):
         _, _, _, _, iterator_class, policy = self._dali
         for name in os.listdir(self._folder):
             os.unlink(os.path.join(self._folder, name))
-        paths, index_paths = write_run_indexes(self.shards, batches, self._folder)
+        paths, index_paths = write_run_indexes(self.records, batches, self._folder)
         pipe = self._pipeline(paths, index_paths, batches)
         iterator = iterator_class(
             [pipe],
@@ -312,7 +313,7 @@ class DaliLoader(ShardLoader):
         bad = ~(magic[:, : len(JPEG_MAGIC)] == torch.tensor(list(JPEG_MAGIC), dtype=magic.dtype)).all(dim=1)
         if bool(bad.any()):
             row = int(bad.nonzero()[0, 0])
-            raise DataError(f"{self.shards.where(int(np.sort(batch)[row]))}: {not_a_jpeg(bytes(magic[row].tolist()))}")
+            raise DataError(f"{self.records.where(int(np.sort(batch)[row]))}: {not_a_jpeg(bytes(magic[row].tolist()))}")
 
     def _check_sizes(self, batch: np.ndarray, shapes: torch.Tensor) -> None:
         """A micro-batch holding an image above ``data.max_pixels`` (decoded as the
@@ -323,7 +324,7 @@ class DaliLoader(ShardLoader):
             row = int(bad.nonzero()[0, 0])
             index = int(np.sort(batch)[row])
             height, width = int(shapes[row, 0]), int(shapes[row, 1])
-            raise DataError(f"{self.shards.where(index)}: {too_large(height, width, self.data_cfg.max_pixels)}")
+            raise DataError(f"{self.records.where(index)}: {too_large(height, width, self.data_cfg.max_pixels)}")
 
     def _check_labels(self, batch: np.ndarray, labels: torch.Tensor) -> None:
         bad = (labels < 0) | (labels >= self.num_classes)
@@ -331,8 +332,8 @@ class DaliLoader(ShardLoader):
             index = int(np.sort(batch)[int(bad.nonzero()[0, 0])])
             # the record read as the native loader reads it names what is wrong: a label out of
             # range, or one DALI cannot read as int64 (a float label's bits, a bytes label)
-            labelled_jpeg(self.shards, index, self._label_offset, self.num_classes)
-            raise AssertionError(f"DALI read label {int(labels[bad][0])} from {self.shards.where(index)}, whose label is in range")
+            labelled_jpeg(self.records, index, self._label_offset, self.num_classes)
+            raise AssertionError(f"DALI read label {int(labels[bad][0])} from {self.records.where(index)}, whose label is in range")
 
     def close(self) -> None:
         """Remove the epoch's index files (idempotent)."""
@@ -341,22 +342,8 @@ class DaliLoader(ShardLoader):
     def __del__(self) -> None:
         self.close()
 
-
-def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> DaliLoader:
-    """The DALI training loader of ``rank``; same contract and samples as the native one.
-
-    Raises:
-        UserError: DALI not installed, a plan made for a different sample count.
-        DataError: missing or inconsistent shards or index files.
-    """
-    _import_dali()
-    shards = train_shards(data_cfg, plan, verify_crc=False)
-    return DaliLoader(shards, MicroBatches.for_training(plan, rank, seed), data_cfg=data_cfg, seed=seed, rank=rank, device=device)
-
-
-def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> DaliLoader:
-    """The DALI evaluation loader: every record once across ranks, in record order."""
-    _import_dali()
-    shards = eval_shards(data_cfg, verify_crc=False)
-    batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
-    return DaliLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)
+    @classmethod
+    def for_device(cls, data_cfg: DataConfig, device: torch.device) -> type[RecordLoader]:
+        """This class; a ``UserError`` naming the install command when DALI is not importable."""
+        _import_dali()
+        return cls

@@ -1,4 +1,4 @@
-"""``tf.train.Example`` protobuf encoding and decoding, without TensorFlow or protobuf.
+"""``tf.train.Example`` protobuf decoding, without TensorFlow or protobuf.
 
 The messages (from TensorFlow's ``example.proto`` / ``feature.proto``)::
 
@@ -11,8 +11,8 @@ The messages (from TensorFlow's ``example.proto`` / ``feature.proto``)::
     message Int64List { repeated int64 value = 1 [packed = true]; }
 
 Only these messages are handled; they are all the ImageNet TFRecord schema needs. The
-encoder writes packed repeated scalars (what TensorFlow writes); the decoder accepts
-packed and unpacked ones, as the protobuf wire format requires.
+decoder accepts packed and unpacked repeated scalars, as the protobuf wire format
+requires (the encoder, for the shard tools, is ``largebatch.shards.records``).
 """
 
 from __future__ import annotations
@@ -20,73 +20,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping
 
-FeatureValue = bytes | str | int | float | Iterable
+from largebatch.errors import DataError
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 
 
 class ExampleDecodeError(ValueError):
     """The bytes are not a well-formed ``tf.train.Example``."""
-
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64  # int64 is sent as its 64-bit two's complement
-    out = bytearray()
-    while True:
-        bits = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def _field(number: int, wire_type: int, payload: bytes) -> bytes:
-    key = _varint((number << 3) | wire_type)
-    if wire_type == _LEN:
-        return key + _varint(len(payload)) + payload
-    return key + payload
-
-
-def _feature(value: FeatureValue) -> bytes:
-    """Encode one ``Feature`` from a Python value (bytes/str, int or float, or a list of one kind)."""
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not values:
-        return _field(1, _LEN, b"")  # an empty bytes_list
-    if all(isinstance(v, (bytes, bytearray, memoryview, str)) for v in values):
-        items = b"".join(_field(1, _LEN, v.encode() if isinstance(v, str) else bytes(v)) for v in values)
-        return _field(1, _LEN, items)
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        packed = b"".join(_varint(int(v)) for v in values)
-        return _field(3, _LEN, _field(1, _LEN, packed))
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        packed = struct.pack(f"<{len(values)}f", *values)
-        return _field(2, _LEN, _field(1, _LEN, packed))
-    raise TypeError(f"feature values must be all bytes/str, all int or all float, got {values!r:.80}")
-
-
-def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
-    """Serialise a ``tf.train.Example``.
-
-    Args:
-        features: feature name to value; ``bytes``/``str`` become a ``bytes_list``,
-            ``int`` an ``int64_list``, ``float`` a ``float_list``; a list or tuple gives
-            several values of one kind.
-
-    Returns:
-        The serialised message (keys in sorted order, so the output is deterministic).
-    """
-    entries = b"".join(
-        _field(
-            1,
-            _LEN,
-            _field(1, _LEN, name.encode()) + _field(2, _LEN, _feature(features[name])),
-        )
-        for name in sorted(features)
-    )
-    return _field(1, _LEN, entries)
 
 
 def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -252,3 +192,22 @@ def image_and_label(features: Mapping[str, list]) -> tuple[bytes, int]:
             "write the records with `largebatch data convert` (labels as int64_list)"
         )
     return image[0], label[0]
+
+
+def class_number(stored: int, *, num_classes: int, label_offset: int, where: str, path: str | None = None, keys: str = "data.") -> int:
+    """The 0-based class of a record whose stored label is ``stored`` (``stored - label_offset``).
+
+    Raises:
+        DataError: the class is outside ``0 .. num_classes - 1``, naming the record
+            (``where``, and ``path`` when given), the label, the range and both settings
+            (as config keys, ``data.num_classes``; ``keys=""`` for the bare names
+            ``data verify`` reads from ``dataset.json``).
+    """
+    label = stored - label_offset
+    if not 0 <= label < num_classes:
+        raise DataError(
+            f"{where}: label {stored} is outside {label_offset}..{label_offset + num_classes - 1} "
+            f"({keys}num_classes {num_classes}, {keys}label_offset {label_offset})",
+            path=path,
+        )
+    return label

@@ -47,15 +47,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
 from largebatch.data import native
-from largebatch.data.base import MicroBatches, ShardLoader, eval_shards, labelled_jpeg, train_shards
+from largebatch.data.base import MicroBatches, RecordLoader, ShardLoader, labelled_jpeg
 from largebatch.data.size_limit import checked_size, undecodable
-from largebatch.data.tfrecord import ShardSet, count_samples
+from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import DataError
 
-__all__ = ["MediaPipeLoader", "build_eval_loader", "build_train_loader", "count_samples", "unavailable_reason"]
+__all__ = ["MediaPipeLoader", "unavailable_reason"]
 
 _warned = False
 _pipe_numbers = itertools.count()
@@ -114,7 +113,7 @@ class _RecordSource:
     def __init__(
         self, shards: ShardSet, batches: list[np.ndarray], batch_size: int, num_classes: int, label_offset: int, max_pixels: int
     ) -> None:
-        self.shards, self.batches, self.batch_size = shards, batches, batch_size
+        self.records, self.batches, self.batch_size = shards, batches, batch_size
         self.num_classes, self.label_offset, self.max_pixels = num_classes, label_offset, max_pixels
 
     def read(self, number: int) -> tuple[np.ndarray, np.ndarray]:
@@ -123,11 +122,11 @@ class _RecordSource:
         jpegs = np.empty(self.batch_size, dtype=object)
         labels = np.empty(self.batch_size, dtype=np.int32)
         for j, index in enumerate(indices):
-            jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
+            jpeg, label = labelled_jpeg(self.records, index, self.label_offset, self.num_classes)
             try:
-                checked_size(jpeg, self.max_pixels, lambda: self.shards.where(index))  # noqa: B023 - called at once
+                checked_size(jpeg, self.max_pixels, lambda: self.records.where(index))  # noqa: B023 - called at once
             except ValueError as err:
-                raise DataError(f"{self.shards.where(index)}: {undecodable(jpeg, err)}") from err
+                raise DataError(f"{self.records.where(index)}: {undecodable(jpeg, err)}") from err
             buffer = np.frombuffer(jpeg, dtype=np.uint8)
             # The decoder reads whole 64-byte blocks; trailing zeros after the JPEG's end are ignored.
             jpegs[j] = np.pad(buffer, (0, -len(buffer) % 64))
@@ -238,7 +237,7 @@ class MediaPipeLoader(ShardLoader):
 
     def _iterate(self, batches):
         label_offset = self.data_cfg.label_offset
-        source = _RecordSource(self.shards, batches, self.batches.batch_size, self.num_classes, label_offset, self.data_cfg.max_pixels)
+        source = _RecordSource(self.records, batches, self.batches.batch_size, self.num_classes, label_offset, self.data_cfg.max_pixels)
         pipe = _make_pipe(self._mp, source, self.data_cfg, train=self.batches.train, seed=self.pipeline_seed())
         iterator = iter(self._mp.Iterator(mediapipe=pipe))
         try:
@@ -248,29 +247,12 @@ class MediaPipeLoader(ShardLoader):
         finally:
             del iterator, pipe
 
-
-def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device):
-    """The media-pipeline training loader of ``rank`` (the native one where it cannot run).
-
-    Raises:
-        UserError: a plan made for a different sample count.
-        DataError: missing or inconsistent shards or index files.
-    """
-    reason = unavailable_reason(data_cfg, device)
-    if reason is not None:
+    @classmethod
+    def for_device(cls, data_cfg: DataConfig, device: torch.device) -> type[RecordLoader]:
+        """This class where the media pipeline runs; the native loader, with one warning line
+        saying why, where it cannot."""
+        reason = unavailable_reason(data_cfg, device)
+        if reason is None:
+            return cls
         _warn_fallback(reason)
-        return native.build_train_loader(data_cfg, plan, rank=rank, seed=seed, device=device)
-    shards = train_shards(data_cfg, plan, verify_crc=data_cfg.verify_crc)
-    batches = MicroBatches.for_training(plan, rank, seed)
-    return MediaPipeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
-
-
-def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device):
-    """The media-pipeline evaluation loader: every record once across ranks, in record order."""
-    reason = unavailable_reason(data_cfg, device)
-    if reason is not None:
-        _warn_fallback(reason)
-        return native.build_eval_loader(data_cfg, batch_size=batch_size, rank=rank, world_size=world_size, device=device)
-    shards = eval_shards(data_cfg, verify_crc=data_cfg.verify_crc)
-    batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
-    return MediaPipeLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)
+        return native.NativeLoader

@@ -40,16 +40,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
-from largebatch.data.base import (
-    MicroBatches,
-    ShardLoader,
-    check_normalisation,
-    eval_shards,
-    labelled_jpeg,
-    train_shards,
-)
+from largebatch.data.base import MicroBatches, ShardLoader, labelled_jpeg
 from largebatch.data.decode import (
     center_crop_box,
     crop_resize,
@@ -59,11 +51,11 @@ from largebatch.data.decode import (
 )
 from largebatch.data.policies import apply_policy, erase, image_policy, random_eraser
 from largebatch.data.size_limit import checked_size, undecodable
-from largebatch.data.tfrecord import ShardSet, count_samples
+from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import DataError
 from largebatch.randomness import AUGMENTATION_DRAWS, worker_generator
 
-__all__ = ["NativeLoader", "build_eval_loader", "build_train_loader", "count_samples"]
+__all__ = ["NativeLoader"]
 
 
 class _MicroBatchDataset(Dataset):
@@ -202,9 +194,8 @@ class NativeLoader(ShardLoader):
     def __init__(self, shards: ShardSet, batches: MicroBatches, **options: Any) -> None:
         super().__init__(shards, batches, **options)
         data_cfg = self.data_cfg
-        mean, std = check_normalisation(data_cfg)
-        self._mean = torch.tensor([m * 255 for m in mean], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
-        self._std = torch.tensor([s * 255 for s in std], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
+        self._mean = torch.tensor([m * 255 for m in data_cfg.mean], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
+        self._std = torch.tensor([s * 255 for s in data_cfg.std], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._eraser = random_eraser(data_cfg, self.device) if batches.train else None
         workers = data_cfg.num_workers
         kwargs, self._ring = {}, None
@@ -213,7 +204,7 @@ class NativeLoader(ShardLoader):
             slots = data_cfg.prefetch * workers + 1  # see the module docstring
             self._ring = shared_ring(slots, batches.batch_size, data_cfg.channels, data_cfg.image_size)
         self._loader = DataLoader(
-            _MicroBatchDataset(shards, batches, data_cfg, self._ring),
+            _MicroBatchDataset(self.records, batches, data_cfg, self._ring),
             batch_size=None,
             sampler=_EpochSampler(self, 0 if self._ring is None else self._ring.shape[0]),
             collate_fn=_as_is,  # not default_convert: NumPy labels cross as bytes, not as shared tensors
@@ -269,32 +260,3 @@ class NativeLoader(ShardLoader):
         for tensor in batch:
             tensor.record_stream(torch.cuda.current_stream(self.device))
         return batch
-
-
-def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> NativeLoader:
-    """The training loader of ``rank``: ``plan.micro_batches_per_epoch`` micro-batches per epoch.
-
-    Args:
-        data_cfg: the ``data`` section of the config (``root``, ``train_split``, ...).
-        plan: the run's batch arithmetic; ``plan.num_samples`` must equal the split's size.
-        rank: this process's rank in ``0 .. plan.world_size - 1``.
-        seed: the run's seed (shuffling and augmentation).
-        device: where batches are delivered.
-
-    Raises:
-        DataError: missing or inconsistent shards or index files.
-        UserError: a plan made for a different sample count, a bad setting.
-    """
-    shards = train_shards(data_cfg, plan, verify_crc=data_cfg.verify_crc)
-    batches = MicroBatches.for_training(plan, rank, seed, repeats=data_cfg.repeated_aug)
-    return NativeLoader(shards, batches, data_cfg=data_cfg, seed=seed, rank=rank, device=device)
-
-
-def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> NativeLoader:
-    """The evaluation loader of ``rank``: every record exactly once across ranks, in order.
-
-    The rank's block comes from ``rank_eval_indices``; its last batch may be short.
-    """
-    shards = eval_shards(data_cfg, verify_crc=data_cfg.verify_crc)
-    batches = MicroBatches.for_evaluation(len(shards), batch_size, rank, world_size)
-    return NativeLoader(shards, batches, data_cfg=data_cfg, seed=0, rank=rank, device=device)

@@ -16,9 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
-from largebatch.data.base import IndexedLoader, MicroBatches
+from largebatch.data.base import RecordLoader
 
 SPLIT_IDS = {"train": 1, "eval": 2}
 
@@ -42,6 +41,9 @@ class SyntheticImages:
         coarse = torch.randn(num_classes, channels, 4, 4, generator=gen)
         self.prototypes = F.interpolate(coarse, size=(image_size, image_size), mode="bilinear", align_corners=False)
 
+    def __len__(self) -> int:
+        return self.num_samples
+
     def sample(self, index: int) -> tuple[torch.Tensor, int]:
         gen = torch.Generator().manual_seed(_sample_seed(self.seed, self.split, index))
         label = int(torch.randint(self.num_classes, (1,), generator=gen))
@@ -53,42 +55,26 @@ class SyntheticImages:
         return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
 
-class SyntheticLoader(IndexedLoader):
+class SyntheticLoader(RecordLoader):
     """Micro-batches of ``SyntheticImages`` for one rank, following the sharding plan and
-    the loader contract (``IndexedLoader``)."""
+    the loader contract (``IndexedLoader``); the arguments are ``RecordLoader``'s."""
 
-    def __init__(self, images: SyntheticImages, batches: MicroBatches, device: torch.device) -> None:
-        super().__init__(images.num_samples, images.num_classes, batches, device)
-        self.images = images
+    records: SyntheticImages
+
+    @classmethod
+    def open(cls, data_cfg: DataConfig, *, train: bool) -> SyntheticImages:
+        """``data.train_samples`` (``train``) or ``data.eval_samples`` images."""
+        return SyntheticImages(
+            num_samples=data_cfg.train_samples if train else data_cfg.eval_samples,
+            num_classes=data_cfg.num_classes,
+            channels=data_cfg.channels,
+            image_size=data_cfg.image_size,
+            seed=data_cfg.synthetic_seed,
+            split="train" if train else "eval",
+            signal=data_cfg.signal,
+        )
 
     def _iterate(self, batches):
         for indices in batches:
-            images, labels = self.images.batch(indices)
+            images, labels = self.records.batch(indices)
             yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-
-
-def _images(data_cfg: DataConfig, split: str) -> SyntheticImages:
-    return SyntheticImages(
-        num_samples=data_cfg.train_samples if split == "train" else data_cfg.eval_samples,
-        num_classes=data_cfg.num_classes,
-        channels=data_cfg.channels,
-        image_size=data_cfg.image_size,
-        seed=data_cfg.synthetic_seed,
-        split=split,
-        signal=data_cfg.signal,
-    )
-
-
-def count_samples(data_cfg: DataConfig, split: str) -> int:
-    """``data.train_samples`` for the training split's name, else ``data.eval_samples``."""
-    return data_cfg.train_samples if split == data_cfg.train_split else data_cfg.eval_samples
-
-
-def build_train_loader(data_cfg: DataConfig, plan: BatchPlan, *, rank: int, seed: int, device: torch.device) -> SyntheticLoader:
-    batches = MicroBatches.for_training(plan, rank, seed, repeats=data_cfg.repeated_aug)
-    return SyntheticLoader(_images(data_cfg, "train"), batches, device)
-
-
-def build_eval_loader(data_cfg: DataConfig, *, batch_size: int, rank: int, world_size: int, device: torch.device) -> SyntheticLoader:
-    images = _images(data_cfg, "eval")
-    return SyntheticLoader(images, MicroBatches.for_evaluation(images.num_samples, batch_size, rank, world_size), device)

@@ -24,14 +24,11 @@ import contextlib
 import os
 import re
 import struct
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Self
 
 import crc32c
 import numpy as np
 
-from largebatch.config.sections import DataConfig
 from largebatch.errors import DataError
 
 _MASK_DELTA = 0xA282EAD8
@@ -47,12 +44,6 @@ def masked_crc(data: bytes | memoryview) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def encode_record(data: bytes) -> bytes:
-    """One framed TFRecord record holding ``data``."""
-    length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data))
-
-
 def shard_name(split: str, number: int, total: int) -> str:
     """``train-00003-of-00008``: the ImageNet TFRecord shard naming."""
     return f"{split}-{number:05d}-of-{total:05d}"
@@ -63,49 +54,7 @@ def index_path_for(path: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(path)}{INDEX_SUFFIX}")
 
 
-class TFRecordWriter:
-    """Append records to a TFRecord file and remember each one's index entry.
-
-    Args:
-        path: the file to write (created or truncated).
-
-    Example::
-
-        with TFRecordWriter(tmp) as writer:
-            writer.write(payload)
-        write_index(index_path_for(tmp), writer.index)
-    """
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self._file = open(self.path, "wb")  # noqa: SIM115 (closed in close())
-        self._offset = 0
-        self.index: list[tuple[int, int]] = []
-
-    def write(self, data: bytes) -> None:
-        """Append one record."""
-        record = encode_record(data)
-        self._file.write(record)
-        self.index.append((self._offset, len(record)))
-        self._offset += len(record)
-
-    def close(self, fsync: bool = False) -> None:
-        """Flush and close; with ``fsync`` the bytes are on disk when this returns."""
-        if self._file.closed:
-            return
-        self._file.flush()
-        if fsync:
-            os.fsync(self._file.fileno())
-        self._file.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _check_header(path, header: bytes, offset: int, record: int, verify_crc: bool) -> int:
+def check_header(path, header: bytes, offset: int, record: int, verify_crc: bool) -> int:
     length, length_crc = struct.unpack("<QI", header)
     if verify_crc and masked_crc(header[:8]) != length_crc:
         raise DataError(
@@ -113,56 +62,6 @@ def _check_header(path, header: bytes, offset: int, record: int, verify_crc: boo
             path=str(path),
         )
     return length
-
-
-def iter_records(path: str | os.PathLike, verify_crc: bool = True) -> Iterator[tuple[int, int, bytes]]:
-    """Read a TFRecord file front to back.
-
-    Args:
-        path: the file.
-        verify_crc: check both CRCs of every record.
-
-    Yields:
-        ``(offset, size, data)`` per record; ``offset`` and ``size`` are its index entry.
-
-    Raises:
-        DataError: on a truncated record or a CRC mismatch, naming the file, the record
-            number and its byte offset.
-    """
-    offset = 0
-    with open(path, "rb") as fh:
-        file_size = os.fstat(fh.fileno()).st_size
-        record = 0
-        while True:
-            header = fh.read(HEADER_BYTES)
-            if not header:
-                return
-            if len(header) < HEADER_BYTES:
-                raise DataError(
-                    f"record {record} at byte offset {offset}: truncated header "
-                    f"({len(header)} of {HEADER_BYTES} bytes; the file was cut short)",
-                    path=str(path),
-                )
-            length = _check_header(path, header, offset, record, verify_crc)
-            left = file_size - offset - HEADER_BYTES
-            if length + FOOTER_BYTES > left:  # checked before reading: a corrupt length may claim exabytes
-                raise DataError(
-                    f"record {record} at byte offset {offset}: truncated data "
-                    f"(its header claims {length + FOOTER_BYTES} bytes, the file holds {max(left, 0)} more; "
-                    "the file was cut short or the header is corrupt); restore the file or convert its source again",
-                    path=str(path),
-                )
-            body = fh.read(length + FOOTER_BYTES)
-            data = body[:length]
-            if verify_crc and masked_crc(data) != struct.unpack("<I", body[length:])[0]:
-                raise DataError(
-                    f"record {record} at byte offset {offset}: data CRC mismatch (corrupt record)",
-                    path=str(path),
-                )
-            size = HEADER_BYTES + length + FOOTER_BYTES
-            yield offset, size, data
-            offset += size
-            record += 1
 
 
 def read_record_at(
@@ -187,7 +86,7 @@ def read_record_at(
             f"(truncated file, or an index that does not match it; rebuild with `largebatch data index {path}`)",
             path=path,
         )
-    length = _check_header(path, buf[:HEADER_BYTES], offset, record, verify_crc)
+    length = check_header(path, buf[:HEADER_BYTES], offset, record, verify_crc)
     if HEADER_BYTES + length + FOOTER_BYTES != size:
         raise DataError(
             f"{where}: index says {size} bytes, the record header says "
@@ -199,27 +98,6 @@ def read_record_at(
     if verify_crc and masked_crc(data) != struct.unpack("<I", buf[-FOOTER_BYTES:])[0]:
         raise DataError(f"{where}: data CRC mismatch (corrupt record)", path=path)
     return data
-
-
-def scan_index(path: str | os.PathLike, verify_crc: bool = False) -> np.ndarray:
-    """Index entries of a TFRecord file, found by walking its records.
-
-    Returns:
-        ``int64`` array of shape ``(records, 2)``: offset and size per record.
-    """
-    entries = [(offset, size) for offset, size, _ in iter_records(path, verify_crc)]
-    return np.asarray(entries, dtype=np.int64).reshape(-1, 2)
-
-
-def write_index(path: str | os.PathLike, entries) -> None:
-    """Write an index file in ``tfrecord2idx``'s format, atomically (temp file, rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.writelines(f"{int(offset)} {int(size)}\n" for offset, size in entries)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 INDEX_LINE_BYTES = 2 * len(str(2**63 - 1)) + 2  # "<offset> <size>\n" with both at their largest
@@ -323,11 +201,6 @@ def list_shards(root: str | os.PathLike, split: str) -> list[Path]:
 def count_records(root: str | os.PathLike, split: str) -> int:
     """Records in a split, counted from its index files (no shard is read)."""
     return sum(len(read_index(index_path_for(p))) for p in list_shards(root, split))
-
-
-def count_samples(data_cfg: DataConfig, split: str) -> int:
-    """Samples in ``data.root``'s ``split`` (the loader contract's counting function)."""
-    return count_records(data_cfg.root, split)
 
 
 class ShardSet:

@@ -21,9 +21,9 @@ import simplejpeg
 import torch
 
 from largebatch import cli, train_command
-from tests.config.colossal import shapes
 from tests.conftest import tiny_config, write_config
 from tests.data.conftest import header_claiming, rewrite_record, write_unique_label_shards
+from tests.importers.colossalai import shapes
 
 TRAIN = "train.py"  # train_main's argv; anything else goes to ``largebatch``'s main
 

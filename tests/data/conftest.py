@@ -12,11 +12,11 @@ from PIL import Image
 
 from largebatch.config.sections import DataConfig
 from largebatch.config.typed import section
-from largebatch.data import convert
-from largebatch.data.convert import Sample, make_example, split_jobs, write_shard
-from largebatch.data.shardpool import run_jobs
+from largebatch.shards import FASHION_MNIST_DIR, convert
+from largebatch.shards.convert import Sample, make_example, split_jobs, write_shard
+from largebatch.shards.pool import run_jobs
 
-FASHION_MNIST = Path(convert.FASHION_MNIST_DIR)
+FASHION_MNIST = Path(FASHION_MNIST_DIR)
 
 
 def write_split(out: Path, split: str, samples: list[Sample], num_shards: int, encode) -> None:
@@ -86,8 +86,9 @@ def write_unique_label_shards(
 def rewrite_record(shard: Path, record: int, features: dict) -> None:
     """Rewrite ``shard`` (and its index) with record ``record``'s features replaced by
     ``features``, written as they are (a float label, an int64 image)."""
-    from largebatch.data.example import decode_example, encode_example
-    from largebatch.data.tfrecord import TFRecordWriter, index_path_for, iter_records, write_index
+    from largebatch.data.example import decode_example
+    from largebatch.data.tfrecord import index_path_for
+    from largebatch.shards.records import TFRecordWriter, encode_example, iter_records, write_index
 
     payloads = [decode_example(data) for _, _, data in iter_records(shard)]
     payloads[record] = {**payloads[record], **features}

@@ -11,11 +11,12 @@ import pytest
 import simplejpeg
 import torch
 
+from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
-from largebatch.data import cli, native
-from largebatch.data.convert import Sample, make_example
 from largebatch.data.tfrecord import index_path_for, read_index
 from largebatch.errors import DataError
+from largebatch.shards import cli
+from largebatch.shards.convert import Sample, make_example
 from tests.data.conftest import data_cfg, header_claiming, rewrite_record, write_split, write_unique_label_shards
 
 SHARD = "train-00001-of-00002"
@@ -30,7 +31,7 @@ def shards(tmp_path) -> Path:
 
 def load_all(root: Path, num_classes: int = 16) -> None:
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
-    loader = native.build_train_loader(data_cfg(root, num_classes), plan, rank=0, seed=0, device=torch.device("cpu"))
+    loader = data_mod.build_train_loader(data_cfg(root, num_classes), plan, rank=0, seed=0, device=torch.device("cpu"))
     for _ in loader:
         pass
 
@@ -102,7 +103,7 @@ def test_index_not_matching_file(shards, capsys):
 def _rewrite_shard(root: Path, bad: int, *, jpeg: bytes | None = None, label: int | None = None) -> None:
     """Rewrite SHARD with record ``bad`` replaced by a broken JPEG or an out-of-range label."""
     from largebatch.data.example import decode_example
-    from largebatch.data.tfrecord import iter_records
+    from largebatch.shards.records import iter_records
 
     originals = [decode_example(data) for _, _, data in iter_records(root / SHARD)]
 
@@ -153,10 +154,10 @@ def test_oversized_jpeg_header(shards, capsys):
     largest = max(range(len(sizes)), key=lambda i: sizes[i][0] * sizes[i][1])
     height, width = sizes[largest]
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
-    assert len(list(native.build_train_loader(data_cfg(shards, 16, max_pixels=height * width), plan, rank=0, seed=0, device=CPU))) == 2
+    assert len(list(data_mod.build_train_loader(data_cfg(shards, 16, max_pixels=height * width), plan, rank=0, seed=0, device=CPU))) == 2
     below = data_cfg(shards, 16, max_pixels=height * width - 1)
     with pytest.raises(DataError, match=re.escape(f"{records.where(largest)}: the image header says {width}x{height} pixels")):
-        list(native.build_train_loader(below, plan, rank=0, seed=0, device=CPU))
+        list(data_mod.build_train_loader(below, plan, rank=0, seed=0, device=CPU))
 
     _rewrite_shard(shards, 5, jpeg=oversized())
     offset = record_offset(shards, 5)
@@ -166,7 +167,7 @@ def test_oversized_jpeg_header(shards, capsys):
     )
     with pytest.raises(DataError, match=re.escape(message)):
         load_all(shards)
-    evaluation = native.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+    evaluation = data_mod.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
     with pytest.raises(DataError, match=re.escape(message)):
         list(evaluation)
     for decode in ([], ["--no-decode"]):  # the header is checked without decoding too
@@ -178,14 +179,15 @@ def test_oversized_jpeg_header_dali(shards):
     """DALI reads the header, decodes a stand-in instead (a 300-megapixel decode of 64 px
     of data would fail as undecodable, not name the size) and names the record."""
     pytest.importorskip("nvidia.dali")
-    from largebatch.data import dali
 
     _rewrite_shard(shards, 5, jpeg=oversized())
     message = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}: the image header says 20000x15000 pixels"
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
     with pytest.raises(DataError, match=re.escape(message)):
-        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
-    evaluation = dali.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+        list(data_mod.build_train_loader(data_cfg(shards, 16, loader="dali"), plan, rank=0, seed=0, device=CPU))
+    evaluation = data_mod.build_eval_loader(
+        data_cfg(shards, 16, loader="dali", eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU
+    )
     with pytest.raises(DataError, match=re.escape(message)):
         list(evaluation)
 
@@ -205,7 +207,6 @@ def test_png_bytes_are_refused_by_dali_as_by_the_native_loader(shards):
     """DALI decodes a PNG where a JPEG belongs; the native loader cannot: both refuse it,
     naming the record, so the loader chosen does not decide what trains."""
     pytest.importorskip("nvidia.dali")
-    from largebatch.data import dali
 
     _rewrite_shard(shards, 5, jpeg=png_bytes())
     where = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}"
@@ -214,8 +215,10 @@ def test_png_bytes_are_refused_by_dali_as_by_the_native_loader(shards):
         load_all(shards)
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
     with pytest.raises(DataError, match=re.escape(message)):
-        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
-    evaluation = dali.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+        list(data_mod.build_train_loader(data_cfg(shards, 16, loader="dali"), plan, rank=0, seed=0, device=CPU))
+    evaluation = data_mod.build_eval_loader(
+        data_cfg(shards, 16, loader="dali", eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU
+    )
     with pytest.raises(DataError, match=re.escape(message)):
         list(evaluation)
 
@@ -275,14 +278,13 @@ def test_dali_names_a_float_label_as_the_native_loader_does(shards):
     with what is wrong with it, as the native loader names it. (An int64 image/encoded
     crashes DALI 2.4's reader itself; data verify names it.)"""
     pytest.importorskip("nvidia.dali")
-    from largebatch.data import dali
 
     rewrite_record(shards / SHARD, 5, {"image/class/label": [1.5]})
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
     expected = "image/class/label holds 1 float value (1.5), expected one int64 class number"
     message = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}: not an ImageNet-schema Example ({expected}"
     with pytest.raises(DataError, match=re.escape(message)):
-        list(dali.build_train_loader(data_cfg(shards, 16), plan, rank=0, seed=0, device=CPU))
+        list(data_mod.build_train_loader(data_cfg(shards, 16, loader="dali"), plan, rank=0, seed=0, device=CPU))
 
 
 @pytest.mark.parametrize(

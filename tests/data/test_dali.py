@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 
 import pytest
 import torch
 
+from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
-from largebatch.data import native
 from largebatch.errors import UserError
 from tests.data.conftest import data_cfg
 
@@ -31,13 +32,11 @@ def plan() -> BatchPlan:
 
 @needs_dali
 def test_same_samples_per_micro_batch_as_native(unique_shards):
-    from largebatch.data import dali
 
-    cfg = data_cfg(unique_shards, 48)
     for rank, epoch in ((0, 1), (1, 2)):
         got = {}
-        for name, module in (("native", native), ("dali", dali)):
-            loader = module.build_train_loader(cfg, plan(), rank=rank, seed=SEED, device=CPU)
+        for name in ("native", "dali"):
+            loader = data_mod.build_train_loader(data_cfg(unique_shards, 48, loader=name), plan(), rank=rank, seed=SEED, device=CPU)
             loader.set_epoch(epoch)
             batches = list(loader)
             assert len(batches) == len(loader) == plan().micro_batches_per_epoch
@@ -51,11 +50,13 @@ def test_same_samples_per_micro_batch_as_native(unique_shards):
 
 @needs_dali
 def test_eval_images_nearly_identical(unique_shards):
-    from largebatch.data import dali
 
     cfg = data_cfg(unique_shards, 48)
     for rank in range(2):
-        pairs = [list(m.build_eval_loader(cfg, batch_size=3, rank=rank, world_size=2, device=CPU)) for m in (native, dali)]
+        pairs = [
+            list(data_mod.build_eval_loader(dataclasses.replace(cfg, loader=name), batch_size=3, rank=rank, world_size=2, device=CPU))
+            for name in ("native", "dali")
+        ]
         assert len(pairs[0]) == len(pairs[1]) == 4  # 10 records: 3 + 3 + 3 + 1
         for (a_img, a_lab), (b_img, b_lab) in zip(*pairs, strict=True):
             assert torch.equal(a_lab, b_lab)
@@ -65,7 +66,6 @@ def test_eval_images_nearly_identical(unique_shards):
 
 @needs_dali
 def test_grayscale_and_resume(fmnist_shards):
-    from largebatch.data import dali
 
     cfg = data_cfg(
         fmnist_shards,
@@ -75,25 +75,25 @@ def test_grayscale_and_resume(fmnist_shards):
         std=(0.353,),
         label_offset=0,
         image_size=28,
+        loader="dali",
     )
     p = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=64)
-    full = dali.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    full = data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     reference = [labels.tolist() for _, labels in full]
-    first = dali.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    first = data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     iterator = iter(first)
     images, _ = next(iterator)
     assert images.shape == (8, 1, 28, 28)
     next(iterator)
     state = first.state_dict()
     del iterator
-    resumed = dali.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    resumed = data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     resumed.load_state_dict(state)
     rest = [labels.tolist() for _, labels in resumed]
     assert [sorted(x) for x in rest] == [sorted(x) for x in reference[2:]]
 
 
 def test_missing_dali_is_a_user_error(monkeypatch, unique_shards):
-    from largebatch.data import dali
 
     real_import = builtins.__import__
 
@@ -104,7 +104,7 @@ def test_missing_dali_is_a_user_error(monkeypatch, unique_shards):
 
     monkeypatch.setattr(builtins, "__import__", no_dali)
     with pytest.raises(UserError, match=r"pip install -e \.\[dali\]"):
-        dali.build_train_loader(data_cfg(unique_shards, 48), plan(), rank=0, seed=0, device=CPU)
+        data_mod.build_train_loader(data_cfg(unique_shards, 48, loader="dali"), plan(), rank=0, seed=0, device=CPU)
 
 
 @needs_dali

@@ -8,7 +8,6 @@ import torch
 from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
 from largebatch.config.typed import section
-from largebatch.data import dali, native, synthetic
 from largebatch.data.base import IndexedLoader, Loader, MicroBatches
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
 from largebatch.randomness import augmentation_uniforms
@@ -74,12 +73,12 @@ def test_every_loader_satisfies_the_protocol(unique_shards, tmp_path):
     synthetic_cfg = section("data", {"train_samples": 48, "eval_samples": 8, "num_classes": 3, "channels": 1, "image_size": 8,
                                      "synthetic_seed": 0, "signal": 1.0, "train_split": "train"})  # fmt: skip
     loaders = [
-        native.build_train_loader(cfg, PLAN, rank=0, seed=0, device=CPU),
-        native.build_eval_loader(cfg, batch_size=4, rank=0, world_size=1, device=CPU),
-        synthetic.build_train_loader(synthetic_cfg, PLAN, rank=0, seed=0, device=CPU),
-        synthetic.build_eval_loader(synthetic_cfg, batch_size=4, rank=0, world_size=1, device=CPU),
-        dali.build_eval_loader(cfg, batch_size=4, rank=0, world_size=1, device=CPU),
-        data_mod.CachedEvalLoader(native.build_eval_loader(cfg, batch_size=4, rank=0, world_size=1, device=CPU)),
+        data_mod.build_train_loader(cfg, PLAN, rank=0, seed=0, device=CPU),
+        data_mod.build_eval_loader(cfg, batch_size=4, rank=0, world_size=1, device=CPU),
+        data_mod.build_train_loader(synthetic_cfg, PLAN, rank=0, seed=0, device=CPU),
+        data_mod.build_eval_loader(synthetic_cfg, batch_size=4, rank=0, world_size=1, device=CPU),
+        data_mod.build_eval_loader(data_cfg(unique_shards, 48, loader="dali"), batch_size=4, rank=0, world_size=1, device=CPU),
+        data_mod.CachedEvalLoader(data_mod.build_eval_loader(cfg, batch_size=4, rank=0, world_size=1, device=CPU)),
         ListLoader([(torch.zeros(2, 1), torch.zeros(2, dtype=torch.int64))], num_classes=2),
     ]
     for loader in loaders:

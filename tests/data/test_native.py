@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
+from largebatch.config.typed import section
 from largebatch.data import native
 from largebatch.data.sharding import rank_train_indices
 from largebatch.errors import UserError
@@ -28,13 +30,13 @@ def plan(world: int = 2, micro: int = 4, global_batch: int = 16) -> BatchPlan:
 
 
 def epoch_labels(root, p: BatchPlan, rank: int, epoch: int, **cfg) -> list[list[int]]:
-    loader = native.build_train_loader(data_cfg(root, 48, **cfg), p, rank=rank, seed=SEED, device=CPU)
+    loader = data_mod.build_train_loader(data_cfg(root, 48, **cfg), p, rank=rank, seed=SEED, device=CPU)
     loader.set_epoch(epoch)
     return [labels.tolist() for _, labels in loader]
 
 
 def test_contract_shapes_and_ranges(unique_shards):
-    loader = native.build_train_loader(data_cfg(unique_shards, 48), plan(), rank=0, seed=SEED, device=CPU)
+    loader = data_mod.build_train_loader(data_cfg(unique_shards, 48), plan(), rank=0, seed=SEED, device=CPU)
     assert len(loader) == plan().micro_batches_per_epoch == 6
     assert loader.num_samples == 48 and loader.num_classes == 48
     batches = list(loader)
@@ -67,7 +69,7 @@ def test_disjoint_equal_shares_reshuffled_per_epoch(unique_shards):
 
 def test_independent_of_worker_count(unique_shards):
     p = plan()
-    loaders = [native.build_train_loader(data_cfg(unique_shards, 48, num_workers=w), p, rank=1, seed=SEED, device=CPU) for w in (0, 2)]
+    loaders = [data_mod.build_train_loader(data_cfg(unique_shards, 48, num_workers=w), p, rank=1, seed=SEED, device=CPU) for w in (0, 2)]
     for loader in loaders:
         loader.set_epoch(2)
     for (a_img, a_lab), (b_img, b_lab) in zip(*loaders, strict=True):
@@ -78,7 +80,7 @@ def test_independent_of_worker_count(unique_shards):
 def test_eval_covers_every_record_once(unique_shards):
     seen = []
     for rank in range(3):
-        loader = native.build_eval_loader(
+        loader = data_mod.build_eval_loader(
             data_cfg(unique_shards, 48),
             batch_size=3,
             rank=rank,
@@ -107,11 +109,11 @@ def count_decodes(monkeypatch) -> list[int]:
 def test_resume_continues_at_next_micro_batch_without_decoding_skipped(unique_shards, monkeypatch):
     p = plan()
     cfg = data_cfg(unique_shards, 48)
-    full = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    full = data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     full.set_epoch(1)
     reference = list(full)
 
-    first = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    first = data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     first.set_epoch(1)
     iterator = iter(first)
     for _ in range(2):
@@ -120,7 +122,7 @@ def test_resume_continues_at_next_micro_batch_without_decoding_skipped(unique_sh
     assert state == {"epoch": 1, "micro_batch": 2}
 
     decoded = count_decodes(monkeypatch)
-    resumed = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    resumed = data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
     resumed.load_state_dict(state)
     resumed.set_epoch(1)
     rest = list(resumed)
@@ -134,8 +136,8 @@ def test_resume_continues_at_next_micro_batch_without_decoding_skipped(unique_sh
 def test_augmentation_is_random_across_epochs_and_flips(unique_shards):
     cfg = data_cfg(unique_shards, 48, hflip=1.0, scale=(1.0, 1.0), ratio=(1.0, 1.0))
     p = BatchPlan.create(global_batch_size=48, micro_batch_size=48, world_size=1, num_samples=48)
-    a = native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
-    b = native.build_train_loader(dataclasses.replace(cfg, hflip=0.0), p, rank=0, seed=SEED, device=CPU)
+    a = data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU)
+    b = data_mod.build_train_loader(dataclasses.replace(cfg, hflip=0.0), p, rank=0, seed=SEED, device=CPU)
     (img_a, lab_a), (img_b, lab_b) = next(iter(a)), next(iter(b))
     assert torch.equal(lab_a, lab_b)
     assert img_a.shape == img_b.shape
@@ -147,12 +149,15 @@ def test_augmentation_is_random_across_epochs_and_flips(unique_shards):
 def test_plan_for_wrong_sample_count_is_a_user_error(unique_shards):
     wrong = BatchPlan.create(global_batch_size=16, micro_batch_size=4, world_size=2, num_samples=64)
     with pytest.raises(UserError, match="48"):
-        native.build_train_loader(data_cfg(unique_shards, 48), wrong, rank=0, seed=0, device=CPU)
+        data_mod.build_train_loader(data_cfg(unique_shards, 48), wrong, rank=0, seed=0, device=CPU)
 
 
-def test_count_samples(unique_shards):
+def test_count_samples_counts_the_training_and_the_evaluation_split(unique_shards):
     cfg = data_cfg(unique_shards, 48)
-    assert native.count_samples(cfg, "train") == 48 and native.count_samples(cfg, "validation") == 20
+    assert data_mod.count_samples(cfg, "train") == 48 and data_mod.count_samples(cfg, "eval") == 20
+    assert data_mod.count_samples(dataclasses.replace(cfg, eval_split="train"), "eval") == 48
+    synthetic = section("data", {"loader": "synthetic", "train_samples": 40, "eval_samples": 8, "num_classes": 3})
+    assert data_mod.count_samples(synthetic, "train") == 40 and data_mod.count_samples(synthetic, "eval") == 8
 
 
 def test_grayscale_fashion_mnist(fmnist_shards):
@@ -166,7 +171,7 @@ def test_grayscale_fashion_mnist(fmnist_shards):
         image_size=28,
     )
     p = BatchPlan.create(global_batch_size=32, micro_batch_size=16, world_size=1, num_samples=64)
-    images, labels = next(iter(native.build_train_loader(cfg, p, rank=0, seed=0, device=CPU)))
+    images, labels = next(iter(data_mod.build_train_loader(cfg, p, rank=0, seed=0, device=CPU)))
     assert images.shape == (16, 1, 28, 28) and labels.max() < 10
     assert np.isfinite(images.numpy()).all()
 
@@ -175,7 +180,7 @@ def test_cached_eval_replays_the_first_pass_without_decoding(unique_shards, monk
     from largebatch import data as data_mod
 
     cfg = data_cfg(unique_shards, 48, loader="native")
-    reference = list(native.build_eval_loader(cfg, batch_size=3, rank=1, world_size=2, device=CPU))
+    reference = list(data_mod.build_eval_loader(cfg, batch_size=3, rank=1, world_size=2, device=CPU))
     decoded = count_decodes(monkeypatch)
     cached = data_mod.build_eval_loader(cfg, batch_size=3, rank=1, world_size=2, device=CPU, cache=True)
     assert len(cached) == len(reference) and cached.num_samples == 20
@@ -207,11 +212,11 @@ def test_cached_decodes_give_the_same_batches_and_decode_each_record_once_at_ful
             out += list(loader)
         return out
 
-    reference = epochs(native.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU))
+    reference = epochs(data_mod.build_train_loader(cfg, p, rank=0, seed=SEED, device=CPU))
     scales: list[int] = []
     original = native.decode_at_scale
     monkeypatch.setattr(native, "decode_at_scale", lambda jpeg, k, *rest: scales.append(k) or original(jpeg, k, *rest))
-    cached = epochs(native.build_train_loader(dataclasses.replace(cfg, cache_decoded=True), p, rank=0, seed=SEED, device=CPU))
+    cached = epochs(data_mod.build_train_loader(dataclasses.replace(cfg, cache_decoded=True), p, rank=0, seed=SEED, device=CPU))
     for (images, labels), (ref_images, ref_labels) in zip(cached, reference, strict=True):
         assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
     assert scales.count(1) <= 48 and len(scales) < 3 * 48  # full size once per record; fewer decodes than the 144 reads
@@ -239,8 +244,8 @@ def test_workers_decode_into_shared_slots_that_are_reused_only_after_their_batch
     # batches arrive out of order; the batches must equal a loader without workers.
     p = plan(micro=2, global_batch=8)
     _slow_first_worker(monkeypatch)
-    reference = native.build_train_loader(data_cfg(unique_shards, 48), p, rank=1, seed=SEED, device=CPU)
-    ring = native.build_train_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), p, rank=1, seed=SEED, device=CPU)
+    reference = data_mod.build_train_loader(data_cfg(unique_shards, 48), p, rank=1, seed=SEED, device=CPU)
+    ring = data_mod.build_train_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), p, rank=1, seed=SEED, device=CPU)
     assert ring._ring.shape[:2] == (3, 2) and ring._ring.is_shared()
     for epoch in (0, 1):
         reference.set_epoch(epoch)
@@ -271,8 +276,8 @@ def test_on_a_gpu_the_pinned_hand_over_delivers_the_cpu_loaders_batches(unique_s
     p = plan(micro=2, global_batch=8)
     _slow_first_worker(monkeypatch)
     cuda = torch.device("cuda")
-    reference = native.build_train_loader(data_cfg(unique_shards, 48), p, rank=1, seed=SEED, device=CPU)
-    on_gpu = native.build_train_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), p, rank=1, seed=SEED, device=cuda)
+    reference = data_mod.build_train_loader(data_cfg(unique_shards, 48), p, rank=1, seed=SEED, device=CPU)
+    on_gpu = data_mod.build_train_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), p, rank=1, seed=SEED, device=cuda)
     for epoch in (0, 1):
         reference.set_epoch(epoch)
         on_gpu.set_epoch(epoch)
@@ -290,8 +295,8 @@ def test_on_a_gpu_the_pinned_hand_over_delivers_the_cpu_loaders_batches(unique_s
 def test_eval_through_the_ring_keeps_the_short_last_batch(unique_shards):
     # 20 records in batches of 3: the last batch holds 2 images of a 3-image slot
     kwargs = dict(batch_size=3, rank=0, world_size=1, device=CPU)
-    plain = list(native.build_eval_loader(data_cfg(unique_shards, 48), **kwargs))
-    ring = list(native.build_eval_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), **kwargs))
+    plain = list(data_mod.build_eval_loader(data_cfg(unique_shards, 48), **kwargs))
+    ring = list(data_mod.build_eval_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), **kwargs))
     assert [len(labels) for _, labels in ring] == [3] * 6 + [2]
     for (a_img, a_lab), (b_img, b_lab) in zip(plain, ring, strict=True):
         assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)

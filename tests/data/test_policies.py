@@ -15,7 +15,6 @@ from PIL import Image
 from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
 from largebatch.config.typed import section
-from largebatch.data import native
 from largebatch.data.base import MicroBatches
 from largebatch.data.sharding import rank_train_indices
 from largebatch.errors import ConfigError
@@ -34,7 +33,7 @@ def seed_everything(seed: int) -> None:
 
 
 def epoch_batches(cfg: dict, epoch: int = 1, plan: BatchPlan = PLAN) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loader = native.build_train_loader(cfg, plan, rank=0, seed=3, device=CPU)
+    loader = data_mod.build_train_loader(cfg, plan, rank=0, seed=3, device=CPU)
     try:
         loader.set_epoch(epoch)
         return [(images.clone(), labels.clone()) for images, labels in loader]
@@ -125,7 +124,7 @@ def test_policies_do_not_depend_on_workers_and_resume_mid_epoch(unique_shards):
     with_workers = epoch_batches(dataclasses.replace(cfg, num_workers=2))
     for (a, la), (b, lb) in zip(reference, with_workers, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
-    loader = native.build_train_loader(cfg, PLAN, rank=0, seed=3, device=CPU)
+    loader = data_mod.build_train_loader(cfg, PLAN, rank=0, seed=3, device=CPU)
     loader.load_state_dict({"epoch": 1, "micro_batch": 5})
     loader.set_epoch(1)
     resumed = list(loader)
@@ -184,9 +183,9 @@ def test_a_loader_without_a_policy_refuses_it_naming_the_key(unique_shards, load
 
 def test_bad_policy_strings_and_jitter_under_a_policy_are_config_errors(unique_shards):
     with pytest.raises(ConfigError, match=r"data\.auto_augment: timm does not parse the policy 'rand-q9'"):
-        native.build_train_loader(data_cfg(unique_shards, 48, auto_augment="rand-q9"), PLAN, rank=0, seed=0, device=CPU)
+        data_mod.build_train_loader(data_cfg(unique_shards, 48, auto_augment="rand-q9"), PLAN, rank=0, seed=0, device=CPU)
     with pytest.raises(ConfigError, match=r"data\.color_jitter: .*auto_augment"):
-        native.build_train_loader(data_cfg(unique_shards, 48, auto_augment=POLICY, color_jitter=0.3), PLAN, rank=0, seed=0, device=CPU)
+        data_mod.build_train_loader(data_cfg(unique_shards, 48, auto_augment=POLICY, color_jitter=0.3), PLAN, rank=0, seed=0, device=CPU)
 
 
 def test_zero_bit_posterize_gives_a_black_image_where_pillow_refuses_it(unique_shards):

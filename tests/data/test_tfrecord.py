@@ -12,18 +12,9 @@ import crc32c
 import numpy as np
 import pytest
 
-from largebatch.data.example import ExampleDecodeError, decode_example, encode_example
-from largebatch.data.tfrecord import (
-    ShardSet,
-    TFRecordWriter,
-    count_records,
-    index_path_for,
-    iter_records,
-    masked_crc,
-    read_index,
-    scan_index,
-    write_index,
-)
+from largebatch.data.example import ExampleDecodeError, decode_example
+from largebatch.data.tfrecord import ShardSet, count_records, index_path_for, masked_crc, read_index
+from largebatch.shards.records import TFRecordWriter, encode_example, iter_records, scan_index, write_index
 
 
 def _masked_reference(data: bytes) -> int:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 
-from largebatch.config.colossal.reader import AmpType
-from largebatch.config.colossal.vocabulary import CONSTANT_KEYS, UNMAPPED
+from largebatch.config.loader import CONSTANT_KEYS
+from largebatch.importers.colossalai.reader import AmpType
+from largebatch.importers.colossalai.vocabulary import UNMAPPED
 from tests.docs.markdown import REPO
 
 PAGE = REPO / "docs/coming-from.md"

@@ -73,21 +73,21 @@ COVERED = {
         "  # both agents on one machine, --master-addr=127.0.0.1, a small LAMB config"
     ),
     "scontrol update JobId=<job id> StartTime=now": "tests/test_slurm.py::test_sbatch_job_preempted_with_usr1_requeues_and_resumes_exactly",
-    "python data/prepare_fmnist.py": "tests/data/test_convert.py::test_fashion_mnist_subset  # its converter on Debian's files, 64 images",
-    "largebatch data convert folder /path/imagenet --out data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
+    "python data/prepare_fmnist.py": "tests/shards/test_convert.py::test_fashion_mnist_subset  # its converter on Debian's files, 64 images",
+    "largebatch data convert folder /path/imagenet --out data/imagenet": "tests/shards/test_convert.py::test_cli_convert_index_verify",
     "largebatch data convert folder /path/imagenet --out data/imagenet --val-labels LOC_val_solution.csv": (
-        "tests/data/test_convert.py::test_a_flat_validation_folder_with_either_labels_file_makes_the_foldered_shards"
+        "tests/shards/test_convert.py::test_a_flat_validation_folder_with_either_labels_file_makes_the_foldered_shards"
     ),
-    "largebatch data convert fashion-mnist --out data/fashion-mnist": "tests/data/test_convert.py::test_fashion_mnist_subset",
-    "largebatch data index data/other/train-00000-of-00004": "tests/data/test_convert.py::test_cli_convert_index_verify",
-    "largebatch data verify data/imagenet": "tests/data/test_convert.py::test_cli_convert_index_verify",
+    "largebatch data convert fashion-mnist --out data/fashion-mnist": "tests/shards/test_convert.py::test_fashion_mnist_subset",
+    "largebatch data index data/other/train-00000-of-00004": "tests/shards/test_convert.py::test_cli_convert_index_verify",
+    "largebatch data verify data/imagenet": "tests/shards/test_convert.py::test_cli_convert_index_verify",
     "largebatch config keys --write docs/configs.md": "tests/config/test_reference.py::test_docs_configs_page_matches_the_schema",
     "largebatch config import colossalai config.py --train-script train.py --world-size 8 --out vit-b16-largebatch.py": (
-        "tests/config/colossal/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
+        "tests/importers/colossalai/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
         "  # on a config and train script in the shape of Colossal-AI's data-parallel ViT example, then config show on the result"
     ),
     "largebatch config import colossalai vit_1d_tp2_pp2.py --train-script train_with_engine.py --world-size 64 --out vit-hybrid.py": (
-        "tests/config/colossal/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
+        "tests/importers/colossalai/test_importer.py::test_the_command_writes_a_file_config_show_loads_and_refuses_to_overwrite_it"
         "  # on a config and engine script in the shape of Colossal-AI's hybrid-parallel ViT example"
     ),
     "torchrun --standalone --nproc_per_node=2 train.py --config configs/demo/finetune-vit-tiny-fmnist.py": (

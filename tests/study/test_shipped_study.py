@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from largebatch.data import convert
+from largebatch.shards import FASHION_MNIST_DIR, convert
 from tests.conftest import REPO
 from tests.study.helpers import study_cli
 
@@ -18,8 +18,8 @@ SHIPPED = REPO / "studies" / "fashion-mnist"
 
 @pytest.mark.slow
 def test_the_shipped_study_reproduces_its_published_report_from_its_storage(tmp_path):
-    if not (pathlib.Path(convert.FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"Fashion-MNIST not installed at {convert.FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
+    if not (pathlib.Path(FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"Fashion-MNIST not installed at {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
     # A copy of the repository's layout: the study folder without its report, the configs,
     # and data/fashion-mnist in the demo's 8 + 2 shards (enough records for the largest batch; no trial runs).
     folder = tmp_path / "studies" / "fashion-mnist"

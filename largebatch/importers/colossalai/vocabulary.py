@@ -3,40 +3,12 @@
 Colossal-AI's legacy engine reads a few lower-case names of the config itself
 (``fp16``, ``gradient_accumulation``, ``clip_grad_norm``, ``parallel``, ``zero``,
 ``cudnn_benchmark``, ...); the upper-case ones (``BATCH_SIZE``, ``NUM_EPOCHS``, ...) are
-the example's constants, which its train script reads through ``gpc.config``.
+the example's constants, which its train script reads through ``gpc.config``. Both lists, with
+the largebatch key each constant stands for, are in ``largebatch.config.loader``, which
+recognises a Colossal-AI config given where a largebatch config is expected.
 """
 
 from __future__ import annotations
-
-# Upper-case constants of Colossal-AI's ViT examples -> the largebatch key each sets.
-CONSTANT_KEYS = {
-    "BATCH_SIZE": "micro_batch_size",
-    "TOTAL_BATCH_SIZE": "global_batch_size",
-    "NUM_EPOCHS": "epochs",
-    "LEARNING_RATE": "optimizer.lr",
-    "WEIGHT_DECAY": "optimizer.weight_decay",
-    "WARMUP_EPOCHS": "lr_schedule.warmup_epochs",
-    "IMG_SIZE": "data.image_size",
-    "NUM_CLASSES": "data.num_classes",
-    "DROP_RATE": "model.drop_rate",
-    "PATCH_SIZE": "model.patch_size",
-    "HIDDEN_SIZE": "model.embed_dim",
-    "DEPTH": "model.depth",
-    "NUM_HEADS": "model.num_heads",
-    "MLP_RATIO": "model.mlp_ratio",
-}
-
-# Lower-case names only a Colossal-AI config sets (its engine reads them; largebatch has no such key).
-COLOSSALAI_KEYS = (
-    "fp16",
-    "gradient_accumulation",
-    "dali",
-    "parallel",
-    "zero",
-    "cudnn_benchmark",
-    "cudnn_deterministic",
-    "gradient_handler",
-)
 
 _NO_PIPELINE = "pipeline parallelism is not offered here (every device runs the whole model), so there are no pipeline micro-batches"
 

@@ -7,13 +7,13 @@ import pathlib
 import tempfile
 from collections.abc import Sequence
 
-from largebatch.config.colossal.builder import Builder
-from largebatch.config.colossal.mapping import map_colossalai
-from largebatch.config.colossal.reader import ColossalConfig, read_colossalai_config
-from largebatch.config.colossal.render import render
-from largebatch.config.colossal.script import read_train_script
 from largebatch.config.loader import apply_override
 from largebatch.errors import ConfigError, UserError
+from largebatch.importers.colossalai.builder import Builder
+from largebatch.importers.colossalai.mapping import map_colossalai
+from largebatch.importers.colossalai.reader import ColossalConfig, read_colossalai_config
+from largebatch.importers.colossalai.render import render
+from largebatch.importers.colossalai.script import read_train_script
 
 __all__ = ["import_colossalai"]
 

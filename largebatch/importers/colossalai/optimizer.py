@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from largebatch.config.colossal.builder import Builder
-from largebatch.config.colossal.reader import ColossalConfig
-from largebatch.config.colossal.script import Argument, Call, Found, TrainScript, Unknown
+from largebatch.importers.colossalai.builder import Builder
+from largebatch.importers.colossalai.reader import ColossalConfig
+from largebatch.importers.colossalai.script import Argument, Call, Found, TrainScript, Unknown
 
 
 @dataclasses.dataclass(frozen=True)

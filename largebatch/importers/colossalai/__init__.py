@@ -12,6 +12,8 @@ origin, every value filled in, and every setting left unmapped with why. The fil
 loaded back through ``resolve_config`` (and the batch arithmetic derived at the world
 size) before it is returned, so what is written loads with ``largebatch config show``.
 
-``detect`` tells a Colossal-AI config given where a largebatch config is expected
-(``train.py --config``), so the loader can point at the import.
+The importer reads ``largebatch.config`` (the schema, the loader, ``resolve_config``); the
+config layer never imports it. A Colossal-AI config given where a largebatch config is
+expected (``train.py --config``) is only recognised there (``largebatch.config.loader``),
+and its error names the import command.
 """

@@ -28,6 +28,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from largebatch.config.loader import assignment_lines, colossalai_import_lines
 from largebatch.errors import ConfigError
 
 PACKAGE = "colossalai"
@@ -149,33 +150,6 @@ def parse_python(path: pathlib.Path, what: str) -> ast.Module:
         return ast.parse(path.read_text(), filename=str(path))
     except SyntaxError as exc:
         raise ConfigError(f"{what} is not valid Python: {exc.msg} at line {exc.lineno}", path=str(path)) from exc
-
-
-def colossalai_import_lines(tree: ast.Module) -> tuple[int, ...]:
-    """The lines of ``import colossalai...`` and ``from colossalai... import ...``."""
-    lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(_ours(alias.name) for alias in node.names):
-            lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _ours(node.module):
-            lines.append(node.lineno)
-    return tuple(sorted(lines))
-
-
-def assignment_lines(tree: ast.Module) -> dict[str, int]:
-    """Each module-level name with the line of its last top-level assignment."""
-    lines: dict[str, int] = {}
-    for node in tree.body:
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-            targets = [node.target]
-        for target in targets:
-            for name in ast.walk(target):
-                if isinstance(name, ast.Name):
-                    lines[name.id] = node.lineno
-    return lines
 
 
 def _imported_names(tree: ast.Module) -> set[str]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from largebatch.config.colossal.builder import Builder
-from largebatch.config.colossal.reader import ColossalConfig
-from largebatch.config.colossal.script import Argument, Call, Found, TrainScript
+from largebatch.importers.colossalai.builder import Builder
+from largebatch.importers.colossalai.reader import ColossalConfig
+from largebatch.importers.colossalai.script import Argument, Call, Found, TrainScript
 
 # timm's ViT names at 224 px -> (patch size, width, depth, heads); all have an MLP ratio of 4.
 TIMM_VITS = {

@@ -12,9 +12,9 @@ import yaml
 
 from largebatch import cli
 from largebatch.config import derive, resolve_config
-from largebatch.config.colossal.importer import import_colossalai
 from largebatch.errors import ConfigError
-from tests.config.colossal import shapes
+from largebatch.importers.colossalai.importer import import_colossalai
+from tests.importers.colossalai import shapes
 
 
 def imported(tmp_path: pathlib.Path, text: str):

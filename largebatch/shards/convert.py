@@ -1,4 +1,4 @@
-"""Write TFRecord shards with the ImageNet schema, and verify them.
+"""Write TFRecord shards with the ImageNet schema (``largebatch.shards.verify`` checks them).
 
 Each record is a ``tf.train.Example`` with the features of TensorFlow's ImageNet
 converter (``models/research/inception/inception/data/build_imagenet_data.py``):
@@ -48,23 +48,12 @@ import simplejpeg
 from tqdm import tqdm
 
 from largebatch.config.schema import default_of
-from largebatch.data import FASHION_MNIST_DIR
-from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, decode_example, encode_example, image_and_label
-from largebatch.data.shardpool import Tick, run_jobs
-from largebatch.data.size_limit import checked_size, too_large, undecodable
-from largebatch.data.tfrecord import (
-    INDEX_SUFFIX,
-    SHARD_NAME_PATTERN,
-    TFRecordWriter,
-    check_index_layout,
-    index_path_for,
-    iter_records,
-    list_shards,
-    read_index,
-    shard_name,
-    write_index,
-)
+from largebatch.data.size_limit import too_large
+from largebatch.data.tfrecord import INDEX_SUFFIX, SHARD_NAME_PATTERN, index_path_for, shard_name
 from largebatch.errors import DataError
+from largebatch.shards import FASHION_MNIST_DIR
+from largebatch.shards.pool import Tick, run_jobs
+from largebatch.shards.records import TFRecordWriter, encode_example, write_index
 
 META_FILE = "dataset.json"
 TRAIN_SHUFFLE_SEED = 12345
@@ -201,7 +190,7 @@ def write_shard(path: Path, samples: Sequence[Sample], encode: Callable[[Sample]
     os.replace(tmp, path)
 
 
-def _no_bar(progress: bool | None) -> bool | None:
+def no_bar(progress: bool | None) -> bool | None:
     """tqdm's ``disable``: ``None`` lets tqdm show the bar only on a terminal."""
     return None if progress is None else not progress
 
@@ -634,7 +623,7 @@ def _convert(out, source, src, classes, splits, shards, encode, label_offset, ch
     check_out(out, meta, force)
     if not (out / META_FILE).is_file():  # the conversion is named before its first shard
         _write_meta(out, meta, PARTIAL_META)
-    with tqdm(total=total, unit="img", desc=f"convert {source}", disable=_no_bar(progress)) as bar:
+    with tqdm(total=total, unit="img", desc=f"convert {source}", disable=no_bar(progress)) as bar:
         jobs = []
         for split, samples in splits.items():
             jobs += split_jobs(out, split, samples, meta["splits"][split]["shards"], encode, bar)
@@ -647,146 +636,3 @@ def _convert(out, source, src, classes, splits, shards, encode, label_offset, ch
 def read_meta(root: str | os.PathLike) -> dict | None:
     """``dataset.json`` of a shard folder, or ``None`` when absent."""
     return _read_json(Path(root) / META_FILE)
-
-
-def index_files(paths: Sequence[str | os.PathLike], *, workers: int = 1) -> list[Path]:
-    """Write ``<file>.idx`` for each TFRecord file (CRCs are checked while walking it),
-    ``workers`` files at a time."""
-    paths = [Path(path) for path in paths]
-    for path in paths:
-        if not path.is_file():
-            raise DataError("no such TFRecord file", path=str(path))
-    return run_jobs(index_file, [(path,) for path in paths], workers=workers)
-
-
-def index_file(path: Path, tick: Tick) -> Path:
-    """Write one file's index; its path."""
-    entries = [(offset, size) for offset, size, _ in iter_records(path, verify_crc=True)]
-    write_index(index_path_for(path), entries)
-    tick(1)
-    return index_path_for(path)
-
-
-def find_splits(root: str | os.PathLike) -> list[str]:
-    """Split names that have shard files under ``root``."""
-    root = Path(root)
-    if not root.is_dir():
-        raise DataError("no such folder", path=str(root))
-    splits = sorted({m.group("split") for p in root.iterdir() if (m := SHARD_NAME_PATTERN.match(p.name))})
-    if not splits:
-        raise DataError("no TFRecord shards (files named <split>-00000-of-00008)", path=str(root))
-    return splits
-
-
-@dataclasses.dataclass(frozen=True)
-class RecordChecks:
-    """What :func:`verify_shard` checks in each record besides its CRCs and index entry."""
-
-    num_classes: int | None
-    label_offset: int
-    decode: bool
-    max_pixels: int
-
-
-def check_split_meta(root: str | os.PathLike, split: str, meta: dict, records: int) -> None:
-    """The split's shards hold what ``dataset.json`` says: its record and shard counts
-    (shards and a ``dataset.json`` of two conversions mixed in one folder disagree).
-
-    Raises:
-        DataError: naming both counts and the fix.
-    """
-    listed = (meta.get("splits") or {}).get(split)
-    if listed is None:
-        return
-    shards = len(list_shards(root, split))
-    if (listed.get("records"), listed.get("shards")) != (records, shards):
-        raise DataError(
-            f"dataset.json says split {split!r} has {listed.get('records')} records in {listed.get('shards')} shards, "
-            f"its shards hold {records} in {shards}: the shards are not the ones dataset.json describes; convert again "
-            "into an empty --out (or with --force)",
-            path=str(Path(root) / META_FILE),
-        )
-
-
-def verify_split(
-    root: str | os.PathLike,
-    split: str,
-    *,
-    num_classes: int | None,
-    label_offset: int,
-    decode: bool = True,
-    progress: bool | None = None,
-    max_pixels: int = MAX_PIXELS,
-    workers: int = 1,
-) -> int:
-    """Check every record of a split: index against file, both CRCs, Example, label, the
-    JPEG header's size against ``max_pixels`` (before decoding), the JPEG; ``workers``
-    shards at a time.
-
-    Returns:
-        The number of records checked.
-
-    Raises:
-        DataError: on the first problem (in shard order, whatever ``workers`` is), naming
-            the file, record number and byte offset.
-    """
-    shards = list_shards(root, split)
-    indexes = []
-    for path in shards:
-        index = read_index(index_path_for(path))
-        check_index_layout(
-            index,
-            path.stat().st_size,
-            path=str(path),
-            index_path=str(index_path_for(path)),
-        )
-        indexes.append(index)
-    total = sum(len(i) for i in indexes)
-    checks = RecordChecks(num_classes, label_offset, decode, max_pixels)
-    with tqdm(total=total, unit="rec", desc=f"verify {split}", disable=_no_bar(progress)) as bar:
-        jobs = [(path, index, checks) for path, index in zip(shards, indexes)]
-        return sum(run_jobs(verify_shard, jobs, workers=workers, bar=bar))
-
-
-def verify_shard(path: Path, index: np.ndarray, checks: RecordChecks, tick: Tick) -> int:
-    """Check one shard's records against its index and ``checks``; the records checked.
-
-    Raises:
-        DataError: the first problem, naming the file, record number and byte offset.
-    """
-    in_file = 0
-    for record, (offset, size, data) in enumerate(iter_records(path, verify_crc=True)):
-        where = f"record {record} at byte offset {offset}"
-        if record >= len(index) or tuple(index[record]) != (offset, size):
-            raise DataError(
-                f"{where}: not in its index file; rebuild with `largebatch data index {path}`",
-                path=str(path),
-            )
-        try:
-            jpeg, stored = image_and_label(decode_example(data, (IMAGE, LABEL)))
-        except ExampleDecodeError as err:
-            raise DataError(f"{where}: not an ImageNet-schema Example ({err})", path=str(path)) from err
-        label = stored - checks.label_offset
-        if checks.num_classes is not None and not 0 <= label < checks.num_classes:
-            raise DataError(
-                f"{where}: label {label + checks.label_offset} is outside "
-                f"{checks.label_offset}..{checks.label_offset + checks.num_classes - 1} "
-                f"(num_classes {checks.num_classes}, label_offset {checks.label_offset})",
-                path=str(path),
-            )
-        try:
-            checked_size(jpeg, checks.max_pixels, lambda: where)  # noqa: B023 - called at once
-            if checks.decode:
-                simplejpeg.decode_jpeg(jpeg, colorspace="GRAY")
-        except DataError as err:
-            raise DataError(err.message, path=str(path)) from err
-        except ValueError as err:
-            raise DataError(f"{where}: {undecodable(jpeg, err)}", path=str(path)) from err
-        tick(1)
-        in_file = record + 1
-    if in_file != len(index):
-        raise DataError(
-            f"index lists {len(index)} records, the file holds {in_file}; rebuild with `largebatch data index {path}`",
-            path=str(index_path_for(path)),
-        )
-    return in_file

@@ -3,7 +3,7 @@
 The main command line calls :func:`register` with its ``data`` subparsers; each
 subcommand stores its handler as ``func`` (``args.func(args) -> int``). Problems raise
 ``UserError``/``DataError``, which the main command line prints as one ``error:`` line
-(exit status 2). ``python -m largebatch.data.cli ...`` runs the same commands alone.
+(exit status 2). ``python -m largebatch.shards.cli ...`` runs the same commands alone.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from largebatch.config.schema import default_of
-from largebatch.data import FASHION_MNIST_DIR
 from largebatch.errors import UserError
+from largebatch.shards import FASHION_MNIST_DIR
 
 MAX_PIXELS = default_of("data.max_pixels")
 
@@ -27,13 +27,13 @@ def _positive(text: str) -> int:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    from largebatch.data.shardpool import default_workers
+    from largebatch.shards.pool import default_workers
 
     return args.workers or default_workers()
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from largebatch.data import convert
+    from largebatch.shards import convert
 
     common = {
         "limit": args.limit,
@@ -74,22 +74,22 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from largebatch.data import convert
+    from largebatch.shards import verify
 
-    for path in convert.index_files(args.files, workers=_workers(args)):
+    for path in verify.index_files(args.files, workers=_workers(args)):
         print(path)
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from largebatch.data import convert
+    from largebatch.shards import convert, verify
 
     meta = convert.read_meta(args.dir) or {}
     num_classes = args.num_classes if args.num_classes is not None else meta.get("num_classes")
     label_offset = args.label_offset if args.label_offset is not None else meta.get("label_offset", 0)
-    splits = args.split or convert.find_splits(args.dir)
+    splits = args.split or verify.find_splits(args.dir)
     for split in splits:
-        count = convert.verify_split(
+        count = verify.verify_split(
             args.dir,
             split,
             num_classes=num_classes,
@@ -99,7 +99,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             max_pixels=args.max_pixels,
             workers=_workers(args),
         )
-        convert.check_split_meta(args.dir, split, meta, count)
+        verify.check_split_meta(args.dir, split, meta, count)
         print(f"{args.dir}: {split}: {count} records OK")
     if num_classes is None:
         print("note: labels not range-checked (no dataset.json; pass --num-classes)")
@@ -113,6 +113,18 @@ def _add_workers(parser: argparse.ArgumentParser, what: str) -> None:
         metavar="N",
         help=f"{what} (default: the CPUs this process may use, at most 8)",
     )
+
+
+def _add_shard_options(parser: argparse.ArgumentParser, workers: str) -> None:
+    """``--max-pixels``, ``--workers`` (``workers`` says what runs at once) and ``--quiet``."""
+    parser.add_argument(
+        "--max-pixels",
+        type=_positive,
+        default=MAX_PIXELS,
+        help=f"refuse an image larger than this (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
+    )
+    _add_workers(parser, workers)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def register(subparsers) -> None:
@@ -171,18 +183,11 @@ def register(subparsers) -> None:
         help="JPEG quality when re-encoding (default 95)",
     )
     p.add_argument(
-        "--max-pixels",
-        type=_positive,
-        default=MAX_PIXELS,
-        help=f"refuse an image larger than this (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
-    )
-    _add_workers(p, "shards written at once, each by a process of its own; the output is the same for any number")
-    p.add_argument(
         "--force",
         action="store_true",
         help="replace the shards of another conversion (another source, classes, counts or options) found in --out",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_shard_options(p, "shards written at once, each by a process of its own; the output is the same for any number")
     p.set_defaults(func=cmd_convert)
 
     p = subparsers.add_parser("index", help="write <file>.idx (DALI tfrecord2idx format) for TFRecord files")
@@ -200,19 +205,12 @@ def register(subparsers) -> None:
     p.add_argument("--num-classes", type=int, help="label range check (default from dataset.json)")
     p.add_argument("--label-offset", type=int, help="default from dataset.json, else 0")
     p.add_argument("--no-decode", action="store_true", help="skip decoding the JPEGs (their header sizes are still checked)")
-    p.add_argument(
-        "--max-pixels",
-        type=_positive,
-        default=MAX_PIXELS,
-        help=f"the largest image accepted (height x width, from its header; default {MAX_PIXELS}, as data.max_pixels)",
-    )
-    _add_workers(p, "shards checked at once; the first problem in shard order is reported, as with one")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_shard_options(p, "shards checked at once; the first problem in shard order is reported, as with one")
     p.set_defaults(func=cmd_verify)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m largebatch.data.cli", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m largebatch.shards.cli", description=__doc__.splitlines()[0])
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:

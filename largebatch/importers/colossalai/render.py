@@ -6,8 +6,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from largebatch.config.colossal.builder import Builder, Entry
 from largebatch.config.schema import SCHEMA, Section
+from largebatch.importers.colossalai.builder import Builder, Entry
 
 WIDTH = 100
 

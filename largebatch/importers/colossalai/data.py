@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 
-from largebatch.config.colossal.builder import Builder
-from largebatch.config.colossal.reader import ColossalConfig
-from largebatch.config.colossal.script import Found, TrainScript
 from largebatch.errors import ConfigError
+from largebatch.importers.colossalai.builder import Builder
+from largebatch.importers.colossalai.reader import ColossalConfig
+from largebatch.importers.colossalai.script import Found, TrainScript
 
 IMAGENET_SPLITS = {"data.train_samples": 1281167, "data.eval_samples": 50000}
 _BY_NAME = "the shards are found in data.root by their names (train-*, validation-*) beside their .idx files (largebatch data index)"

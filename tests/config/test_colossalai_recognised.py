@@ -8,8 +8,8 @@ import pytest
 from largebatch import train_command
 from largebatch.config import load_config, resolve_config
 from largebatch.errors import ConfigError
-from tests.config.colossal import shapes
 from tests.conftest import tiny_config
+from tests.importers.colossalai import shapes
 
 pytestmark = pytest.mark.usefixtures("preemption_handlers_restored")
 

@@ -7,7 +7,7 @@ by ``hooks.LRSchedulerHook(lr_scheduler, by_epoch=True)``, ``vit_base_patch16_22
 ``MixupLoss``, ``CrossEntropyLoss(label_smoothing=0.1)``. The script is parsed, never run:
 each call's arguments are evaluated where they are literals, arithmetic on literals,
 names assigned such values, or ``gpc.config.NAME`` (looked up in the config read with
-``largebatch.config.colossal.reader``); anything else (``args.lr``,
+``largebatch.importers.colossalai.reader``); anything else (``args.lr``,
 ``os.environ['DATA']``) stays ``Unknown`` with its source text.
 """
 
@@ -20,7 +20,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
-from largebatch.config.colossal.reader import ColossalConfig, parse_python
+from largebatch.importers.colossalai.reader import ColossalConfig, parse_python
 
 _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,

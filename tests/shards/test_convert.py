@@ -16,21 +16,15 @@ import simplejpeg
 from PIL import Image
 from tqdm import tqdm
 
-from largebatch.data import cli, convert
 from largebatch.data.example import decode_example
-from largebatch.data.shardpool import run_jobs
-from largebatch.data.tfrecord import (
-    count_records,
-    index_path_for,
-    iter_records,
-    list_shards,
-    read_index,
-    scan_index,
-)
+from largebatch.data.tfrecord import count_records, index_path_for, list_shards, read_index
 from largebatch.errors import DataError
+from largebatch.shards import cli, convert, verify
+from largebatch.shards.pool import run_jobs
+from largebatch.shards.records import iter_records, scan_index
 
 CLASSES = ["n02", "n01", "n03"]  # deliberately unsorted on creation
-CHECKS = convert.RecordChecks(num_classes=3, label_offset=1, decode=True, max_pixels=convert.MAX_PIXELS)
+CHECKS = verify.RecordChecks(num_classes=3, label_offset=1, decode=True, max_pixels=convert.MAX_PIXELS)
 
 
 def make_image_folder(root: Path, per_class: int = 3, val_per_class: int = 2) -> Path:
@@ -274,7 +268,7 @@ def test_verify_and_index_with_workers_match_one_worker(tmp_path, capsys):
     indexes = {p.name: p.read_bytes() for p in out.glob("*.idx")}
     for p in out.glob("*.idx"):
         p.unlink()
-    written = convert.index_files(sorted(p for p in out.iterdir() if p.name != "dataset.json"), workers=3)
+    written = verify.index_files(sorted(p for p in out.iterdir() if p.name != "dataset.json"), workers=3)
     assert {p.name: p.read_bytes() for p in written} == indexes
     bar_file = io.StringIO()
     counts = {}
@@ -282,7 +276,7 @@ def test_verify_and_index_with_workers_match_one_worker(tmp_path, capsys):
         with tqdm(total=0, file=bar_file) as bar:
             counts[workers] = sum(
                 run_jobs(
-                    convert.verify_shard,
+                    verify.verify_shard,
                     [(p, read_index(index_path_for(p)), CHECKS) for p in list_shards(out, "train")],
                     workers=workers,
                     bar=bar,

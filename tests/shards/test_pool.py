@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from largebatch.data.shardpool import default_workers, run_jobs
 from largebatch.errors import DataError, UserError
+from largebatch.shards.pool import default_workers, run_jobs
 
 
 def square(number: int, delay: float, tick) -> tuple[int, int]:

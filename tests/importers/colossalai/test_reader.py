@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from largebatch.config.colossal.reader import AmpType, StandIn, colossalai_stood_in, read_colossalai_config
 from largebatch.errors import ConfigError
-from tests.config.colossal import shapes
+from largebatch.importers.colossalai.reader import AmpType, StandIn, colossalai_stood_in, read_colossalai_config
+from tests.importers.colossalai import shapes
 
 
 def test_colossalai_is_not_installed_here():

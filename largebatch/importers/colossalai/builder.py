@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from largebatch.config.colossal.script import Argument, Found, Unknown
+from largebatch.importers.colossalai.script import Argument, Found, Unknown
 
 _ABSENT = object()
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from largebatch.config.colossal.builder import Builder
-from largebatch.config.colossal.reader import ColossalConfig
 from largebatch.errors import ConfigError
+from largebatch.importers.colossalai.builder import Builder
+from largebatch.importers.colossalai.reader import ColossalConfig
 
 
 @dataclasses.dataclass(frozen=True)

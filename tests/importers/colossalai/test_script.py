@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from largebatch.config.colossal.reader import read_colossalai_config
-from largebatch.config.colossal.script import Found, Unknown, read_train_script
 from largebatch.errors import ConfigError
-from tests.config.colossal import shapes
+from largebatch.importers.colossalai.reader import read_colossalai_config
+from largebatch.importers.colossalai.script import Found, Unknown, read_train_script
+from tests.importers.colossalai import shapes
 
 
 def test_the_data_parallel_script_s_optimizer_schedule_and_model(tmp_path):

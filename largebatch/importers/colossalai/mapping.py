@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from largebatch.config.colossal.batch import map_batch, map_parallel
-from largebatch.config.colossal.builder import Builder
-from largebatch.config.colossal.data import fill_data, map_dali, map_loader_call, map_loss
-from largebatch.config.colossal.model import map_model
-from largebatch.config.colossal.optimizer import map_optimizer, map_schedule
-from largebatch.config.colossal.reader import AmpType, ColossalConfig, StandIn
-from largebatch.config.colossal.script import TrainScript
-from largebatch.config.colossal.vocabulary import HOOKS, UNMAPPED
+from largebatch.importers.colossalai.batch import map_batch, map_parallel
+from largebatch.importers.colossalai.builder import Builder
+from largebatch.importers.colossalai.data import fill_data, map_dali, map_loader_call, map_loss
+from largebatch.importers.colossalai.model import map_model
+from largebatch.importers.colossalai.optimizer import map_optimizer, map_schedule
+from largebatch.importers.colossalai.reader import AmpType, ColossalConfig, StandIn
+from largebatch.importers.colossalai.script import TrainScript
+from largebatch.importers.colossalai.vocabulary import HOOKS, UNMAPPED
 
 AMP_MODES = {
     "torch": "torch autocast with a GradScaler, which is precision 'fp16' here",
