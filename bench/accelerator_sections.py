@@ -3,10 +3,11 @@
 Each prints its Markdown table (or ``skipped: <reason>`` lines) on stdout and exits 0,
 or fails with a traceback. Run one by hand:
 
-    python bench/accelerator_sections.py train --device cuda [--quick]
+    python -m bench.accelerator_sections train --device cuda [--quick]
 
-Timing: a few warm-up steps, then timed steps between two device synchronisations
-(``torch.cuda.synchronize``, ``habana_frameworks.torch.hpu.synchronize``). The engine
+The device is driven through its largebatch backend (``largebatch.backends``): its
+synchronisation, lazy mode's graph boundaries on a Gaudi, and its memory statistics.
+Timing: a few warm-up steps, then timed steps between two device synchronisations. The engine
 and timm's loop train on the same pre-made micro-batches, already on the device, so
 data generation is not in the measurement (sections d and e measure the loaders).
 """
@@ -30,21 +31,15 @@ import sys
 import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
+from bench.common import CLASSES, REPO, FixedBatches, build_engine, config, image_shards, shard_data, time_blocks
+from largebatch import flops
+from largebatch.backends import Backend, create_backend
+from largebatch.engine.engine import Engine
+from largebatch.engine.hook import Hook
+from largebatch.rundir import RunDir, read_metrics
 
-from bench.engine_overhead import FixedBatches  # noqa: E402
-from largebatch import flops  # noqa: E402
-from largebatch.engine.engine import Engine  # noqa: E402
-from largebatch.engine.hook import Hook  # noqa: E402
-from largebatch.launch import TrainArgs, build_run  # noqa: E402
-from largebatch.rundir import RunDir, read_metrics  # noqa: E402
-
-CLASSES = 10
 GIB = 2**30
 
 
@@ -69,61 +64,20 @@ QUICK = Sizes("vit_tiny_patch16_224", {"patch_size": 8, "depth": 1}, 32, 8, 1, 2
 # -- the device -------------------------------------------------------------------------
 
 
-def prepare_device(device: str) -> None:
-    """Load Habana's bridge (lazy mode: ``PT_HPU_LAZY_MODE=1``, set by the suite) before any
-    tensor goes to ``'hpu'``; nothing to do for CUDA or the CPU."""
-    if device == "hpu":
-        import habana_frameworks.torch.core  # noqa: F401 - registers the hpu device
-        import habana_frameworks.torch.hpu  # noqa: F401
+def device_backend(device: str) -> Backend:
+    """The device's backend at its own precision (on a Gaudi, Habana's bridge loaded in lazy
+    mode, ``PT_HPU_LAZY_MODE=1`` as the suite sets it, before any tensor goes to ``'hpu'``)."""
+    return create_backend(device)
 
 
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elif device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        hpu.synchronize()
-
-
-def mark_step(device: str) -> None:
-    """Lazy mode's graph boundary on a Gaudi (after backward, after the optimizer step)."""
-    if device == "hpu":
-        import habana_frameworks.torch.core as htcore
-
-        htcore.mark_step()
-
-
-def reset_peak_memory(device: str) -> None:
+def reset_peak_memory(backend: Backend) -> None:
     gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    elif device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        hpu.reset_peak_memory_stats()
+    backend.reset_peak_memory()
 
 
-def peak_memory(device: str) -> float | None:
+def peak_memory(backend: Backend) -> float | None:
     """Peak allocated bytes since the last reset (None on the CPU)."""
-    if device == "cuda":
-        return float(torch.cuda.max_memory_allocated())
-    if device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        return float(hpu.max_memory_allocated())
-    return None
-
-
-def device_count(device: str) -> int:
-    if device == "cuda":
-        return torch.cuda.device_count()
-    if device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        return int(hpu.device_count())
-    return 0
+    return backend.memory_stats().get("peak_allocated")
 
 
 def gib(value: float | None) -> str:
@@ -152,7 +106,7 @@ class StepTimer(Hook):
         self.seconds = time.perf_counter() - self.start
 
 
-def engine_config(
+def overrides(
     device: str,
     sizes: Sizes,
     precision: str,
@@ -162,32 +116,23 @@ def engine_config(
     nan_guard: str = "stop",
     data: dict | None = None,
 ) -> dict:
-    """A training config for ``build_run``: AdamW, clipping at 1.0, no evaluation or checkpoints."""
+    """The base config's overrides for a run of ``sizes`` on ``device`` (AdamW, clipping at
+    1.0, no evaluation or checkpoints): synthetic batches, or ``data``."""
     steps = sizes.warmup + sizes.timed
     cfg = {
-        "seed": 0,
         "device": device,
         "precision": precision,
         "compile": compile_,
-        "epochs": 1,
         "max_steps": steps,
         "global_batch_size": sizes.micro,
         "micro_batch_size": sizes.micro,
-        "clip_grad_norm": 1.0,
         "model": {"name": sizes.model, **sizes.model_kwargs},
-        "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.05},
-        "lr_schedule": {"type": "cosine", "warmup_steps": 1},
         "data": data
         or {"loader": "synthetic", "image_size": sizes.image_size, "num_classes": CLASSES, "train_samples": steps * sizes.micro},
-        "eval": {"interval_epochs": 0, "at_end": False},
-        "log": {"interval": 1000, "console": False},
-        "checkpoint": {"interval_epochs": 0, "at_end": False},
-        "nan_guard": {"action": nan_guard},
+        "nan_guard.action": nan_guard,
+        **({"cuda.tf32": tf32} if device == "cuda" else {}),
+        **({"hpu.mode": "lazy"} if device == "hpu" else {}),
     }
-    if device == "cuda":
-        cfg["cuda"] = {"tf32": tf32}
-    if device == "hpu":
-        cfg["hpu"] = {"mode": "lazy"}
     if data is not None:  # enough epochs of the shards for the steps
         cfg["epochs"] = math.ceil(steps * sizes.micro / sizes.images) + 1
     return cfg
@@ -212,31 +157,29 @@ class Measured:
 
 
 def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool, hooks: tuple[Hook, ...] = ()) -> Measured:
-    """Train ``cfg`` once; with ``fixed`` on the synthetic loader's first micro-batches,
-    repeated; ``hooks`` beside the run's own (a profiler's, say)."""
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "run")))
+    """Train with the base config and ``cfg`` once; with ``fixed`` on the synthetic loader's
+    first micro-batches, repeated; ``hooks`` beside the run's own (a profiler's, say)."""
+    engine = build_engine(cfg, work / "run")
     loader = engine.train_loader
     if fixed:
-        loader = FixedBatches(first_batches(loader, min(4, sizes.warmup + sizes.timed)), CLASSES)
+        loader = FixedBatches(first_batches(loader, min(4, sizes.warmup + sizes.timed)))
     timer = StepTimer(sizes.warmup)
     engine = Engine(engine.state, [*engine.hooks, timer, *hooks], loader, engine.eval_loader)
     state = engine.state
+    backend = state.run.backend
     try:
-        reset_peak_memory(cfg["device"])
+        reset_peak_memory(backend)
         engine.run()
-        peak = peak_memory(cfg["device"])
+        peak = peak_memory(backend)
     finally:
         engine.close()
     rate = sizes.timed * cfg["global_batch_size"] / timer.seconds
     shape = (3, sizes.image_size, sizes.image_size)
-    per_sample = flops.TRAIN_FORWARD_MULTIPLE * flops.forward_flops_per_sample(state.run.model, shape, state.run.backend.device)
-    peak_tflops = flops.peak_tflops(state.run.backend)
+    per_sample = flops.TRAIN_FORWARD_MULTIPLE * flops.forward_flops_per_sample(state.run.model, shape, backend.device)
+    peak_tflops = flops.peak_tflops(backend)
     mfu = rate * per_sample / (peak_tflops * 1e12) if peak_tflops else None
     del engine, state
-    reset_peak_memory(cfg["device"])
+    reset_peak_memory(backend)
     return Measured(rate, peak, mfu)
 
 
@@ -288,7 +231,7 @@ def section_tests(device: str, quick: bool) -> None:
 
 
 def engine_variants(device: str) -> list[tuple[str, dict | None, str]]:
-    """(label, engine_config keywords or None when skipped, why skipped); bf16 first, the
+    """(label, ``overrides`` keywords or None when skipped, why skipped); bf16 first, the
     base of the ratios, and compile last: its build is the slowest and least certain."""
     compile_reason = {
         "hpu": "compile on a Gaudi needs hpu.mode='compile' (PT_HPU_LAZY_MODE=0), which cannot share this lazy-mode process",
@@ -321,12 +264,9 @@ def attempt(label: str, work, *args, **kwargs):
 
 def engine_batches(device: str, sizes: Sizes, work: pathlib.Path) -> list:
     """The first 4 micro-batches the engine's bf16 run trains on (on the device), for timm's loop."""
-    cfg = engine_config(device, sizes, "bf16")
+    cfg = overrides(device, sizes, "bf16")
     cfg["data"]["train_samples"] = 4 * sizes.micro
-    path = work / "batches.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "batches")))
-    return first_batches(engine.train_loader, 4)
+    return first_batches(build_engine(cfg, work / "batches").train_loader, 4)
 
 
 def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measured:
@@ -336,30 +276,31 @@ def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measur
     from timm.optim import create_optimizer_v2
     from timm.utils import dispatch_clip_grad
 
+    backend = device_backend(device)
     torch.manual_seed(0)
     model = timm.create_model(sizes.model, num_classes=CLASSES, img_size=sizes.image_size, **sizes.model_kwargs).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
     loss_fn = torch.nn.CrossEntropyLoss()
-    reset_peak_memory(device)
+    reset_peak_memory(backend)
     start = 0.0
     for step in range(sizes.warmup + sizes.timed):
         if step == sizes.warmup:
-            synchronize(device)
+            backend.synchronize()
             start = time.perf_counter()
         images, target = batches[step % len(batches)]
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
             loss = loss_fn(model(images), target)
         optimizer.zero_grad()
         loss.backward()
-        mark_step(device)
+        backend.after_backward()
         dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
         optimizer.step()
-        mark_step(device)
+        backend.after_optimizer_step()
         if profiler is not None:
             profiler.step()
-    synchronize(device)
+    backend.synchronize()
     rate = sizes.timed * sizes.micro / (time.perf_counter() - start)
-    peak = peak_memory(device)
+    peak = peak_memory(backend)
     del model, optimizer
     return Measured(rate, peak, None)
 
@@ -387,14 +328,14 @@ def section_train(device: str, quick: bool) -> None:
         work = pathlib.Path(tmp)
 
         def measure(label: str, kwargs: dict, name: str) -> None:
-            m = attempt(label, engine_run, engine_config(device, sizes, **kwargs), work / name, sizes, fixed=True)
+            m = attempt(label, engine_run, overrides(device, sizes, **kwargs), work / name, sizes, fixed=True)
             if m is not None:
                 results[label] = m
                 print(measured_row(f"largebatch engine, {label}", m, results.get("bf16")), flush=True)
 
         # An untimed run first: the first in a process pays for kernel selection and the
         # allocator's growth, which put 15% between two bf16 runs on an H200.
-        attempt("warm-up run", engine_run, engine_config(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
+        attempt("warm-up run", engine_run, overrides(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
         measure("bf16", {"precision": "bf16"}, "bf16")
         batches = engine_batches(device, sizes, work)
         timm_rate = attempt("timm train.py loop", timm_loop, device, sizes, batches)
@@ -427,15 +368,11 @@ def section_train(device: str, quick: bool) -> None:
 def shards_for(sizes: Sizes) -> pathlib.Path:
     """Photo-like JPEGs (about 500x375) in 4 TFRecord train shards, made once per machine
     and size and reused by sections d and e (a folder in the system's temporary folder)."""
-    from bench.loaders import make_images
-    from largebatch.data import convert
-
     root = pathlib.Path(tempfile.gettempdir()) / f"largebatch-accelerator-shards-{sizes.images}"
     if not (root / "complete").exists():
-        shutil.rmtree(root / "shards", ignore_errors=True)  # a conversion stopped half-way
-        with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
-            make_images(pathlib.Path(tmp) / "folder", sizes.images, classes=8)
-            convert.convert_image_folder(pathlib.Path(tmp) / "folder", root / "shards", train_shards=4, progress=False)
+        shutil.rmtree(root, ignore_errors=True)  # a conversion stopped half-way
+        image_shards(root, sizes.images)
+        shutil.rmtree(root / "folder")
         (root / "complete").touch()
     return root / "shards"
 
@@ -446,17 +383,7 @@ def default_workers(sizes: Sizes) -> int:
 
 
 def loader_data(sizes: Sizes, loader: str, workers: int | None = None) -> dict:
-    return {
-        "loader": loader,
-        "root": str(shards_for(sizes)),
-        "eval_split": "train",
-        "image_size": sizes.image_size,
-        "num_classes": 8,
-        "label_offset": 1,
-        "num_workers": workers or default_workers(sizes),
-        "scale": [0.08, 1.0],
-        "hflip": 0.5,
-    }
+    return {**shard_data(shards_for(sizes), sizes.image_size, workers or default_workers(sizes)), "loader": loader}
 
 
 def device_loaders(device: str) -> list[tuple[str, str, str]]:
@@ -477,14 +404,13 @@ def device_loaders(device: str) -> list[tuple[str, str, str]]:
     return [(native, "native", ""), (dali, "dali", "" if found else "NVIDIA DALI is not installed in this Python")]
 
 
-def fallback_note(device: str, data) -> str:
+def fallback_note(device: str, sizes: Sizes, data: dict) -> str:
     """On a Gaudi, why the media pipeline would fall back to the native loader, if it would."""
     if device != "hpu" or data["loader"] != "mediapipe":
         return ""
-    from largebatch.config.typed import section
     from largebatch.data import mediapipe
 
-    reason = mediapipe.unavailable_reason(section("data", data), torch.device("hpu"))
+    reason = mediapipe.unavailable_reason(config(overrides(device, sizes, "bf16", data=data)).data, torch.device("hpu"))
     return f" (the media pipeline cannot run: {reason}; largebatch falls back to the native loader)" if reason else ""
 
 
@@ -493,14 +419,14 @@ def section_loader_train(device: str, quick: bool) -> None:
     rows, skipped = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        synthetic = engine_run(engine_config(device, sizes, "bf16"), work / "synthetic", sizes, fixed=True)
+        synthetic = engine_run(overrides(device, sizes, "bf16"), work / "synthetic", sizes, fixed=True)
         for i, (label, loader, missing) in enumerate(device_loaders(device)):
             if missing:
                 skipped.append(f"- {label}: skipped: {missing}")
                 continue
             data = loader_data(sizes, loader)
-            m = engine_run(engine_config(device, sizes, "bf16", data=data), work / f"shards{i}", sizes, fixed=False)
-            rows.append((label + fallback_note(device, data), m))
+            m = engine_run(overrides(device, sizes, "bf16", data=data), work / f"shards{i}", sizes, fixed=False)
+            rows.append((label + fallback_note(device, sizes, data), m))
     print(
         f"model {sizes.model}, {sizes.image_size} px, micro-batch {sizes.micro}, bf16; {sizes.images} JPEGs (about 500x375) "
         f"in 4 TFRecord shards, random-resized-crop + flip, {loader_data(sizes, 'native')['num_workers']} workers; "
@@ -522,13 +448,9 @@ def section_loader_train(device: str, quick: bool) -> None:
 def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, workers: int) -> tuple[list[float], int]:
     """images/s of each epoch after a warm-up epoch, iterating the loader without training."""
     from largebatch import data as data_mod
-    from largebatch.backends import create_backend
-    from largebatch.config import derive, resolve_config
+    from largebatch.config import derive
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp) / "config.yaml"
-        path.write_text(yaml.safe_dump(engine_config(device, sizes, "bf16", data=loader_data(sizes, loader_kind, workers))))
-        cfg = resolve_config(path)
+    cfg = config(overrides(device, sizes, "bf16", data=loader_data(sizes, loader_kind, workers)))
     backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
     plan = derive(cfg, 1, data_mod.count_samples(cfg.data, "train")).plan
     loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
@@ -561,7 +483,7 @@ def section_loader_alone(device: str, quick: bool) -> None:
         for count in counts if loader == "native" else counts[-1:]:
             rates, workers = loader_rates(device, sizes, loader, epochs, count)
             rows.append(
-                f"| {label}{fallback_note(device, loader_data(sizes, loader))} | {workers} | {statistics.median(rates):.0f} | "
+                f"| {label}{fallback_note(device, sizes, loader_data(sizes, loader))} | {workers} | {statistics.median(rates):.0f} | "
                 f"{', '.join(f'{r:.0f}' for r in rates)} |"
             )
     print(
@@ -608,35 +530,21 @@ def lamb_candidates(device: str) -> list[tuple[str, object]]:
     return out
 
 
-def time_steps(device: str, optimizers: list, steps: int, rounds: int) -> list[list[float]]:
-    """ms per step of each optimizer: blocks of ``steps`` taking turns, the order reversed every other round."""
-    times: list[list[float]] = [[] for _ in optimizers]
-    for round_ in range(rounds):
-        turns = list(zip(optimizers, times))
-        for optimizer, out in turns if round_ % 2 == 0 else turns[::-1]:
-            optimizer.step()  # untimed: the state exists, the allocator has settled
-            mark_step(device)
-            for _ in range(steps):
-                synchronize(device)
-                start = time.perf_counter()
-                optimizer.step()
-                mark_step(device)
-                synchronize(device)
-                out.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def first_step(optimizer, device: str) -> bool:
-    optimizer.step()
-    mark_step(device)
-    synchronize(device)
-    return True
-
-
 def section_lamb(device: str, quick: bool) -> None:
     from bench.lamb_step import model_shapes
 
     sizes = QUICK if quick else FULL
+    backend = device_backend(device)
+
+    def settle() -> None:
+        backend.after_optimizer_step()
+        backend.synchronize()
+
+    def first_step(optimizer) -> bool:
+        optimizer.step()
+        settle()
+        return True
+
     torch.manual_seed(0)
     shapes = model_shapes(sizes.lamb_model)
     params = [(torch.randn(s) * 0.02).to(device).requires_grad_(True) for s in shapes]
@@ -645,12 +553,15 @@ def section_lamb(device: str, quick: bool) -> None:
     found, optimizers = [], []
     for label, factory in lamb_candidates(device):  # one that fails to build or step is left out, said so
         optimizer = attempt(label, factory, params)
-        if optimizer is not None and attempt(label, first_step, optimizer, device):
+        if optimizer is not None and attempt(label, first_step, optimizer):
             found.append((label, factory))
             optimizers.append(optimizer)
     if len(optimizers) < 2 or found[-1][0] != lamb_candidates(device)[-1][0] or found[0][0] != "largebatch Lamb":
         raise SystemExit("ours or the floor failed to step: see the lines above and the traceback in the log")
-    times = time_steps(device, optimizers, sizes.lamb_steps, sizes.lamb_rounds)
+    times = [
+        [t for block in blocks for t in block]
+        for blocks in time_blocks([o.step for o in optimizers], sizes.lamb_steps, sizes.lamb_rounds, settle)
+    ]
     medians = [statistics.median(t) for t in times]
     floor = medians[-1]
     print(
@@ -678,12 +589,12 @@ def distributed_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     sizes = QUICK if args.quick else FULL
-    cfg = engine_config(args.device, sizes, "bf16")
+    cfg = overrides(args.device, sizes, "bf16")
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
     cfg["global_batch_size"] = sizes.micro * world
     cfg["data"]["train_samples"] = (sizes.warmup + sizes.timed) * sizes.micro * world
-    cfg["dist"] = {"strategy": args.strategy}
+    cfg["dist.strategy"] = args.strategy
     work = pathlib.Path(args.out)
     measured = engine_run(cfg, work / f"rank{rank}", sizes, fixed=True)
     record = {"rank": rank, "images_per_s": measured.images_per_s, "peak_bytes": measured.peak_bytes}
@@ -693,17 +604,17 @@ def distributed_worker(args: argparse.Namespace) -> None:
 
 
 def section_distributed(device: str, quick: bool) -> None:
-    count = device_count(device)
     if device == "cpu":
         print("skipped: the CPU stand-in has no devices to spread over (CPU ranks: bench/sharded_memory.py)")
         return
+    count = device_backend(device).device_count()
     if count < 2:
         print(f"skipped: one {'GPU' if device == 'cuda' else 'Gaudi'} on this machine; ddp against fsdp needs at least two")
         return
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in ("ddp", "fsdp"):
-            cmd = ["torchrun", "--standalone", f"--nproc_per_node={count}", "bench/accelerator_sections.py", "distributed-worker"]
+            cmd = ["torchrun", "--standalone", f"--nproc_per_node={count}", "-m", "bench.accelerator_sections", "distributed-worker"]
             cmd += ["--device", device, "--strategy", strategy, "--out", tmp, *(["--quick"] if quick else [])]
             print(f"command: `{' '.join(cmd)}`")
             run_or_fail(cmd)
@@ -766,7 +677,7 @@ def profile_summary(profiler, device: str, steps: int, wall_s: float) -> Profile
 
 
 def profile_engine(device: str, sizes: Sizes, work: pathlib.Path, nan_guard: str) -> Profile:
-    cfg = engine_config(device, sizes, "bf16", nan_guard=nan_guard)
+    cfg = overrides(device, sizes, "bf16", nan_guard=nan_guard)
     with profiler_for(device, sizes) as profiler:
         measured = engine_run(cfg, work, sizes, fixed=True, hooks=(ProfilerSteps(profiler),))
     return profile_summary(profiler, device, sizes.timed, sizes.timed * sizes.micro / measured.images_per_s)
@@ -789,7 +700,7 @@ def section_profile(device: str, quick: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         batches = engine_batches(device, sizes, work)
-        attempt("warm-up run", engine_run, engine_config(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
+        attempt("warm-up run", engine_run, overrides(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
         sides = {
             "largebatch engine, bf16": attempt("engine", profile_engine, device, sizes, work / "engine", "stop"),
             "largebatch engine, bf16, nan_guard off": attempt("engine, nan_guard off", profile_engine, device, sizes, work / "off", "off"),
@@ -860,7 +771,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], help="distributed-worker only")
     parser.add_argument("--out", help="distributed-worker only: where each rank writes its numbers")
     args = parser.parse_args(argv)
-    prepare_device(args.device)
+    if args.device == "hpu":
+        device_backend(args.device)  # Habana's bridge loaded before any section touches the Gaudi
     if args.section == "distributed-worker":
         distributed_worker(args)
     else:

@@ -21,17 +21,22 @@ Peers (see bench/requirements.txt): timm's ``timm.optim.Lamb`` (foreach and per-
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import gc
 import importlib.util
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import timm
 import torch
 
+from bench.common import machine_description, per_round_ratio, time_blocks
 from largebatch.optim import lamb_triton, lamb_update
 from largebatch.optim.lamb import Lamb
 
@@ -162,42 +167,6 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
     return out
 
 
-def time_in_blocks(factories: list[Callable[[list], Any]], params: list, steps: int, rounds: int) -> list[list[list[float]]]:
-    """ms of each optimizer's steps, per round a block of ``steps``, the blocks taking turns.
-
-    Each block starts with one untimed step: it creates the state the first time and
-    lets the allocator settle on the optimizer's temporaries after the previous one's
-    (alternating single steps penalises the peers that allocate per tensor). Taking
-    turns for ``rounds`` rounds, the order reversed every other round, spreads load from
-    elsewhere and the effect of whoever ran before over all of them. Returns, per
-    optimizer, per round, the step times.
-    """
-    optimizers = [factory(params) for factory in factories]
-    times: list[list[list[float]]] = [[] for _ in optimizers]
-    for round_ in range(rounds):
-        turns = list(zip(optimizers, times))
-        for optimizer, out in turns if round_ % 2 == 0 else turns[::-1]:
-            optimizer.step()
-            block = []
-            for _ in range(steps):
-                start = time.perf_counter()
-                optimizer.step()
-                block.append((time.perf_counter() - start) * 1e3)
-            out.append(block)
-    del optimizers
-    gc.collect()
-    return times
-
-
-def per_round_ratio(blocks: list[list[float]], ours: list[list[float]]) -> tuple[float, float, float]:
-    """Median over rounds of (block median / our block median in that round), and its quartiles."""
-    ratios = [statistics.median(b) / statistics.median(o) for b, o in zip(blocks, ours)]
-    if len(ratios) == 1:
-        return ratios[0], ratios[0], ratios[0]
-    quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
-    return statistics.median(ratios), quartiles[0], quartiles[2]
-
-
 def update_after(factory: Callable[[list], Any], start: list, grads: list[list]) -> list:
     """Parameters minus ``start`` after one step per gradient set, on fresh copies."""
     params = [p.detach().clone().requires_grad_(True) for p in start]
@@ -228,16 +197,16 @@ def main() -> None:
     params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    from bench.machine import machine_description
-
     print(f"Machine: {machine_description()}.")
     print(
         f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     found = candidates()
-    factories = [factory for _, factory, _ in found]
-    times = time_in_blocks(factories, params, args.steps, args.rounds)
+    optimizers = [factory(params) for _, factory, _ in found]
+    times = time_blocks([optimizer.step for optimizer in optimizers], args.steps, args.rounds)
+    del optimizers
+    gc.collect()
     rows = []
     for (label, factory, ours), blocks in zip(found, times):
         diff = None

@@ -15,12 +15,14 @@ same way: its ratio shows how far from 1.00 the method reads when nothing differ
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import gc
-import pathlib
 import statistics
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +30,9 @@ import timm
 import timm.optim
 import torch
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.lamb_step import max_difference, model_shapes, update_after  # noqa: E402
-from largebatch.optim.lars import Lars  # noqa: E402
+from bench.common import spread_text, time_blocks
+from bench.lamb_step import max_difference, model_shapes, update_after
+from largebatch.optim.lars import Lars
 
 LR, MOMENTUM, WEIGHT_DECAY, ETA = 0.5, 0.9, 5e-4, 1e-3
 
@@ -58,33 +57,13 @@ def timm_lars(params: list) -> torch.optim.Optimizer:
     return timm.optim.Lars(param_groups(params), lr=LR, momentum=MOMENTUM, trust_coeff=ETA, nesterov=True)
 
 
-def block_ms(optimizer: torch.optim.Optimizer, steps: int) -> float:
-    """Median ms of ``steps`` steps, after one untimed step (state, allocator)."""
-    optimizer.step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        optimizer.step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def paired(a: Callable, b: Callable, params: list, steps: int, rounds: int) -> tuple[list[float], list[float]]:
     """Block medians of ``a`` and ``b``, taking turns, first one then the other."""
-    opt_a, opt_b = a(params), b(params)
-    ms_a, ms_b = [], []
-    for round_ in range(rounds):
-        pair = [(opt_a, ms_a), (opt_b, ms_b)]
-        for optimizer, out in pair if round_ % 2 == 0 else pair[::-1]:
-            out.append(block_ms(optimizer, steps))
-    del opt_a, opt_b
+    optimizers = a(params), b(params)
+    times = time_blocks([optimizer.step for optimizer in optimizers], steps, rounds)
+    del optimizers
     gc.collect()
-    return ms_a, ms_b
-
-
-def quartiles(values: list[float]) -> str:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{q[1]:.2f} ({q[0]:.2f}-{q[2]:.2f})"
+    return [statistics.median(block) for block in times[0]], [statistics.median(block) for block in times[1]]
 
 
 def main() -> None:
@@ -117,7 +96,7 @@ def main() -> None:
         ms_ours, ms_peer = paired(ours, peer, params, args.steps, args.rounds)
         ratios = [p / o for o, p in zip(ms_ours, ms_peer)]
         diff = max_difference(update_after(peer, start, grads), reference)
-        rows.append((label, statistics.median(ms_ours), statistics.median(ms_peer), quartiles(ratios), diff))
+        rows.append((label, statistics.median(ms_ours), statistics.median(ms_peer), spread_text(ratios, 2), diff))
     print(
         f"\n{args.rounds} pairs of blocks of {args.steps} timed steps, order alternating; "
         "'peer / ours' is the median over pairs of the ratio of block medians (quartiles in brackets)"
