@@ -27,6 +27,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: start again as 
     run_as_module(__file__)
 
 import argparse
+import functools
 import gc
 import importlib.util
 import statistics
@@ -43,11 +44,16 @@ from largebatch.optim.lamb import Lamb
 LR, WEIGHT_DECAY = 1e-3, 0.05
 
 
-def model_shapes(name: str) -> list[torch.Size]:
-    """Parameter shapes of a timm model, without allocating it."""
+def random_params(name: str, device: str = "cpu") -> list[torch.Tensor]:
+    """Tensors of a timm model's parameter shapes (found without allocating the model),
+    seeded, with random gradients: what an optimizer steps over."""
     with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False)
-    return [p.shape for p in model.parameters()]
+        shapes = [p.shape for p in timm.create_model(name, pretrained=False).parameters()]
+    torch.manual_seed(0)
+    params = [(torch.randn(shape) * 0.02).to(device).requires_grad_(True) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    return params
 
 
 def colossal_lamb() -> type | None:
@@ -100,57 +106,24 @@ class FusedPathOn:
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
     """(label, factory, matched factory of ours, or None where no update is compared);
     ours first, the A/A control second."""
+    from timm.optim import Lamb as TimmLamb
+
+    ours = functools.partial(Lamb, lr=LR, weight_decay=WEIGHT_DECAY)
+    timm_lamb = functools.partial(TimmLamb, lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=None, always_adapt=True, bias_correction=True)
     out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
         ("ours foreach", ours_paper, None),
         (AA_LABEL, ours_paper, ours_paper),
-        (
-            "ours per-tensor",
-            lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False),
-            None,
-        ),
-        ("reference: torch.optim.Adam fused (not LAMB)", lambda ps: torch.optim.Adam(ps, lr=LR, fused=True), None),
-        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", lambda ps: FusedPathOn(ps, ("cpu",)), ours_paper),
-        (
-            "ours, plain multi-tensor path (other accelerators') on the CPU",
-            lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, chunk_elements=0),
-            ours_paper,
-        ),
+        ("ours per-tensor", functools.partial(ours, foreach=False), None),
+        ("reference: torch.optim.Adam fused (not LAMB)", functools.partial(torch.optim.Adam, lr=LR, fused=True), None),
+        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", functools.partial(FusedPathOn, devices=("cpu",)), ours_paper),
+        ("ours, plain multi-tensor path (other accelerators') on the CPU", functools.partial(ours, chunk_elements=0), ours_paper),
+        *((f"timm {timm.__version__} Lamb foreach={f}", functools.partial(timm_lamb, foreach=f), ours_paper) for f in (True, False)),
     ]
-
-    from timm.optim import Lamb as TimmLamb
-
-    for foreach in (True, False):
-        out.append(
-            (
-                f"timm {timm.__version__} Lamb foreach={foreach}",
-                lambda ps, f=foreach: TimmLamb(
-                    ps,
-                    lr=LR,
-                    weight_decay=WEIGHT_DECAY,
-                    max_grad_norm=None,
-                    always_adapt=True,
-                    bias_correction=True,
-                    foreach=f,
-                ),
-                ours_paper,
-            )
-        )
     try:
         import torch_optimizer
 
-        out.append(
-            (
-                "torch_optimizer 0.3.0 Lamb",
-                lambda ps: torch_optimizer.Lamb(
-                    ps,
-                    lr=LR,
-                    weight_decay=WEIGHT_DECAY,
-                    clamp_value=float("inf"),
-                    debias=False,
-                ),
-                ours_no_bc,
-            )
-        )
+        peer = functools.partial(torch_optimizer.Lamb, lr=LR, weight_decay=WEIGHT_DECAY, clamp_value=float("inf"), debias=False)
+        out.append(("torch_optimizer 0.3.0 Lamb", peer, ours_no_bc))
     except ImportError:
         print("torch_optimizer not installed: skipped")
     colossal = colossal_lamb()
@@ -158,11 +131,7 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
         print("colossalai not installed: skipped")
     else:
         out.append(
-            (
-                "colossalai 0.5.0 Lamb",
-                lambda ps: colossal(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False),
-                ours_no_bc,
-            )
+            ("colossalai 0.5.0 Lamb", functools.partial(colossal, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False), ours_no_bc)
         )
     return out
 
@@ -192,11 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    shapes = model_shapes("vit_base_patch16_224")
-    params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in shapes]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
+    params = random_params("vit_base_patch16_224")
     print(f"Machine: {machine_description()}.")
     print(
         f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "

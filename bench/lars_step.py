@@ -31,7 +31,7 @@ import timm.optim
 import torch
 
 from bench.common import spread_text, time_blocks
-from bench.lamb_step import max_difference, model_shapes, update_after
+from bench.lamb_step import max_difference, random_params, update_after
 from largebatch.optim.lars import Lars
 
 LR, MOMENTUM, WEIGHT_DECAY, ETA = 0.5, 0.9, 5e-4, 1e-3
@@ -76,10 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in model_shapes(args.model)]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
+    params = random_params(args.model)
     print(
         f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "
         f"torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads"
