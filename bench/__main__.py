@@ -1,18 +1,7 @@
 """Run the benchmark suite: ``python -m bench`` (or ``make bench``).
 
-Each benchmark compares two things side by side in one process and prints a ratio:
-
-=================  ==============================================================
-engine_overhead    the largebatch engine against a hand-written PyTorch loop
-timm_train         end-to-end CPU training images/s against timm's train.py path
-mfu                training FLOP/s against a large fp32 matmul's FLOP/s
-lamb_step          our LAMB's step time against timm's, torch-optimizer's and
-                   Colossal-AI's
-lars_step          our LARS's step time against timm's Lars, with an A/A control
-loaders            the native TFRecord loader against DALI (CPU) and ImageFolder
-startup            the commands that do not train against ``import torch, timm``
-convert            ``largebatch data convert | verify`` with several workers against one
-=================  ==============================================================
+Each benchmark (``BENCHES`` below; docs/benchmarks.md says what each compares) sets two
+things side by side in one process and prints a ratio.
 
 The benchmarks run one after another as subprocesses (``OMP_NUM_THREADS=1`` unless
 set), and their tables go into one Markdown file with the machine's description, the

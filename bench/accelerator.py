@@ -5,25 +5,8 @@ each section runs in its own Python process (``bench/accelerator_sections.py``),
 section that fails, runs out of memory or leaves the device in a bad state is reported as
 failed and the next one still starts on a clean device; the exit status is then 1.
 
-=====================  ==============================================================
-a. ``tests``           ``pytest -m gpu`` (``-m hpu``): passed, failed, skipped counts
-                       and each test's outcome
-b. ``lamb``            LAMB's step on ViT-B/16's parameter shapes: ours, timm's, and a
-                       fused AdamW as the floor (ms/step, ratio to the floor)
-c. ``train``           ViT-B/16 training images/s, MFU and peak memory through the
-                       engine on synthetic batches for fp32 (TF32 off), TF32, fp16 with
-                       the grad scaler, bf16 and bf16 + ``compile=True``, beside timm's
-                       ``train.py`` loop at the same batch (ratio), with an A/A control
-                       (bf16 run twice)
-d. ``loader_alone``    the native loader (and DALI's ``mixed`` decoding, or the media
-                       pipeline on a Gaudi, where installed) iterated onto the device
-                       without training: images/s
-e. ``loader_train``    bf16 training from TFRecord shards through the same loaders
-                       against synthetic batches
-f. ``distributed``     with more than one device: ``torchrun`` ddp against fsdp,
-                       images/s and peak memory per rank
-g. ``accuracy``        the Fashion-MNIST demo on one device, its final eval/top1
-=====================  ==============================================================
+The sections, a to h (tests, LAMB, training, the loaders alone and in training, ddp
+against fsdp, accuracy, a profile), are described in docs/benchmarks.md (``TITLES`` below).
 
 The report (the machine, each section's command and its table) goes to
 ``bench/results/gpu-<device name>.md`` (``hpu-<device name>.md`` on a Gaudi).
@@ -79,16 +62,16 @@ def cuda_error() -> str | None:
 
 
 def habana_probe() -> tuple[bool, str]:
-    """(Gaudi present, device name or why not), asked in a child process: the bridge takes
-    the Gaudi for the process that opens it, and the sections need it."""
+    """(Gaudi present, device name or why not), asked through the backend in a child process:
+    the bridge takes the Gaudi for the process that opens it, and the sections need it."""
     code = (
+        "from largebatch.backends import hpu\n"
+        "ok = hpu.is_available('lazy')  # PT_HPU_LAZY_MODE=1 set before the bridge loads, as the sections run\n"
         "import habana_frameworks.torch.hpu as h\n"
-        "ok = bool(h.is_available())\n"
         "print(ok, h.get_device_name() if ok else 'habana_frameworks.torch.hpu.is_available() is False')"
     )
-    env = {**os.environ, "PT_HPU_LAZY_MODE": "1"}
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=repo_env(), timeout=600)
     except subprocess.TimeoutExpired:
         return False, "habana_frameworks.torch.hpu did not answer within 600 s"
     if proc.returncode != 0:

@@ -34,19 +34,7 @@ import traceback
 
 import torch
 
-from bench.common import (
-    CLASSES,
-    REPO,
-    FixedBatches,
-    build_engine,
-    config,
-    image_shards,
-    repo_env,
-    run_child,
-    shard_data,
-    table,
-    time_blocks,
-)
+from bench.common import CLASSES, REPO, FixedBatches, build_engine, config, image_shards, run_or_fail, shard_data, table, time_blocks
 from largebatch import flops
 from largebatch.backends import Backend, create_backend
 from largebatch.engine.engine import Engine
@@ -99,14 +87,6 @@ def attempt(label: str, work, *args, **kwargs):
         traceback.print_exc()
         print(f"- {label}: failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", flush=True)
         return None
-
-
-def run_or_fail(args: list[str]) -> None:
-    """``python ARGS`` in the repository; when it fails, the end of its output shown and the section failed."""
-    command, status, output, _ = run_child(args, repo_env())
-    if status:
-        print(f"\n{output}")
-        raise SystemExit(f"`{command}` ended with status {status}")
 
 
 # -- the engine -------------------------------------------------------------------------

@@ -37,12 +37,11 @@ import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from bench.common import BASE, REPO, load, machine_description, repo_env, rotated, sets
+from bench.common import BASE, load, machine_description, repo_env, rotated, run_or_fail, sets, table
 from largebatch.engine.hook import Hook, Priority
 
 SIDES = {"sync": False, "async": True, "sync again": False}
@@ -115,13 +114,13 @@ def side(args: argparse.Namespace, async_save: bool, scratch: pathlib.Path) -> d
     folder = pathlib.Path(tempfile.mkdtemp(prefix="lbasync-", dir=scratch))
     try:
         record = folder / "clock.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
-        cmd += ["--config", str(BASE), "--run-dir", str(folder / "run")]
-        cmd += [arg for override in sets(overrides(args, async_save, record)) for arg in ("--set", override)]
-        env = {**repo_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-3000:])
+        cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", "--config", str(BASE)]
+        cmd += [
+            "--run-dir",
+            str(folder / "run"),
+            *(arg for override in sets(overrides(args, async_save, record)) for arg in ("--set", override)),
+        ]
+        run_or_fail(cmd, {**repo_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         return json.loads(record.read_text())
     finally:
         shutil.rmtree(folder)
@@ -166,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({saves} a side); {args.rounds} rounds, load average at each round's start {', '.join(loads)}.\n"
     )
     print("Seconds rank 0's loop is held by the checkpoint hook:\n")
-    print("| round | side | first save | later saves (mean) | at the end | step without a save (median) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(table("round | side | first save: | later saves (mean): | at the end: | step without a save (median):"))
     for index, r in enumerate(rounds, 1):
         for name in names:
             f = r[name]

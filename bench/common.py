@@ -125,6 +125,14 @@ def run_child(args: list[str], env: dict[str, str], timeout: float | None = None
     return command, status, stdout if status == 0 else f"{stdout}\n\n```\n{stderr[-4000:].strip()}\n```", seconds
 
 
+def run_or_fail(args: list[str], env: dict[str, str] | None = None) -> None:
+    """``python ARGS`` in the repository; when it fails, the end of its output printed and this process failed."""
+    command, status, output, _ = run_child(args, env or repo_env())
+    if status:
+        print(f"\n{output}")
+        raise SystemExit(f"`{command}` ended with status {status}")
+
+
 def _text(stream: str | bytes | None) -> str:
     return stream.decode(errors="replace") if isinstance(stream, bytes) else stream or ""
 

@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from bench.common import FixedBatches, add_model_arguments, build_engine, machine_description, model_overrides, random_batches
+from bench.common import FixedBatches, add_model_arguments, build_engine, machine_description, model_overrides, random_batches, table
 
 # The clock both loops are timed with. On a machine shared with other jobs, wall time
 # moves with their load (rounds differ by 2-4x); the CPU time of this process moves far
@@ -230,8 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px, micro {args.micro} x accumulation {args.accumulation}, {args.steps} steps x {args.rounds} rounds"
     )
-    print("| loop | images/s (median) | rounds |")
-    print("|---|---:|---|")
+    print(table("loop | images/s (median): | rounds"))
     print(f"| bare PyTorch loop | {bare_rate:.1f} | {', '.join(f'{r:.1f}' for r in bare_rates)} |")
     print(f"| largebatch engine | {engine_rate:.1f} | {', '.join(f'{r:.1f}' for r in engine_rates)} |")
     ratios = [e / b for e, b in zip(engine_rates, bare_rates)]

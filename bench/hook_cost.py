@@ -37,7 +37,7 @@ import tempfile
 import time
 
 from bench import engine_overhead
-from bench.common import FixedBatches, add_model_arguments, build_engine, load, machine_description, random_batches
+from bench.common import FixedBatches, add_model_arguments, build_engine, load, machine_description, random_batches, table
 from largebatch.engine.engine import Engine
 from largebatch.engine.events import Event
 
@@ -148,8 +148,7 @@ def main() -> None:
         f"default hooks: {', '.join(hook_names)}"
     )
     print()
-    print("| steps | median step (ms) | mean step (ms) |")
-    print("|---|---:|---:|")
+    print(table("steps | median step (ms): | mean step (ms):"))
     print(f"| no hooks | {without * 1e3:.2f} | {statistics.fmean(times[False]) * 1e3:.2f} |")
     print(f"| default hooks | {with_hooks * 1e3:.2f} | {statistics.fmean(times[True]) * 1e3:.2f} |")
     print()
@@ -164,8 +163,7 @@ def main() -> None:
         f"quartiles {aa_quartiles[0]:.4f} .. {aa_quartiles[2]:.4f}"
     )
     print()
-    print("| hook | time inside per step with hooks (ms) | share of the median step without hooks |")
-    print("|---|---:|---:|")
+    print(table("hook | time inside per step with hooks (ms): | share of the median step without hooks:"))
     inside = 0.0
     for name, seconds in hook_seconds.most_common():
         per_step = seconds / steps_with_hooks

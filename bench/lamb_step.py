@@ -37,7 +37,7 @@ from typing import Any
 import timm
 import torch
 
-from bench.common import machine_description, per_round_ratio, time_blocks
+from bench.common import machine_description, per_round_ratio, table, time_blocks
 from largebatch.optim import lamb_triton, lamb_update
 from largebatch.optim.lamb import Lamb
 
@@ -152,12 +152,29 @@ def max_difference(a: list, b: list) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
+def update_difference(factory: Callable[[list], Any], reference: Callable[[list], Any], params: list, steps: int) -> float:
+    """The largest difference between the updates of ``factory``'s optimizer and
+    ``reference``'s after ``steps`` steps on the same random gradients, from ``params``."""
+    torch.manual_seed(1)
+    grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(steps)]
+    start = [p.detach().clone() for p in params]  # the timed steps move params
+    difference = max_difference(update_after(factory, start, grads), update_after(reference, start, grads))
+    del grads, start
+    gc.collect()
+    return difference
+
+
+def optimizer_arguments(parser: argparse.ArgumentParser, steps: int, rounds: int, compare_steps: int) -> None:
+    """The timing options of the optimizer benchmarks."""
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps per block")
+    parser.add_argument("--rounds", type=int, default=rounds, help="rounds of blocks")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--compare-steps", type=int, default=compare_steps, help="steps for the update difference")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
-    parser.add_argument("--rounds", type=int, default=2, help="blocks per optimizer")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--compare-steps", type=int, default=2, help="steps for the update diff")
+    optimizer_arguments(parser, steps=5, rounds=2, compare_steps=2)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -174,13 +191,7 @@ def main() -> None:
     gc.collect()
     rows = []
     for (label, factory, ours), blocks in zip(found, times):
-        diff = None
-        if ours is not None:
-            grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(args.compare_steps)]
-            start = [p.detach() for p in params]
-            diff = max_difference(update_after(factory, start, grads), update_after(ours, start, grads))
-            del grads
-            gc.collect()
+        diff = None if ours is None else update_difference(factory, ours, params, args.compare_steps)
         ms = [t for block in blocks for t in block]
         rows.append((label, min(ms), statistics.median(ms), per_round_ratio(blocks, times[0]), diff))
     print_table(rows, args)
@@ -193,14 +204,14 @@ def print_table(rows: list[tuple[str, float, float, tuple[float, float, float], 
         "every other round; 'x ours' is the optimizer's time divided by ours (foreach); 'per round x ours' is the "
         "median over rounds of the ratio of block medians (quartiles in brackets)"
     )
-    print("\n| optimizer | ms/step median | ms/step min | median x ours | min x ours | per round x ours | max abs update diff vs ours |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    lines = []
     for label, low, median, (paired, q1, q3), diff in rows:
         shown = f"{diff:.1e}" if diff is not None else "(reference)" if "reference" in label else "(ours)"
-        print(
-            f"| {label} | {median:.1f} | {low:.1f} | {median / ours_median:.2f} | {low / ours_low:.2f} "
-            f"| {paired:.2f} ({q1:.2f}-{q3:.2f}) | {shown} |"
+        lines.append(
+            f"| {label} | {median:.1f} | {low:.1f} | {median / ours_median:.2f} | {low / ours_low:.2f} | {paired:.2f} ({q1:.2f}-{q3:.2f}) | {shown} |"
         )
+    header = "optimizer | ms/step median: | ms/step min: | median x ours: | min x ours: | per round x ours: | max abs update diff vs ours:"
+    print("\n" + table(header, lines))
     control = next(row for row in rows if row[0] == AA_LABEL)
     peers = [row for row in rows if row[4] is not None and row is not control and not row[0].startswith("ours")]
     fastest_median = min(peers, key=lambda row: row[2])

@@ -122,12 +122,7 @@ def imagefolder_loader(folder: Path, workers: int, batch: int):
     )
     dataset = datasets.ImageFolder(str(folder / "train"), transform=transform)
     return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=batch,
-        shuffle=True,
-        drop_last=True,
-        num_workers=workers,
-        persistent_workers=workers > 0,
+        dataset, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers, persistent_workers=workers > 0
     )
 
 

@@ -28,7 +28,7 @@ import tempfile
 import torch
 
 from bench import engine_overhead
-from bench.common import FixedBatches, build_engine, machine_description
+from bench.common import FixedBatches, build_engine, machine_description, table
 
 
 def training_flops_per_image(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
         f"{args.accumulation}, {args.steps} steps x {args.rounds} rounds; matmul {args.matmul}x{args.matmul} fp32"
     )
-    print("| quantity | value |")
-    print("|---|---:|")
+    print(table("quantity | value:"))
     print(f"| training FLOPs per image (forward + backward) | {flops_per_image / 1e9:.3f} G |")
     print(f"| engine images/s (median) | {rate:.1f} |")
     print(f"| training FLOP/s | {achieved / 1e9:.2f} G |")

@@ -26,11 +26,10 @@ import dataclasses
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 
-from bench.common import config, machine_description, repo_env
+from bench.common import config, machine_description, repo_env, run_or_fail, table
 
 
 def rss_kib(field: str) -> int:
@@ -98,7 +97,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def side(name: str, strategy: str, args: argparse.Namespace, every: bool = False) -> dict:
     out = pathlib.Path(tempfile.mkdtemp(prefix="lbmem-")) / "side"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bench.sharded_memory", "--worker"]
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bench.sharded_memory", "--worker"]
     cmd += ["--strategy", strategy, "--out", str(out), "--steps", str(args.steps), "--accumulation", str(args.accumulation)]
     cmd += ["--model", args.model]
     cmd += ["--every"] if every else []
@@ -106,13 +105,9 @@ def side(name: str, strategy: str, args: argparse.Namespace, every: bool = False
     # system when freed, so resident memory follows the live tensors (glibc's default
     # raises the threshold after frees and keeps freed tensors' pages resident).
     env = {**repo_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MALLOC_MMAP_THRESHOLD_": "65536"}
-    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    run_or_fail(cmd, env)
     ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in (0, 1)]
-    return {
-        "name": name,
-        "measured": max(r["measured_mib"] for r in ranks),
-        "estimate": ranks[0]["estimate_mib"],
-    }
+    return {"name": name, "measured": max(r["measured_mib"] for r in ranks), "estimate": ranks[0]["estimate_mib"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]["measured"]
     print(f"Machine: {machine_description()}.\n")
     print(f"{args.model}, LAMB, world size 2, accumulation {args.accumulation}, {args.steps} steps; per-rank peak.\n")
-    print("| run | measured (MiB) | ratio to ddp | estimate (MiB) | estimate error |")
-    print("|---|---:|---:|---:|---:|")
+    print(table("run | measured (MiB): | ratio to ddp: | estimate (MiB): | estimate error:"))
     for row in rows:
         error = (row["estimate"] - row["measured"]) / row["measured"]
         print(f"| {row['name']} | {row['measured']:,.0f} | {row['measured'] / base:.2f} | {row['estimate']:,.0f} | {error:+.0%} |")

@@ -31,18 +31,14 @@ import subprocess
 import sys
 import time
 
-from bench.common import REPO, in_turn, load, machine_description, spread_text
+from bench.common import REPO, in_turn, load, machine_description, spread_text, table
 
 COMMANDS = {
     "largebatch --help": ["-m", "largebatch", "--help"],
     "largebatch config show configs/vit-b16.py --world-size 8": [
         "-m",
         "largebatch",
-        "config",
-        "show",
-        "configs/vit-b16.py",
-        "--world-size",
-        "8",
+        *"config show configs/vit-b16.py --world-size 8".split(),
     ],
     "import torch, timm": ["-c", "import torch, timm"],
 }
@@ -89,13 +85,11 @@ def main() -> None:
             times[label].append(timed(tree, argv))
     print(f"Machine: {machine_description()}.")  # imports torch: only once the timing is done
     print(f"{before} before, {load()} after; {args.rounds} rounds.\n")
-    print("| command | s (median) | s (min) |")
-    print("|---|---:|---:|")
+    print(table("command | s (median): | s (min):"))
     for label, values in times.items():
         print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} |")
     show = "largebatch config show configs/vit-b16.py --world-size 8"
-    print("\n| ratio, per round | median (quartiles) |")
-    print("|---|---:|")
+    print("\n" + table("ratio, per round | median (quartiles):"))
     print(f"| --help / import torch, timm | {ratio(times, 'largebatch --help', 'import torch, timm')} |")
     print(f"| config show / import torch, timm | {ratio(times, show, 'import torch, timm')} |")
     print(f"| {AA} / config show | {ratio(times, AA, show)} |")

@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from bench.common import add_model_arguments, build_engine, image_shards, in_turn, machine_description, shard_data
+from bench.common import add_model_arguments, build_engine, image_shards, in_turn, machine_description, shard_data, table
 from largebatch.engine.engine import Engine
 from largebatch.engine.hook import Hook
 
@@ -163,8 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.images} JPEGs (~500x375), {args.workers} loader worker(s), {args.epochs} epochs x {args.rounds} rounds "
         "(first epoch of each round not counted)"
     )
-    print("| training loop | images/s (median epoch) | epochs |")
-    print("|---|---:|---|")
+    print(table("training loop | images/s (median epoch): | epochs"))
     print(f"| timm train.py path (ImageFolder + PIL) | {timm_rate:.1f} | {', '.join(f'{r:.1f}' for r in theirs)} |")
     print(f"| largebatch (native TFRecord loader, engine) | {ours_rate:.1f} | {', '.join(f'{r:.1f}' for r in ours)} |")
     print(f"largebatch / timm = {ours_rate / timm_rate:.3f}")
