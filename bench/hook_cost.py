@@ -37,7 +37,7 @@ import tempfile
 import time
 
 from bench import engine_overhead
-from bench.common import FixedBatches, add_model_arguments, build_engine, load, machine_description, random_batches, table
+from bench.common import FixedBatches, add_model_arguments, build_engine, load, machine_description, random_batches, spread, table
 from largebatch.engine.engine import Engine
 from largebatch.engine.events import Event
 
@@ -140,7 +140,6 @@ def main() -> None:
             control = run_round(cfg, pathlib.Path(tmp) / f"aa{i}", batches, seed=i, aa=True).steps[2:]
             aa_ratios += [a[1] / b[1] if a[0] else b[1] / a[1] for a, b in zip(control[::2], control[1::2])]
     with_hooks, without = statistics.median(times[True]), statistics.median(times[False])
-    ratio = statistics.median(pair_ratios)
     print(f"Machine: {machine_description()}; {load()}; device {args.device}.")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
@@ -152,16 +151,12 @@ def main() -> None:
     print(f"| no hooks | {without * 1e3:.2f} | {statistics.fmean(times[False]) * 1e3:.2f} |")
     print(f"| default hooks | {with_hooks * 1e3:.2f} | {statistics.fmean(times[True]) * 1e3:.2f} |")
     print()
-    quartiles = statistics.quantiles(pair_ratios, n=4)
+    (ratio, q1, q3), (aa, aa_q1, aa_q3) = spread(pair_ratios), spread(aa_ratios)
     print(
-        f"with / without, per pair: median {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), quartiles {quartiles[0]:.4f} .. {quartiles[2]:.4f}; "
+        f"with / without, per pair: median {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), quartiles {q1:.4f} .. {q3:.4f}; "
         f"ratio of means {statistics.fmean(times[True]) / statistics.fmean(times[False]):.4f}"
     )
-    aa_quartiles = statistics.quantiles(aa_ratios, n=4)
-    print(
-        f"A/A control (no hooks on either step), per pair: median {statistics.median(aa_ratios):.4f}, "
-        f"quartiles {aa_quartiles[0]:.4f} .. {aa_quartiles[2]:.4f}"
-    )
+    print(f"A/A control (no hooks on either step), per pair: median {aa:.4f}, quartiles {aa_q1:.4f} .. {aa_q3:.4f}")
     print()
     print(table("hook | time inside per step with hooks (ms): | share of the median step without hooks:"))
     inside = 0.0
