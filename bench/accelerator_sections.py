@@ -14,6 +14,11 @@ so data generation is not in the measurement (sections d and e measure the loade
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import contextlib
 import dataclasses

@@ -69,6 +69,10 @@ def test_a_benchmark_run_as_a_file_starts_again_as_its_module(tmp_path):
         [sys.executable, str(REPO / "bench" / "startup.py"), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0 and proc.stdout.startswith("usage: ") and "--against" in proc.stdout, proc.stderr
+    # and every benchmark with a main block does the same (the suite's own __main__ runs as `python -m bench`)
+    scripts = [path.name for path in sorted((REPO / "bench").glob("*.py")) if 'if __name__ == "__main__":\n' in path.read_text()]
+    unguarded = [name for name in scripts if "run_as_module(__file__)" not in (REPO / "bench" / name).read_text()]
+    assert len(scripts) == 13 and unguarded == ["__main__.py"], unguarded
 
 
 def test_the_sides_take_turns_and_ratios_are_read_per_round():
