@@ -1,18 +1,7 @@
 """Run the benchmark suite: ``python -m bench`` (or ``make bench``).
 
-Each benchmark compares two things side by side in one process and prints a ratio:
-
-=================  ==============================================================
-engine_overhead    the largebatch engine against a hand-written PyTorch loop
-timm_train         end-to-end CPU training images/s against timm's train.py path
-mfu                training FLOP/s against a large fp32 matmul's FLOP/s
-lamb_step          our LAMB's step time against timm's, torch-optimizer's and
-                   Colossal-AI's
-lars_step          our LARS's step time against timm's Lars, with an A/A control
-loaders            the native TFRecord loader against DALI (CPU) and ImageFolder
-startup            the commands that do not train against ``import torch, timm``
-convert            ``largebatch data convert | verify`` with several workers against one
-=================  ==============================================================
+Each benchmark (``BENCHES`` below; docs/benchmarks.md says what each compares) sets two
+things side by side in one process and prints a ratio.
 
 The benchmarks run one after another as subprocesses (``OMP_NUM_THREADS=1`` unless
 set), and their tables go into one Markdown file with the machine's description, the
@@ -30,87 +19,40 @@ accelerator suite instead (``bench/accelerator.py``).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import pathlib
 import shlex
-import subprocess
 import sys
-import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import REPO, load, repo_env, run_child, table, write_report
 
-from bench.machine import machine_description  # noqa: E402
-
-# name: (script, arguments for the full run, arguments for --quick)
+# name: (module, arguments for the full run, arguments for --quick)
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "engine_overhead": (
-        "bench/engine_overhead.py",
+        "bench.engine_overhead",
         ["--rounds", "5", "--steps", "8"],
         ["--rounds", "1", "--steps", "2", "--micro", "8", "--accumulation", "2", "--depth", "1"],
     ),
     "timm_train": (
-        "bench/timm_train.py",
+        "bench.timm_train",
         ["--images", "256", "--batch", "32", "--epochs", "3", "--rounds", "2"],
         ["--images", "32", "--batch", "8", "--epochs", "2", "--rounds", "1", "--depth", "1", "--image-size", "32"],
     ),
     "mfu": (
-        "bench/mfu.py",
+        "bench.mfu",
         ["--rounds", "3", "--steps", "4"],
         ["--rounds", "1", "--steps", "1", "--micro", "8", "--accumulation", "1", "--depth", "1", "--matmul", "256"],
     ),
-    "lamb_step": ("bench/lamb_step.py", ["--steps", "5", "--rounds", "2"], ["--steps", "1", "--rounds", "1", "--compare-steps", "1"]),
-    "lars_step": ("bench/lars_step.py", ["--steps", "3", "--rounds", "8"], ["--steps", "1", "--rounds", "2", "--compare-steps", "1"]),
-    "loaders": ("bench/loaders.py", ["--images", "512"], ["--images", "32", "--rounds", "1", "--batch", "8"]),
-    "startup": ("bench/startup.py", ["--rounds", "7"], ["--rounds", "1"]),
-    "convert": ("bench/convert.py", ["--images", "2000", "--rounds", "5"], ["--images", "64", "--rounds", "1"]),
+    "lamb_step": ("bench.lamb_step", ["--steps", "5", "--rounds", "2"], ["--steps", "1", "--rounds", "1", "--compare-steps", "1"]),
+    "lars_step": ("bench.lars_step", ["--steps", "3", "--rounds", "8"], ["--steps", "1", "--rounds", "2", "--compare-steps", "1"]),
+    "loaders": ("bench.loaders", ["--images", "512"], ["--images", "32", "--rounds", "1", "--batch", "8"]),
+    "startup": ("bench.startup", ["--rounds", "7"], ["--rounds", "1"]),
+    "convert": ("bench.convert", ["--images", "2000", "--rounds", "5"], ["--images", "64", "--rounds", "1"]),
 }
-
-
-def load() -> str:
-    try:
-        return "load average " + " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "load average unknown"
-
-
-def run_bench(name: str, quick: bool, env: dict[str, str], override: str | None = None) -> tuple[str, int, str, float]:
-    script, full, small = BENCHES[name]
-    chosen = shlex.split(override) if override is not None else small if quick else full
-    cmd = [sys.executable, script, *chosen]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    # the engine's own end-of-run line ("done: N steps in ...") is not part of a table
-    stdout = "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("done: "))
-    output = stdout if proc.returncode == 0 else stdout + "\n" + proc.stderr[-4000:]
-    return shlex.join(["python", *cmd[1:]]), proc.returncode, output.strip(), time.perf_counter() - start
 
 
 def ratio_lines(output: str) -> list[str]:
     """The lines that state a comparison (``a / b = x``, ``MFU = ...``)."""
     return [line for line in output.splitlines() if " = " in line and "/" in line]
-
-
-def report_lines(args: argparse.Namespace, names: list[str], summary: list[str], sections: list[str]) -> list[str]:
-    """The CPU suite's Markdown report."""
-    return [
-        "# Benchmark suite" + (" (quick mode: smoke sizes, not for reading)" if args.quick else ""),
-        "",
-        f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `python -m bench"
-        + (" --quick" if args.quick else "")
-        + (f" --only {' '.join(names)}" if args.only else "")
-        + "".join(f" --args {shlex.quote(item)}" for item in args.args)
-        + "`.",
-        "",
-        f"Machine: {machine_description()}.",
-        "",
-        "| benchmark | comparison |",
-        "|---|---|",
-        *summary,
-        "",
-        *sections,
-    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,36 +86,31 @@ def cpu_suite(argv: list[str]) -> int:
         if not sep or name not in BENCHES:
             parser.error(f"--args {item!r}: expected NAME=ARGS with NAME one of {', '.join(BENCHES)}")
         overrides[name] = value
-    out = args.out or (REPO / "bench" / (".cache/suite-quick.md" if args.quick else "results/suite.md"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
     site = REPO / ".bench-site"  # lamb_step.py's peers (bench/requirements.txt), when installed there
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(site) if site.is_dir() else "", env.get("PYTHONPATH")]))
+    env = repo_env(*([site] if site.is_dir() else []))
+    env.setdefault("OMP_NUM_THREADS", "1")
     names = args.only or list(BENCHES)
     sections, summary, failed = [], [], []
     for name in names:
         before = load()
         print(f"bench: {name} ...", flush=True)
-        command, status, output, seconds = run_bench(name, args.quick, env, overrides.get(name))
+        module, full, small = BENCHES[name]
+        chosen = shlex.split(overrides[name]) if name in overrides else small if args.quick else full
+        command, status, output, seconds = run_child(["-m", module, *chosen], env)
         after = load()
-        if status != 0:
-            failed.append(name)
-        found = ratio_lines(output)
         if status:
+            failed.append(name)
             summary.append(f"| {name} | failed, status {status} |")
         else:
-            summary += [f"| {name} | {line.strip()} |" for line in found] or [f"| {name} | the table below |"]
-        sections += [
-            f"## {name}",
-            "",
-            f"`{command}` ({seconds:.0f} s; {before} before, {after} after)" + (f"; **failed, status {status}**" if status else ""),
-            "",
-            output if status == 0 else "```\n" + output + "\n```",
-            "",
-        ]
+            summary += [f"| {name} | {line.strip()} |" for line in ratio_lines(output)] or [f"| {name} | the table below |"]
+        note = f"; **failed, status {status}**" if status else ""
+        sections += [f"## {name}", "", f"`{command}` ({seconds:.0f} s; {before} before, {after} after){note}", "", output, ""]
         print(output if status == 0 else f"bench: {name} failed (status {status})\n{output}", flush=True)
-    out.write_text("\n".join(report_lines(args, names, summary, sections)))
+    out = args.out or (REPO / "bench" / (".cache/suite-quick.md" if args.quick else "results/suite.md"))
+    command = shlex.join(["python", "-m", "bench", *(["--quick"] if args.quick else []), *(["--only", *names] if args.only else [])])
+    command += "".join(f" --args {shlex.quote(item)}" for item in args.args)
+    title = "Benchmark suite" + (" (quick mode: smoke sizes, not for reading)" if args.quick else "")
+    write_report(out, title, command, [], table("benchmark | comparison", summary), sections)
     print(f"bench: report written to {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

@@ -5,25 +5,8 @@ each section runs in its own Python process (``bench/accelerator_sections.py``),
 section that fails, runs out of memory or leaves the device in a bad state is reported as
 failed and the next one still starts on a clean device; the exit status is then 1.
 
-=====================  ==============================================================
-a. ``tests``           ``pytest -m gpu`` (``-m hpu``): passed, failed, skipped counts
-                       and each test's outcome
-b. ``lamb``            LAMB's step on ViT-B/16's parameter shapes: ours, timm's, and a
-                       fused AdamW as the floor (ms/step, ratio to the floor)
-c. ``train``           ViT-B/16 training images/s, MFU and peak memory through the
-                       engine on synthetic batches for fp32 (TF32 off), TF32, fp16 with
-                       the grad scaler, bf16 and bf16 + ``compile=True``, beside timm's
-                       ``train.py`` loop at the same batch (ratio), with an A/A control
-                       (bf16 run twice)
-d. ``loader_alone``    the native loader (and DALI's ``mixed`` decoding, or the media
-                       pipeline on a Gaudi, where installed) iterated onto the device
-                       without training: images/s
-e. ``loader_train``    bf16 training from TFRecord shards through the same loaders
-                       against synthetic batches
-f. ``distributed``     with more than one device: ``torchrun`` ddp against fsdp,
-                       images/s and peak memory per rank
-g. ``accuracy``        the Fashion-MNIST demo on one device, its final eval/top1
-=====================  ==============================================================
+The sections, a to h (tests, LAMB, training, the loaders alone and in training, ddp
+against fsdp, accuracy, a profile), are described in docs/benchmarks.md (``TITLES`` below).
 
 The report (the machine, each section's command and its table) goes to
 ``bench/results/gpu-<device name>.md`` (``hpu-<device name>.md`` on a Gaudi).
@@ -43,7 +26,6 @@ suite this way on a bare GPU machine (docs/hardware.md).
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import os
 import pathlib
@@ -53,7 +35,7 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from bench.common import REPO, TIMED_OUT, repo_env, run_child, table, write_report
 
 # In order of importance, so a --budget that runs out drops the least important last.
 SECTIONS = ["tests", "lamb", "train", "loader_alone", "loader_train", "distributed", "accuracy", "profile"]
@@ -80,16 +62,16 @@ def cuda_error() -> str | None:
 
 
 def habana_probe() -> tuple[bool, str]:
-    """(Gaudi present, device name or why not), asked in a child process: the bridge takes
-    the Gaudi for the process that opens it, and the sections need it."""
+    """(Gaudi present, device name or why not), asked through the backend in a child process:
+    the bridge takes the Gaudi for the process that opens it, and the sections need it."""
     code = (
+        "from largebatch.backends import hpu\n"
+        "ok = hpu.is_available('lazy')  # PT_HPU_LAZY_MODE=1 set before the bridge loads, as the sections run\n"
         "import habana_frameworks.torch.hpu as h\n"
-        "ok = bool(h.is_available())\n"
         "print(ok, h.get_device_name() if ok else 'habana_frameworks.torch.hpu.is_available() is False')"
     )
-    env = {**os.environ, "PT_HPU_LAZY_MODE": "1"}
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=repo_env(), timeout=600)
     except subprocess.TimeoutExpired:
         return False, "habana_frameworks.torch.hpu did not answer within 600 s"
     if proc.returncode != 0:
@@ -128,19 +110,13 @@ def report_path(device: str, name: str) -> pathlib.Path:
 
 
 def section_env(device: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = repo_env()
     if device == "hpu":
         env["PT_HPU_LAZY_MODE"] = "1"  # the sections run in lazy mode: set before the bridge loads
     return env
 
 
 NOT_RUN = -1  # a section the budget left no time for
-TIMED_OUT = 124
-
-
-def text(stream: str | bytes | None) -> str:
-    return stream.decode(errors="replace") if isinstance(stream, bytes) else stream or ""
 
 
 def run_section(
@@ -148,21 +124,8 @@ def run_section(
 ) -> tuple[str, int, str, float]:
     """(the command, its exit status, its output, seconds); a section stopped at ``timeout``
     has status 124 and keeps what it printed."""
-    cmd = [sys.executable, "bench/accelerator_sections.py", name, "--device", device, *(["--quick"] if quick else [])]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=section_env(device), capture_output=True, text=True, timeout=timeout)
-        status, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as err:
-        status, stdout = TIMED_OUT, text(err.stdout)
-        stderr = text(err.stderr) + f"\nstopped after {timeout:.0f} s (the section's share of --budget)"
-    seconds = time.perf_counter() - start
-    if log is not None:
-        with log.open("a") as f:
-            f.write(f"===== {name}: `{shlex.join(cmd)}` status {status}, {seconds:.1f} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
-    stdout = "\n".join(line for line in stdout.splitlines() if not line.startswith("done: "))  # the engine's end-of-run line
-    output = stdout.strip() if status == 0 else stdout.strip() + "\n\n```\n" + stderr[-4000:].strip() + "\n```"
-    return shlex.join(["python", *cmd[1:]]), status, output, seconds
+    args = ["-m", "bench.accelerator_sections", name, "--device", device, *(["--quick"] if quick else [])]
+    return run_child(args, section_env(device), timeout, log, label=name)
 
 
 def section_status(status: int, output: str) -> str:
@@ -176,41 +139,16 @@ def section_status(status: int, output: str) -> str:
     return "skipped" if skipped and len(skipped) == len([line for line in output.splitlines() if line.strip()]) else "ran"
 
 
-def write_report(out: pathlib.Path, args: argparse.Namespace, name: str, results: list[tuple[str, str, int, str, float]]) -> None:
-    from bench.machine import machine_description
-
+def write(out: pathlib.Path, args: argparse.Namespace, name: str, results: list[tuple[str, str, int, str, float]]) -> None:
     command = shlex.join(["python", "-m", "bench", "--device", args.device, *(["--quick"] if args.quick else [])])
-    if args.only:
-        command += " --only " + " ".join(args.only)
-    if args.budget is not None:
-        command += f" --budget {args.budget:g}"
-    lines = [
-        f"# Accelerator suite: {args.device}" + (" (quick: smoke sizes, not for reading)" if args.quick else ""),
-        "",
-        f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `{command}`.",
-        "",
-        f"Machine: {machine_description()}.",
-        "",
-        f"Device: {name}.",
-        "",
-        "| section | status |",
-        "|---|---|",
-        *[f"| {TITLES[section]} | {section_status(status, output)} |" for section, _, status, output, _ in results],
-        "",
-    ]
+    command += (" --only " + " ".join(args.only) if args.only else "") + (f" --budget {args.budget:g}" if args.budget is not None else "")
+    summary = [f"| {TITLES[section]} | {section_status(status, output)} |" for section, _, status, output, _ in results]
+    sections = []
     for section, cmd, status, output, seconds in results:
-        if status == NOT_RUN:
-            lines += [f"## {TITLES[section]}", "", output, ""]
-            continue
-        lines += [
-            f"## {TITLES[section]}",
-            "",
-            f"`{cmd}` ({seconds:.0f} s)" + (f"; **{section_status(status, output)}**" if status else ""),
-            "",
-        ]
-        lines += [output, ""]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
+        note = f"; **{section_status(status, output)}**" if status else ""
+        sections += [f"## {TITLES[section]}", "", *([] if status == NOT_RUN else [f"`{cmd}` ({seconds:.0f} s){note}", ""]), output, ""]
+    title = f"Accelerator suite: {args.device}" + (" (quick: smoke sizes, not for reading)" if args.quick else "")
+    write_report(out, title, command, [f"Device: {name}.", ""], table("section | status", summary), sections)
 
 
 def main(argv: list[str]) -> int:
@@ -240,13 +178,13 @@ def main(argv: list[str]) -> int:
         if left < 1:
             print(f"bench: {section} not run: the budget of {args.budget:g} s is spent", flush=True)
             results.append((section, "", NOT_RUN, f"not run: the budget of {args.budget:g} s was spent before it", 0.0))
-            write_report(out, args, name, results)
+            write(out, args, name, results)
             continue
         print(f"bench: {section} ...", flush=True)
         cmd, status, output, seconds = run_section(section, args.device, args.quick, timeout=left, log=args.log)
         print(output if status == 0 else f"bench: {section} failed (status {status})\n{output}", flush=True)
         results.append((section, cmd, status, output, seconds))
-        write_report(out, args, name, results)  # after each section: a crash later keeps what ran
+        write(out, args, name, results)  # after each section: a crash later keeps what ran
     failed = [section for section, _, status, _, _ in results if status not in (0, NOT_RUN)]
     not_run = [section for section, _, status, _, _ in results if status == NOT_RUN]
     print(

@@ -3,15 +3,21 @@
 Each prints its Markdown table (or ``skipped: <reason>`` lines) on stdout and exits 0,
 or fails with a traceback. Run one by hand:
 
-    python bench/accelerator_sections.py train --device cuda [--quick]
+    python -m bench.accelerator_sections train --device cuda [--quick]
 
-Timing: a few warm-up steps, then timed steps between two device synchronisations
-(``torch.cuda.synchronize``, ``habana_frameworks.torch.hpu.synchronize``). The engine
-and timm's loop train on the same pre-made micro-batches, already on the device, so
-data generation is not in the measurement (sections d and e measure the loaders).
+The device is driven through its largebatch backend (``largebatch.backends``): its
+synchronisation, lazy mode's graph boundaries on a Gaudi, and its memory statistics.
+Timing: a few warm-up steps, then timed steps between two device synchronisations. The
+engine and timm's loop train on the same pre-made micro-batches, already on the device,
+so data generation is not in the measurement (sections d and e measure the loaders).
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
 
 import argparse
 import contextlib
@@ -29,23 +35,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
-
-from bench.engine_overhead import FixedBatches  # noqa: E402
-from largebatch import flops  # noqa: E402
-from largebatch.engine.engine import Engine  # noqa: E402
-from largebatch.engine.hook import Hook  # noqa: E402
-from largebatch.launch import TrainArgs, build_run  # noqa: E402
-from largebatch.rundir import RunDir, read_metrics  # noqa: E402
-
-CLASSES = 10
-GIB = 2**30
+from bench.common import CLASSES, REPO, FixedBatches, build_engine, config, image_shards, run_or_fail, shard_data, table, time_blocks
+from largebatch import flops
+from largebatch.backends import Backend, create_backend
+from largebatch.engine.engine import Engine
+from largebatch.engine.hook import Hook
+from largebatch.rundir import RunDir, read_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,131 +65,75 @@ FULL = Sizes("vit_base_patch16_224", {}, 224, 128, 5, 20, 1024, "vit_base_patch1
 QUICK = Sizes("vit_tiny_patch16_224", {"patch_size": 8, "depth": 1}, 32, 8, 1, 2, 32, "vit_tiny_patch16_224", 2, 2)
 
 
-# -- the device -------------------------------------------------------------------------
+# -- the device, through its backend -------------------------------------------------------
 
 
-def prepare_device(device: str) -> None:
-    """Load Habana's bridge (lazy mode: ``PT_HPU_LAZY_MODE=1``, set by the suite) before any
-    tensor goes to ``'hpu'``; nothing to do for CUDA or the CPU."""
-    if device == "hpu":
-        import habana_frameworks.torch.core  # noqa: F401 - registers the hpu device
-        import habana_frameworks.torch.hpu  # noqa: F401
+def device_backend(device: str) -> Backend:
+    """The device's backend at its own precision (on a Gaudi, Habana's bridge loaded in lazy
+    mode, ``PT_HPU_LAZY_MODE=1`` as the suite sets it, before any tensor goes to ``'hpu'``)."""
+    return create_backend(device)
 
 
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elif device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        hpu.synchronize()
-
-
-def mark_step(device: str) -> None:
-    """Lazy mode's graph boundary on a Gaudi (after backward, after the optimizer step)."""
-    if device == "hpu":
-        import habana_frameworks.torch.core as htcore
-
-        htcore.mark_step()
-
-
-def reset_peak_memory(device: str) -> None:
+def reset_peak_memory(backend: Backend) -> None:
     gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    elif device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        hpu.reset_peak_memory_stats()
-
-
-def peak_memory(device: str) -> float | None:
-    """Peak allocated bytes since the last reset (None on the CPU)."""
-    if device == "cuda":
-        return float(torch.cuda.max_memory_allocated())
-    if device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        return float(hpu.max_memory_allocated())
-    return None
-
-
-def device_count(device: str) -> int:
-    if device == "cuda":
-        return torch.cuda.device_count()
-    if device == "hpu":
-        import habana_frameworks.torch.hpu as hpu
-
-        return int(hpu.device_count())
-    return 0
+    backend.reset_peak_memory()
 
 
 def gib(value: float | None) -> str:
-    return "n/a (CPU)" if value is None else f"{value / GIB:.2f}"
+    return "n/a (CPU)" if value is None else f"{value / 2**30:.2f}"
+
+
+def attempt(label: str, work, *args, **kwargs):
+    """``work(*args, **kwargs)``, or None with the error on stderr (the suite's --log) and
+    one line on stdout: one configuration that fails does not cost the others."""
+    try:
+        return work(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - reported, and the section goes on
+        traceback.print_exc()
+        print(f"- {label}: failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", flush=True)
+        return None
 
 
 # -- the engine -------------------------------------------------------------------------
 
 
 class StepTimer(Hook):
-    """Seconds from before step ``warmup`` to the end of training, between synchronisations."""
+    """Seconds from before step ``warmup`` to the end of training, between synchronisations;
+    with ``profiler``, its ``step()`` after each optimizer step (its schedule counts them)."""
 
-    def __init__(self, warmup: int) -> None:
+    def __init__(self, warmup: int, profiler=None) -> None:
         super().__init__()
-        self.warmup = warmup
-        self.start = 0.0
-        self.seconds = 0.0
+        self.warmup, self.profiler = warmup, profiler
+        self.start = self.seconds = 0.0
 
     def before_step(self, state) -> None:
         if state.step == self.warmup:
             state.run.backend.synchronize()
             self.start = time.perf_counter()
 
+    def after_step(self, state) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+
     def after_train(self, state) -> None:
         state.run.backend.synchronize()
         self.seconds = time.perf_counter() - self.start
 
 
-def engine_config(
-    device: str,
-    sizes: Sizes,
-    precision: str,
-    *,
-    tf32: bool = True,
-    compile_: bool = False,
-    nan_guard: str = "stop",
-    data: dict | None = None,
-) -> dict:
-    """A training config for ``build_run``: AdamW, clipping at 1.0, no evaluation or checkpoints."""
+def overrides(device: str, sizes: Sizes, changes: dict | None = None, data: dict | None = None) -> dict:
+    """The base config's overrides for a bf16 run of ``sizes`` on ``device`` (AdamW, clipping
+    at 1.0, no evaluation or checkpoints), with ``changes``: synthetic batches, or ``data``."""
     steps = sizes.warmup + sizes.timed
-    cfg = {
-        "seed": 0,
-        "device": device,
-        "precision": precision,
-        "compile": compile_,
-        "epochs": 1,
-        "max_steps": steps,
-        "global_batch_size": sizes.micro,
-        "micro_batch_size": sizes.micro,
-        "clip_grad_norm": 1.0,
+    synthetic = {"loader": "synthetic", "image_size": sizes.image_size, "num_classes": CLASSES, "train_samples": steps * sizes.micro}
+    cfg = {"device": device, "precision": "bf16", "max_steps": steps, "global_batch_size": sizes.micro, "micro_batch_size": sizes.micro}
+    cfg |= {
         "model": {"name": sizes.model, **sizes.model_kwargs},
-        "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.05},
-        "lr_schedule": {"type": "cosine", "warmup_steps": 1},
-        "data": data
-        or {"loader": "synthetic", "image_size": sizes.image_size, "num_classes": CLASSES, "train_samples": steps * sizes.micro},
-        "eval": {"interval_epochs": 0, "at_end": False},
-        "log": {"interval": 1000, "console": False},
-        "checkpoint": {"interval_epochs": 0, "at_end": False},
-        "nan_guard": {"action": nan_guard},
+        "data": data or synthetic,
+        **({"hpu.mode": "lazy"} if device == "hpu" else {}),
     }
-    if device == "cuda":
-        cfg["cuda"] = {"tf32": tf32}
-    if device == "hpu":
-        cfg["hpu"] = {"mode": "lazy"}
     if data is not None:  # enough epochs of the shards for the steps
         cfg["epochs"] = math.ceil(steps * sizes.micro / sizes.images) + 1
-    return cfg
+    return cfg | (changes or {})
 
 
 def first_batches(loader, count: int) -> list:
@@ -198,9 +141,8 @@ def first_batches(loader, count: int) -> list:
     loader.set_epoch(0)
     batches = iter(loader)
     out = [next(batches) for _ in range(count)]
-    close = getattr(loader, "close", None)
-    if close is not None:
-        close()
+    if hasattr(loader, "close"):
+        loader.close()
     return out
 
 
@@ -211,41 +153,27 @@ class Measured:
     mfu: float | None
 
 
-def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool, hooks: tuple[Hook, ...] = ()) -> Measured:
-    """Train ``cfg`` once; with ``fixed`` on the synthetic loader's first micro-batches,
-    repeated; ``hooks`` beside the run's own (a profiler's, say)."""
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "run")))
-    loader = engine.train_loader
-    if fixed:
-        loader = FixedBatches(first_batches(loader, min(4, sizes.warmup + sizes.timed)), CLASSES)
-    timer = StepTimer(sizes.warmup)
-    engine = Engine(engine.state, [*engine.hooks, timer, *hooks], loader, engine.eval_loader)
-    state = engine.state
+def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool, profiler=None) -> Measured:
+    """Train with the base config and ``cfg`` once; with ``fixed`` on the synthetic loader's
+    first micro-batches, repeated; under ``profiler``, when given."""
+    engine = build_engine(cfg, work / "run")
+    loader = FixedBatches(first_batches(engine.train_loader, min(4, sizes.warmup + sizes.timed))) if fixed else engine.train_loader
+    timer = StepTimer(sizes.warmup, profiler)
+    engine = Engine(engine.state, [*engine.hooks, timer], loader, engine.eval_loader)
+    state, backend = engine.state, engine.state.run.backend
     try:
-        reset_peak_memory(cfg["device"])
+        reset_peak_memory(backend)
         engine.run()
-        peak = peak_memory(cfg["device"])
+        peak = backend.memory_stats().get("peak_allocated")
     finally:
         engine.close()
     rate = sizes.timed * cfg["global_batch_size"] / timer.seconds
     shape = (3, sizes.image_size, sizes.image_size)
-    per_sample = flops.TRAIN_FORWARD_MULTIPLE * flops.forward_flops_per_sample(state.run.model, shape, state.run.backend.device)
-    peak_tflops = flops.peak_tflops(state.run.backend)
-    mfu = rate * per_sample / (peak_tflops * 1e12) if peak_tflops else None
+    per_sample = flops.TRAIN_FORWARD_MULTIPLE * flops.forward_flops_per_sample(state.run.model, shape, backend.device)
+    peak_tflops = flops.peak_tflops(backend)
     del engine, state
-    reset_peak_memory(cfg["device"])
-    return Measured(rate, peak, mfu)
-
-
-def run_or_fail(cmd: list[str]) -> None:
-    """Run ``cmd`` in the repository; when it fails, show the end of its output and fail the section."""
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print("\n```\n" + (proc.stdout[-2000:] + proc.stderr[-4000:]).strip() + "\n```")
-        raise SystemExit(f"`{' '.join(cmd)}` ended with status {proc.returncode}")
+    reset_peak_memory(backend)
+    return Measured(rate, peak, rate * per_sample / (peak_tflops * 1e12) if peak_tflops else None)
 
 
 # -- a. tests ---------------------------------------------------------------------------
@@ -269,11 +197,8 @@ def section_tests(device: str, quick: bool) -> None:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     sys.stderr.write(proc.stdout + proc.stderr)  # pytest's whole output: into the suite's --log
     counts = pytest_counts(proc.stdout)
-    print(f"command: `{' '.join(['pytest', *cmd[3:]])}` (exit status {proc.returncode})")
-    print()
-    print("| passed | failed | skipped | deselected | errors |")
-    print("|---:|---:|---:|---:|---:|")
-    print(f"| {counts['passed']} | {counts['failed']} | {counts['skipped']} | {counts['deselected']} | {counts['errors']} |")
+    print(f"command: `{' '.join(['pytest', *cmd[3:]])}` (exit status {proc.returncode})\n")
+    print(table("passed: | failed: | skipped: | deselected: | errors:", ["| " + " | ".join(str(n) for n in counts.values()) + " |"]))
     outcomes = [line for line in proc.stdout.splitlines() if re.match(r"(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) ", line)]
     if outcomes:
         print("\n" + "\n".join(f"- {line}" for line in outcomes))
@@ -288,45 +213,28 @@ def section_tests(device: str, quick: bool) -> None:
 
 
 def engine_variants(device: str) -> list[tuple[str, dict | None, str]]:
-    """(label, engine_config keywords or None when skipped, why skipped); bf16 first, the
-    base of the ratios, and compile last: its build is the slowest and least certain."""
+    """(label, ``overrides`` changes or None when skipped, why skipped); after bf16 (the base
+    of the ratios, measured first), and compile last: its build is the slowest and least certain."""
     compile_reason = {
         "hpu": "compile on a Gaudi needs hpu.mode='compile' (PT_HPU_LAZY_MODE=0), which cannot share this lazy-mode process",
         "cpu": "torch.compile is measured on accelerators only: on the CPU stand-in its build time would be the whole run",
     }
-    no_tf32 = "TF32 is a mode of NVIDIA tensor cores; no such switch on this device"
+    cuda = device == "cuda"
     return [
-        ("bf16", {"precision": "bf16"}, ""),
         # the non-finite check reads one flag per step on the host: off, the step has no host sync
-        ("bf16, nan_guard off", {"precision": "bf16", "nan_guard": "off"}, ""),
-        ("fp32, TF32 off", {"precision": "fp32", "tf32": False}, ""),
-        ("fp32 with TF32", {"precision": "fp32", "tf32": True} if device == "cuda" else None, no_tf32),
-        ("fp16 with the grad scaler", {"precision": "fp16"} if device == "cuda" else None, "fp16 with a grad scaler is the CUDA recipe"),
-        ("bf16 + compile=True", {"precision": "bf16", "compile_": True} if device == "cuda" else None, compile_reason.get(device, "")),
+        ("bf16, nan_guard off", {"nan_guard.action": "off"}, ""),
+        ("fp32, TF32 off", {"precision": "fp32", **({"cuda.tf32": False} if cuda else {})}, ""),
+        ("fp32 with TF32", {"precision": "fp32"} if cuda else None, "TF32 is a mode of NVIDIA tensor cores; no such switch on this device"),
+        ("fp16 with the grad scaler", {"precision": "fp16"} if cuda else None, "fp16 with a grad scaler is the CUDA recipe"),
+        ("bf16 + compile=True", {"compile": True} if cuda else None, compile_reason.get(device, "")),
     ]
-
-
-def attempt(label: str, work, *args, **kwargs):
-    """``work(*args, **kwargs)``, or None with the error on stderr (the suite's --log) and
-    one line on stdout: one configuration that fails does not cost the others."""
-    try:
-        return work(*args, **kwargs)
-    except Exception as err:  # noqa: BLE001 - reported, and the section goes on
-        import traceback
-
-        traceback.print_exc()
-        print(f"- {label}: failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", flush=True)
-        return None
 
 
 def engine_batches(device: str, sizes: Sizes, work: pathlib.Path) -> list:
     """The first 4 micro-batches the engine's bf16 run trains on (on the device), for timm's loop."""
-    cfg = engine_config(device, sizes, "bf16")
+    cfg = overrides(device, sizes)
     cfg["data"]["train_samples"] = 4 * sizes.micro
-    path = work / "batches.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    engine, _ = build_run(TrainArgs(str(path), run_dir=str(work / "batches")))
-    return first_batches(engine.train_loader, 4)
+    return first_batches(build_engine(cfg, work / "batches").train_loader, 4)
 
 
 def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measured:
@@ -336,30 +244,31 @@ def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measur
     from timm.optim import create_optimizer_v2
     from timm.utils import dispatch_clip_grad
 
+    backend = device_backend(device)
     torch.manual_seed(0)
     model = timm.create_model(sizes.model, num_classes=CLASSES, img_size=sizes.image_size, **sizes.model_kwargs).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
     loss_fn = torch.nn.CrossEntropyLoss()
-    reset_peak_memory(device)
+    reset_peak_memory(backend)
     start = 0.0
     for step in range(sizes.warmup + sizes.timed):
         if step == sizes.warmup:
-            synchronize(device)
+            backend.synchronize()
             start = time.perf_counter()
         images, target = batches[step % len(batches)]
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
             loss = loss_fn(model(images), target)
         optimizer.zero_grad()
         loss.backward()
-        mark_step(device)
+        backend.after_backward()
         dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
         optimizer.step()
-        mark_step(device)
+        backend.after_optimizer_step()
         if profiler is not None:
             profiler.step()
-    synchronize(device)
+    backend.synchronize()
     rate = sizes.timed * sizes.micro / (time.perf_counter() - start)
-    peak = peak_memory(device)
+    peak = backend.memory_stats().get("peak_allocated")
     del model, optimizer
     return Measured(rate, peak, None)
 
@@ -376,37 +285,35 @@ def section_train(device: str, quick: bool) -> None:
         f"model {sizes.model} {sizes.model_kwargs or ''}, {sizes.image_size} px, micro-batch {sizes.micro}, AdamW, clip 1.0; "
         f"warm-up steps: {sizes.warmup}, then {sizes.timed} timed steps between device synchronisations; "
         "MFU = images/s x 3 x forward FLOPs per image / the device's dense peak for the precision (largebatch.flops); "
-        "rows in the order they ran"
+        "rows in the order they ran\n"
     )
-    print()
-    print("| configuration | images/s | MFU | peak memory GiB | images/s / engine bf16 |")
-    print("|---|---:|---:|---:|---:|", flush=True)
+    print(table("configuration | images/s: | MFU: | peak memory GiB: | images/s / engine bf16:"), flush=True)
     skipped, results = [], {}
     variants = engine_variants(device)
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
 
-        def measure(label: str, kwargs: dict, name: str) -> None:
-            m = attempt(label, engine_run, engine_config(device, sizes, **kwargs), work / name, sizes, fixed=True)
+        def measure(label: str, changes: dict, name: str) -> None:
+            m = attempt(label, engine_run, overrides(device, sizes, changes), work / name, sizes, fixed=True)
             if m is not None:
                 results[label] = m
                 print(measured_row(f"largebatch engine, {label}", m, results.get("bf16")), flush=True)
 
         # An untimed run first: the first in a process pays for kernel selection and the
         # allocator's growth, which put 15% between two bf16 runs on an H200.
-        attempt("warm-up run", engine_run, engine_config(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
-        measure("bf16", {"precision": "bf16"}, "bf16")
+        attempt("warm-up run", engine_run, overrides(device, sizes), work / "warm-up", sizes, fixed=True)
+        measure("bf16", {}, "bf16")
         batches = engine_batches(device, sizes, work)
         timm_rate = attempt("timm train.py loop", timm_loop, device, sizes, batches)
         del batches
         if timm_rate is not None:
             print(measured_row("timm train.py loop, bf16 autocast", timm_rate, results.get("bf16")), flush=True)
-        measure("bf16 again (A/A control)", {"precision": "bf16"}, "again")  # timm's loop between the two
-        for i, (label, kwargs, reason) in enumerate(variants[1:]):
-            if kwargs is None:
+        measure("bf16 again (A/A control)", {}, "again")  # timm's loop between the two
+        for i, (label, changes, reason) in enumerate(variants):
+            if changes is None:
                 skipped.append(f"- {label}: skipped: {reason}")
             else:
-                measure(label, kwargs, f"v{i}")
+                measure(label, changes, f"v{i}")
     if skipped:
         print("\n" + "\n".join(skipped))
     base, again = results.get("bf16"), results.get("bf16 again (A/A control)")
@@ -417,7 +324,7 @@ def section_train(device: str, quick: bool) -> None:
         )
     if base and again:
         print(f"A/A control: engine bf16 second run / first = {again.images_per_s / base.images_per_s:.3f}")
-    if len(results) + len(skipped) < len(variants) + 1 or timm_rate is None:
+    if len(results) + len(skipped) < len(variants) + 2 or timm_rate is None:
         raise SystemExit("a configuration failed: see its line above and the traceback in the log")
 
 
@@ -427,15 +334,11 @@ def section_train(device: str, quick: bool) -> None:
 def shards_for(sizes: Sizes) -> pathlib.Path:
     """Photo-like JPEGs (about 500x375) in 4 TFRecord train shards, made once per machine
     and size and reused by sections d and e (a folder in the system's temporary folder)."""
-    from bench.loaders import make_images
-    from largebatch.shards import convert
-
     root = pathlib.Path(tempfile.gettempdir()) / f"largebatch-accelerator-shards-{sizes.images}"
     if not (root / "complete").exists():
-        shutil.rmtree(root / "shards", ignore_errors=True)  # a conversion stopped half-way
-        with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
-            make_images(pathlib.Path(tmp) / "folder", sizes.images, classes=8)
-            convert.convert_image_folder(pathlib.Path(tmp) / "folder", root / "shards", train_shards=4, progress=False)
+        shutil.rmtree(root, ignore_errors=True)  # a conversion stopped half-way
+        image_shards(root, sizes.images)
+        shutil.rmtree(root / "folder")
         (root / "complete").touch()
     return root / "shards"
 
@@ -446,17 +349,7 @@ def default_workers(sizes: Sizes) -> int:
 
 
 def loader_data(sizes: Sizes, loader: str, workers: int | None = None) -> dict:
-    return {
-        "loader": loader,
-        "root": str(shards_for(sizes)),
-        "eval_split": "train",
-        "image_size": sizes.image_size,
-        "num_classes": 8,
-        "label_offset": 1,
-        "num_workers": workers or default_workers(sizes),
-        "scale": [0.08, 1.0],
-        "hflip": 0.5,
-    }
+    return {**shard_data(shards_for(sizes), sizes.image_size, workers or default_workers(sizes)), "loader": loader}
 
 
 def device_loaders(device: str) -> list[tuple[str, str, str]]:
@@ -477,14 +370,13 @@ def device_loaders(device: str) -> list[tuple[str, str, str]]:
     return [(native, "native", ""), (dali, "dali", "" if found else "NVIDIA DALI is not installed in this Python")]
 
 
-def fallback_note(device: str, data) -> str:
+def fallback_note(device: str, sizes: Sizes, data: dict) -> str:
     """On a Gaudi, why the media pipeline would fall back to the native loader, if it would."""
     if device != "hpu" or data["loader"] != "mediapipe":
         return ""
-    from largebatch.config.typed import section
     from largebatch.data import mediapipe
 
-    reason = mediapipe.unavailable_reason(section("data", data), torch.device("hpu"))
+    reason = mediapipe.unavailable_reason(config(overrides(device, sizes, data=data)).data, torch.device("hpu"))
     return f" (the media pipeline cannot run: {reason}; largebatch falls back to the native loader)" if reason else ""
 
 
@@ -493,27 +385,25 @@ def section_loader_train(device: str, quick: bool) -> None:
     rows, skipped = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        synthetic = engine_run(engine_config(device, sizes, "bf16"), work / "synthetic", sizes, fixed=True)
+        synthetic = engine_run(overrides(device, sizes), work / "synthetic", sizes, fixed=True)
         for i, (label, loader, missing) in enumerate(device_loaders(device)):
             if missing:
                 skipped.append(f"- {label}: skipped: {missing}")
                 continue
             data = loader_data(sizes, loader)
-            m = engine_run(engine_config(device, sizes, "bf16", data=data), work / f"shards{i}", sizes, fixed=False)
-            rows.append((label + fallback_note(device, data), m))
+            m = engine_run(overrides(device, sizes, data=data), work / f"shards{i}", sizes, fixed=False)
+            rows.append((label + fallback_note(device, sizes, data), m))
     print(
         f"model {sizes.model}, {sizes.image_size} px, micro-batch {sizes.micro}, bf16; {sizes.images} JPEGs (about 500x375) "
         f"in 4 TFRecord shards, random-resized-crop + flip, {loader_data(sizes, 'native')['num_workers']} workers; "
-        f"warm-up steps: {sizes.warmup}, timed steps: {sizes.timed}"
+        f"warm-up steps: {sizes.warmup}, timed steps: {sizes.timed}\n"
     )
-    print()
-    print("| data | images/s | peak memory GiB | images/s / synthetic |")
-    print("|---|---:|---:|---:|")
-    print(f"| synthetic micro-batches already on the device | {synthetic.images_per_s:.1f} | {gib(synthetic.peak_bytes)} | 1.000 |")
-    for label, m in rows:
-        print(
-            f"| {label} from TFRecord shards | {m.images_per_s:.1f} | {gib(m.peak_bytes)} | {m.images_per_s / synthetic.images_per_s:.3f} |"
-        )
+    lines = [f"| synthetic micro-batches already on the device | {synthetic.images_per_s:.1f} | {gib(synthetic.peak_bytes)} | 1.000 |"]
+    lines += [
+        f"| {label} from TFRecord shards | {m.images_per_s:.1f} | {gib(m.peak_bytes)} | {m.images_per_s / synthetic.images_per_s:.3f} |"
+        for label, m in rows
+    ]
+    print(table("data | images/s: | peak memory GiB: | images/s / synthetic:", lines))
     if skipped:
         print("\n" + "\n".join(skipped))
     print(f"\nloader / synthetic = {rows[0][1].images_per_s / synthetic.images_per_s:.3f} (the native loader)")
@@ -522,13 +412,9 @@ def section_loader_train(device: str, quick: bool) -> None:
 def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, workers: int) -> tuple[list[float], int]:
     """images/s of each epoch after a warm-up epoch, iterating the loader without training."""
     from largebatch import data as data_mod
-    from largebatch.backends import create_backend
-    from largebatch.config import derive, resolve_config
+    from largebatch.config import derive
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp) / "config.yaml"
-        path.write_text(yaml.safe_dump(engine_config(device, sizes, "bf16", data=loader_data(sizes, loader_kind, workers))))
-        cfg = resolve_config(path)
+    cfg = config(overrides(device, sizes, data=loader_data(sizes, loader_kind, workers)))
     backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
     plan = derive(cfg, 1, data_mod.count_samples(cfg.data, "train")).plan
     loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
@@ -543,9 +429,8 @@ def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, worke
             backend.synchronize()
             rates.append(count / (time.perf_counter() - start))
     finally:
-        close = getattr(loader, "close", None)
-        if close is not None:
-            close()
+        if hasattr(loader, "close"):
+            loader.close()
     return rates[1:], cfg.data.num_workers
 
 
@@ -560,18 +445,13 @@ def section_loader_alone(device: str, quick: bool) -> None:
             continue
         for count in counts if loader == "native" else counts[-1:]:
             rates, workers = loader_rates(device, sizes, loader, epochs, count)
-            rows.append(
-                f"| {label}{fallback_note(device, loader_data(sizes, loader))} | {workers} | {statistics.median(rates):.0f} | "
-                f"{', '.join(f'{r:.0f}' for r in rates)} |"
-            )
+            note = fallback_note(device, sizes, loader_data(sizes, loader))
+            rows.append(f"| {label}{note} | {workers} | {statistics.median(rates):.0f} | {', '.join(f'{r:.0f}' for r in rates)} |")
     print(
         f"{sizes.images} JPEGs (about 500x375) to {sizes.image_size} px random-resized-crop + flip + normalise, on the "
-        f"device, micro-batch {sizes.micro}; one warm-up epoch, then {epochs} epochs; {os.cpu_count()} CPU cores"
+        f"device, micro-batch {sizes.micro}; one warm-up epoch, then {epochs} epochs; {os.cpu_count()} CPU cores\n"
     )
-    print()
-    print("| loader | workers / threads | images/s (median epoch) | epochs |")
-    print("|---|---:|---:|---|")
-    print("\n".join(rows))
+    print(table("loader | workers / threads: | images/s (median epoch): | epochs", rows))
     if skipped:
         print("\n" + "\n".join(skipped))
 
@@ -583,6 +463,7 @@ def lamb_candidates(device: str) -> list[tuple[str, object]]:
     """(label, factory of an optimizer over a parameter list); the floor last."""
     from timm.optim import Lamb as TimmLamb
 
+    from bench.lamb_step import FusedPathOn
     from largebatch.optim.lamb import Lamb
 
     lr, wd = 1e-3, 0.05
@@ -591,83 +472,56 @@ def lamb_candidates(device: str) -> list[tuple[str, object]]:
         ("largebatch Lamb, second instance (A/A control)", lambda ps: Lamb(ps, lr=lr, weight_decay=wd)),
         ("timm Lamb", lambda ps: TimmLamb(ps, lr=lr, weight_decay=wd, max_grad_norm=None, always_adapt=True)),
     ]
-    if device == "hpu":
-        with contextlib.suppress(ImportError, AttributeError):
-            from habana_frameworks.torch.hpex.optimizers import FusedAdamW, FusedLamb
+    if device != "hpu":
+        out.append(("largebatch Lamb, fused-Adam-kernel path (Triton path off)", lambda ps: FusedPathOn(ps, ("cuda",), ())))
+        out.append(("largebatch Lamb, plain multi-tensor path (both off)", lambda ps: FusedPathOn(ps, (), ())))
+        return [*out, ("floor: torch.optim.AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd, fused=True))]
+    with contextlib.suppress(ImportError, AttributeError):
+        from habana_frameworks.torch.hpex.optimizers import FusedAdamW, FusedLamb
 
-            out.append(("Habana FusedLamb", lambda ps: FusedLamb(ps, lr=lr, weight_decay=wd)))
-            out.append(("floor: Habana FusedAdamW", lambda ps: FusedAdamW(ps, lr=lr, weight_decay=wd)))
-            return out
-        out.append(("floor: torch.optim.AdamW (foreach; no fused AdamW found)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd)))
-        return out
-    from bench.lamb_step import FusedPathOn
-
-    out.append(("largebatch Lamb, fused-Adam-kernel path (Triton path off)", lambda ps: FusedPathOn(ps, ("cuda",), ())))
-    out.append(("largebatch Lamb, plain multi-tensor path (both off)", lambda ps: FusedPathOn(ps, (), ())))
-    out.append(("floor: torch.optim.AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd, fused=True)))
-    return out
-
-
-def time_steps(device: str, optimizers: list, steps: int, rounds: int) -> list[list[float]]:
-    """ms per step of each optimizer: blocks of ``steps`` taking turns, the order reversed every other round."""
-    times: list[list[float]] = [[] for _ in optimizers]
-    for round_ in range(rounds):
-        turns = list(zip(optimizers, times))
-        for optimizer, out in turns if round_ % 2 == 0 else turns[::-1]:
-            optimizer.step()  # untimed: the state exists, the allocator has settled
-            mark_step(device)
-            for _ in range(steps):
-                synchronize(device)
-                start = time.perf_counter()
-                optimizer.step()
-                mark_step(device)
-                synchronize(device)
-                out.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def first_step(optimizer, device: str) -> bool:
-    optimizer.step()
-    mark_step(device)
-    synchronize(device)
-    return True
+        out.append(("Habana FusedLamb", lambda ps: FusedLamb(ps, lr=lr, weight_decay=wd)))
+        return [*out, ("floor: Habana FusedAdamW", lambda ps: FusedAdamW(ps, lr=lr, weight_decay=wd))]
+    return [*out, ("floor: torch.optim.AdamW (foreach; no fused AdamW found)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd))]
 
 
 def section_lamb(device: str, quick: bool) -> None:
-    from bench.lamb_step import model_shapes
+    from bench.lamb_step import random_params
 
     sizes = QUICK if quick else FULL
-    torch.manual_seed(0)
-    shapes = model_shapes(sizes.lamb_model)
-    params = [(torch.randn(s) * 0.02).to(device).requires_grad_(True) for s in shapes]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
+    backend = device_backend(device)
+
+    def settle() -> None:
+        backend.after_optimizer_step()
+        backend.synchronize()
+
+    def first_step(optimizer) -> bool:
+        optimizer.step()
+        settle()
+        return True
+
+    params = random_params(sizes.lamb_model, device)
     found, optimizers = [], []
     for label, factory in lamb_candidates(device):  # one that fails to build or step is left out, said so
         optimizer = attempt(label, factory, params)
-        if optimizer is not None and attempt(label, first_step, optimizer, device):
-            found.append((label, factory))
+        if optimizer is not None and attempt(label, first_step, optimizer):
+            found.append(label)
             optimizers.append(optimizer)
-    if len(optimizers) < 2 or found[-1][0] != lamb_candidates(device)[-1][0] or found[0][0] != "largebatch Lamb":
+    if len(optimizers) < 2 or found[-1] != lamb_candidates(device)[-1][0] or found[0] != "largebatch Lamb":
         raise SystemExit("ours or the floor failed to step: see the lines above and the traceback in the log")
-    times = time_steps(device, optimizers, sizes.lamb_steps, sizes.lamb_rounds)
+    blocks = time_blocks([o.step for o in optimizers], sizes.lamb_steps, sizes.lamb_rounds, settle)
+    times = [[t for block in side for t in block] for side in blocks]
     medians = [statistics.median(t) for t in times]
     floor = medians[-1]
     print(
         f"{len(params)} tensors of {sizes.lamb_model} ({sum(p.numel() for p in params) / 1e6:.1f}M parameters), fp32 on {device}, "
         f"random gradients; {sizes.lamb_rounds} rounds of {sizes.lamb_steps} timed steps per optimizer, blocks taking turns, "
-        "each step between device synchronisations"
+        "each step between device synchronisations\n"
     )
-    print()
-    print("| optimizer | ms/step (median) | ms/step (min) | x floor |")
-    print("|---|---:|---:|---:|")
-    for (label, _), t, median in zip(found, times, medians):
-        print(f"| {label} | {median:.2f} | {min(t):.2f} | {median / floor:.2f} |")
-    by_label = {label: median for (label, _), median in zip(found, medians)}
+    rows = [f"| {label} | {median:.2f} | {min(t):.2f} | {median / floor:.2f} |" for label, t, median in zip(found, times, medians)]
+    print(table("optimizer | ms/step (median): | ms/step (min): | x floor:", rows))
     print(f"\nlargebatch Lamb / floor = {medians[0] / floor:.2f} (target: at most about 1.5)")
-    again = by_label.get("largebatch Lamb, second instance (A/A control)")
-    if again is not None:
-        print(f"A/A control: second instance / first = {again / medians[0]:.2f}")
+    if found[1] == "largebatch Lamb, second instance (A/A control)":
+        print(f"A/A control: second instance / first = {medians[1] / medians[0]:.2f}")
 
 
 # -- f. ddp against fsdp ----------------------------------------------------------------
@@ -678,69 +532,41 @@ def distributed_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     sizes = QUICK if args.quick else FULL
-    cfg = engine_config(args.device, sizes, "bf16")
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    cfg["global_batch_size"] = sizes.micro * world
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    cfg = overrides(args.device, sizes, {"global_batch_size": sizes.micro * world, "dist.strategy": args.strategy})
     cfg["data"]["train_samples"] = (sizes.warmup + sizes.timed) * sizes.micro * world
-    cfg["dist"] = {"strategy": args.strategy}
-    work = pathlib.Path(args.out)
-    measured = engine_run(cfg, work / f"rank{rank}", sizes, fixed=True)
+    measured = engine_run(cfg, pathlib.Path(args.out) / f"rank{rank}", sizes, fixed=True)
     record = {"rank": rank, "images_per_s": measured.images_per_s, "peak_bytes": measured.peak_bytes}
-    (work / f"{args.strategy}-rank{rank}.json").write_text(json.dumps(record))
+    (pathlib.Path(args.out) / f"{args.strategy}-rank{rank}.json").write_text(json.dumps(record))
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def section_distributed(device: str, quick: bool) -> None:
-    count = device_count(device)
     if device == "cpu":
         print("skipped: the CPU stand-in has no devices to spread over (CPU ranks: bench/sharded_memory.py)")
         return
+    count = device_backend(device).device_count()
     if count < 2:
         print(f"skipped: one {'GPU' if device == 'cuda' else 'Gaudi'} on this machine; ddp against fsdp needs at least two")
         return
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in ("ddp", "fsdp"):
-            cmd = ["torchrun", "--standalone", f"--nproc_per_node={count}", "bench/accelerator_sections.py", "distributed-worker"]
-            cmd += ["--device", device, "--strategy", strategy, "--out", tmp, *(["--quick"] if quick else [])]
-            print(f"command: `{' '.join(cmd)}`")
-            run_or_fail(cmd)
+            args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={count}", "-m", "bench.accelerator_sections"]
+            args += ["distributed-worker", "--device", device, "--strategy", strategy, "--out", tmp, *(["--quick"] if quick else [])]
+            print(f"command: `torchrun {' '.join(args[2:])}`")
+            run_or_fail(args)
             rows[strategy] = [json.loads(p.read_text()) for p in sorted(pathlib.Path(tmp).glob(f"{strategy}-rank*.json"))]
     print(f"\n{count} processes, bf16, micro-batch {(QUICK if quick else FULL).micro} per rank, synthetic batches\n")
-    print("| dist.strategy | images/s (all ranks) | peak memory per rank GiB (max over ranks) | images/s / ddp |")
-    print("|---|---:|---:|---:|")
-    base = rows["ddp"][0]["images_per_s"]
+    lines, base = [], rows["ddp"][0]["images_per_s"]
     for strategy, records in rows.items():
-        rate = records[0]["images_per_s"]
-        peaks = [r["peak_bytes"] for r in records if r["peak_bytes"] is not None]
-        peak = max(peaks) if peaks else None
-        print(f"| {strategy} | {rate:.1f} | {gib(peak)} | {rate / base:.3f} |")
+        rate, peaks = records[0]["images_per_s"], [r["peak_bytes"] for r in records if r["peak_bytes"] is not None]
+        lines.append(f"| {strategy} | {rate:.1f} | {gib(max(peaks) if peaks else None)} | {rate / base:.3f} |")
+    print(table("dist.strategy | images/s (all ranks): | peak memory per rank GiB (max over ranks): | images/s / ddp:", lines))
 
 
 # -- h. where the engine's step time goes, against timm's loop --------------------------
-
-
-class ProfilerSteps(Hook):
-    """Tells the profiler, after each optimizer step, that a step ended (its schedule counts them)."""
-
-    def __init__(self, profiler) -> None:
-        super().__init__()
-        self.profiler = profiler
-
-    def after_step(self, state) -> None:
-        self.profiler.step()
-
-
-def profiler_for(device: str, sizes: Sizes):
-    """A profiler over the last steps of a run: the first ``warmup - 1`` skipped, one step of
-    the profiler's own warm-up, then ``timed`` steps recorded (host ops, and kernels on CUDA)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    schedule = torch.profiler.schedule(wait=max(0, sizes.warmup - 1), warmup=min(1, sizes.warmup), active=sizes.timed, repeat=1)
-    return torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=False)
 
 
 @dataclasses.dataclass
@@ -754,28 +580,22 @@ class Profile:
     table: str
 
 
-def profile_summary(profiler, device: str, steps: int, wall_s: float) -> Profile:
-    averages = profiler.key_averages()
+def profiled(device: str, sizes: Sizes, run) -> Profile:
+    """``run(profiler)`` (a ``Measured``) under a profiler over its last steps: the first
+    ``warmup - 1`` skipped, one step of the profiler's own warm-up, then ``timed`` steps
+    recorded (host ops, and kernels on CUDA)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])]
+    schedule = torch.profiler.schedule(wait=max(0, sizes.warmup - 1), warmup=min(1, sizes.warmup), active=sizes.timed, repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=False) as profiler:
+        measured = run(profiler)
+    averages, steps = profiler.key_averages(), sizes.timed
     kernel_ms = kernels = None
     if device == "cuda":
         on_device = [e for e in averages if str(getattr(e, "device_type", "")).endswith("CUDA")]
         kernel_ms = sum(getattr(e, "self_device_time_total", 0.0) for e in on_device) / 1e3 / steps
         kernels = sum(e.count for e in on_device) / steps
-    sort_by = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-    return Profile(1e3 * wall_s / steps, kernel_ms, kernels, averages.table(sort_by=sort_by, row_limit=15, max_name_column_width=60))
-
-
-def profile_engine(device: str, sizes: Sizes, work: pathlib.Path, nan_guard: str) -> Profile:
-    cfg = engine_config(device, sizes, "bf16", nan_guard=nan_guard)
-    with profiler_for(device, sizes) as profiler:
-        measured = engine_run(cfg, work, sizes, fixed=True, hooks=(ProfilerSteps(profiler),))
-    return profile_summary(profiler, device, sizes.timed, sizes.timed * sizes.micro / measured.images_per_s)
-
-
-def profile_timm(device: str, sizes: Sizes, batches: list) -> Profile:
-    with profiler_for(device, sizes) as profiler:
-        measured = timm_loop(device, sizes, batches, profiler)
-    return profile_summary(profiler, device, sizes.timed, sizes.timed * sizes.micro / measured.images_per_s)
+    ops = averages.table(sort_by=f"self_{'device' if device == 'cuda' else 'cpu'}_time_total", row_limit=15, max_name_column_width=60)
+    return Profile(1e3 * sizes.micro / measured.images_per_s, kernel_ms, kernels, ops)
 
 
 def section_profile(device: str, quick: bool) -> None:
@@ -789,26 +609,33 @@ def section_profile(device: str, quick: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         batches = engine_batches(device, sizes, work)
-        attempt("warm-up run", engine_run, engine_config(device, sizes, "bf16"), work / "warm-up", sizes, fixed=True)
+        attempt("warm-up run", engine_run, overrides(device, sizes), work / "warm-up", sizes, fixed=True)
+
+        def engine(changes: dict, name: str):
+            return lambda profiler: engine_run(overrides(device, sizes, changes), work / name, sizes, fixed=True, profiler=profiler)
+
         sides = {
-            "largebatch engine, bf16": attempt("engine", profile_engine, device, sizes, work / "engine", "stop"),
-            "largebatch engine, bf16, nan_guard off": attempt("engine, nan_guard off", profile_engine, device, sizes, work / "off", "off"),
-            "timm train.py loop, bf16 autocast": attempt("timm loop", profile_timm, device, sizes, batches),
+            "largebatch engine, bf16": attempt("engine", profiled, device, sizes, engine({}, "engine")),
+            "largebatch engine, bf16, nan_guard off": attempt(
+                "engine, nan_guard off", profiled, device, sizes, engine({"nan_guard.action": "off"}, "off")
+            ),
+            "timm train.py loop, bf16 autocast": attempt(
+                "timm loop", profiled, device, sizes, lambda profiler: timm_loop(device, sizes, batches, profiler)
+            ),
         }
     print(
         f"{sizes.model}, micro-batch {sizes.micro}, bf16; {sizes.timed} steps recorded after {sizes.warmup}; "
-        "times under the profiler (slower than section c's): compare the rows with each other"
+        "times under the profiler (slower than section c's): compare the rows with each other\n"
     )
-    print()
-    print("| side | ms per step (wall, profiled) | kernel ms per step | device busy share | kernels per step |")
-    print("|---|---:|---:|---:|---:|")
+    rows = []
     for label, found in sides.items():
-        if found is None:
-            continue
-        busy = f"{found.kernel_ms / found.wall_ms:.3f}" if found.kernel_ms is not None else "n/a (no device)"
-        kernel_ms = f"{found.kernel_ms:.2f}" if found.kernel_ms is not None else "n/a"
-        kernels = f"{found.kernels:.0f}" if found.kernels is not None else "n/a"
-        print(f"| {label} | {found.wall_ms:.2f} | {kernel_ms} | {busy} | {kernels} |")
+        if found is not None:
+            busy = f"{found.kernel_ms / found.wall_ms:.3f}" if found.kernel_ms is not None else "n/a (no device)"
+            kernel_ms = f"{found.kernel_ms:.2f}" if found.kernel_ms is not None else "n/a"
+            rows.append(
+                f"| {label} | {found.wall_ms:.2f} | {kernel_ms} | {busy} | {f'{found.kernels:.0f}' if found.kernels is not None else 'n/a'} |"
+            )
+    print(table("side | ms per step (wall, profiled): | kernel ms per step: | device busy share: | kernels per step:", rows))
     for label, found in sides.items():
         if found is not None:
             print(f"\n{label}: the ops that took the most {'device' if device == 'cuda' else 'CPU'} time\n\n```\n{found.table}\n```")
@@ -820,24 +647,25 @@ def section_profile(device: str, quick: bool) -> None:
 
 
 def section_accuracy(device: str, quick: bool) -> None:
-    data = REPO / "data" / "fashion-mnist" / "dataset.json"
-    if not data.exists():
+    if not (REPO / "data" / "fashion-mnist" / "dataset.json").exists():
         print("skipped: data/fashion-mnist is absent; prepare it with `python data/prepare_fmnist.py`")
         return
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "train.py", "--config", "configs/demo/vit-tiny-fmnist.py", "--set", f"device={device}"]
-        cmd += ["--run-dir", f"{tmp}/run", *(["--set", "epochs=1", "--set", "max_steps=3"] if quick else [])]
-        print(f"command: `{' '.join(['python', *cmd[1:]])}`")
+        args = ["train.py", "--config", "configs/demo/vit-tiny-fmnist.py", "--set", f"device={device}", "--run-dir", f"{tmp}/run"]
+        args += ["--set", "epochs=1", "--set", "max_steps=3"] if quick else []
+        print(f"command: `{' '.join(['python', *args])}`")
         start = time.perf_counter()
-        run_or_fail(cmd)
+        run_or_fail(args)
         seconds = time.perf_counter() - start
-        records = read_metrics(RunDir(pathlib.Path(tmp, "run")).metrics)
-    evals = [r for r in records if "eval/top1" in r]
+        evals = [r for r in read_metrics(RunDir(pathlib.Path(tmp, "run")).metrics) if "eval/top1" in r]
     top1 = evals[-1]["eval/top1"] if evals else float("nan")
     print()
-    print("| run | final eval/top1 | seconds | the CPU demo (2 processes) |")
-    print("|---|---:|---:|---:|")
-    print(f"| Fashion-MNIST demo on one {device} device | {100 * top1:.1f}% | {seconds:.0f} | 86.6% |")
+    print(
+        table(
+            "run | final eval/top1: | seconds: | the CPU demo (2 processes):",
+            [f"| Fashion-MNIST demo on one {device} device | {100 * top1:.1f}% | {seconds:.0f} | 86.6% |"],
+        )
+    )
 
 
 SECTIONS = {
@@ -860,7 +688,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], help="distributed-worker only")
     parser.add_argument("--out", help="distributed-worker only: where each rank writes its numbers")
     args = parser.parse_args(argv)
-    prepare_device(args.device)
+    if args.device == "hpu":
+        device_backend(args.device)  # Habana's bridge loaded before any section touches the Gaudi
     if args.section == "distributed-worker":
         distributed_worker(args)
     else:

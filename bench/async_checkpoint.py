@@ -26,21 +26,23 @@ that shows in the median time of the steps that take no save.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from largebatch.engine.hook import Hook, Priority  # noqa: E402
+from bench.common import BASE, load, machine_description, repo_env, rotated, run_or_fail, sets, table
+from largebatch.engine.hook import Hook, Priority
 
 SIDES = {"sync": False, "async": True, "sync again": False}
 
@@ -89,43 +91,39 @@ class SaveStopwatchHook(Hook):
             pathlib.Path(self.out).write_text(json.dumps({"steps": self.steps, "held_at_end": held_at_end}))
 
 
-def run_config(args: argparse.Namespace, async_save: bool) -> dict:
+def overrides(args: argparse.Namespace, async_save: bool, record: pathlib.Path) -> dict:
+    """The base config's overrides: ``args.model`` under fsdp with LAMB, a save every ``--interval`` steps, the two hooks."""
+    here = pathlib.Path(__file__).resolve()
     return {
-        "device": "cpu",
-        "epochs": 1,
         "max_steps": args.steps,
         "global_batch_size": 2,
         "micro_batch_size": 1,
+        "clip_grad_norm": None,
         "model": {"name": args.model},
         "optimizer": {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05},
-        "dist": {"strategy": "fsdp"},
-        "data": {"loader": "synthetic", "image_size": 32, "channels": 3, "num_classes": 10, "train_samples": 1024, "eval_samples": 0},
-        "eval": {"at_end": False, "interval_epochs": 0},
-        "log": {"interval": 1000, "console": False},
+        "lr_schedule.warmup_steps": None,
+        "dist.strategy": "fsdp",
+        "data.train_samples": 1024,
         "checkpoint": {"interval_epochs": 0, "at_end": False, "keep": 1, "interval_steps": args.interval, "async_save": async_save},
+        "hooks": [{"type": f"{here}:SaveClockHook"}, {"type": f"{here}:SaveStopwatchHook", "out": str(record)}],
     }
 
 
 def side(args: argparse.Namespace, async_save: bool, scratch: pathlib.Path) -> dict:
-    """One torchrun job; what ``SaveStopwatchHook`` recorded."""
-    import yaml
-
+    """One torchrun job of ``train.py --config bench/base.yaml --set ...``; what ``SaveStopwatchHook`` recorded."""
     folder = pathlib.Path(tempfile.mkdtemp(prefix="lbasync-", dir=scratch))
     try:
-        config = folder / "config.yaml"
-        config.write_text(yaml.safe_dump(run_config(args, async_save), sort_keys=False))
         record = folder / "clock.json"
-        here = pathlib.Path(__file__).resolve()
-        hooks = [{"type": f"{here}:SaveClockHook"}, {"type": f"{here}:SaveStopwatchHook", "out": str(record)}]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
-        cmd += ["--config", str(config), "--run-dir", str(folder / "run"), "--set", "hooks=" + json.dumps(hooks)]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(REPO)}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-3000:])
+        cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", "--config", str(BASE)]
+        cmd += [
+            "--run-dir",
+            str(folder / "run"),
+            *(arg for override in sets(overrides(args, async_save, record)) for arg in ("--set", override)),
+        ]
+        run_or_fail(cmd, {**repo_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         return json.loads(record.read_text())
     finally:
-        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        shutil.rmtree(folder)
 
 
 def summary(record: dict, interval: int) -> dict[str, float]:
@@ -148,15 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 2 * args.interval + 1:
         parser.error("--steps must hold two saves and a step after them")
     scratch = pathlib.Path(args.scratch or tempfile.gettempdir())
-    from bench.machine import machine_description
-
     names = list(SIDES)
     rounds: list[dict[str, dict[str, float]]] = []
     loads = []
     for index in range(args.rounds):
-        order = names[index % len(names) :] + names[: index % len(names)]
-        loads.append(pathlib.Path("/proc/loadavg").read_text().split()[0])
-        results = {name: summary(side(args, SIDES[name], scratch), args.interval) for name in order}
+        loads.append(load().split()[2])
+        results = {name: summary(side(args, SIDES[name], scratch), args.interval) for name in rotated(names, index)}
         rounds.append(results)
         print(f"round {index + 1} (load {loads[-1]}): {json.dumps(results)}", file=sys.stderr, flush=True)
 
@@ -170,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({saves} a side); {args.rounds} rounds, load average at each round's start {', '.join(loads)}.\n"
     )
     print("Seconds rank 0's loop is held by the checkpoint hook:\n")
-    print("| round | side | first save | later saves (mean) | at the end | step without a save (median) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(table("round | side | first save: | later saves (mean): | at the end: | step without a save (median):"))
     for index, r in enumerate(rounds, 1):
         for name in names:
             f = r[name]

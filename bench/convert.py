@@ -18,8 +18,12 @@ rounds of that round's ratio, quartiles in brackets.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -28,13 +32,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.machine import machine_description  # noqa: E402
-from largebatch.shards import FASHION_MNIST_DIR, convert  # noqa: E402
-from largebatch.shards.pool import default_workers  # noqa: E402
-from largebatch.shards.verify import verify_split  # noqa: E402
+from bench.common import image_shards, in_turn, load, machine_description, spread
+from largebatch.shards import FASHION_MNIST_DIR, convert
+from largebatch.shards.pool import default_workers
+from largebatch.shards.verify import verify_split
 
 
 def job_runners(work: Path, chosen: list[str]) -> dict[str, Callable[[int, Path], object]]:
@@ -75,42 +76,35 @@ def main() -> None:
         help="which jobs (fashion-mnist only where Debian's package is installed)",
     )
     args = parser.parse_args()
-    # Imported here, not above: worker processes import this module (as any pool started by
-    # a fork server does), and these two import torch, which the workers do not need.
-    from bench.lamb_step import per_round_ratio
-    from bench.loaders import make_images
-
     work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
     try:
-        make_images(work / "folder", args.images)
-        convert.convert_image_folder(work / "folder", work / "shards", train_shards=32, progress=False)
+        image_shards(work, args.images, train_shards=32)
         if not (Path(FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file() and "fashion-mnist" in args.jobs:
             print(f"fashion-mnist skipped: not installed at {FASHION_MNIST_DIR}", file=sys.stderr)
             args.jobs.remove("fashion-mnist")
         jobs = job_runners(work, args.jobs)
         sides = {"one": 1, "many": args.workers, "A/A": 1}
         times: dict[str, dict[str, list[float]]] = {job: {side: [] for side in sides} for job in jobs}
-        load_before = os.getloadavg()
+        before = load()
         for round_number in range(args.rounds + 1):
-            order = list(sides) if round_number % 2 == 0 else list(reversed(sides))
             for job, run in jobs.items():
-                for side in order:
+                for side in in_turn(list(sides), round_number):
                     seconds = timed(run, sides[side], work)
                     if round_number:  # the first round warms the page cache and the fork server
                         times[job][side].append(seconds)
-        load_after = os.getloadavg()
+        after = load()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"Machine: {machine_description()}.")
-    print(f"Load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; {args.images} generated JPEGs, 32 shards.")
+    print(f"{before} before, {after} after; {args.images} generated JPEGs, 32 shards.")
     print()
     print(f"| job | 1 worker, s | {args.workers} workers, s | 1 worker / {args.workers} workers [quartiles] | A/A |")
     print("|---|---|---|---|---|")
     ratios = {}
     for job, sides_times in times.items():
-        one = [[t] for t in sides_times["one"]]
-        ratios[job] = (per_round_ratio(one, [[t] for t in sides_times["many"]]), per_round_ratio(one, [[t] for t in sides_times["A/A"]]))
+        one = sides_times["one"]
+        ratios[job] = tuple(spread([a / b for a, b in zip(one, sides_times[side])]) for side in ("many", "A/A"))
         (speedup, low, high), (aa, aa_low, aa_high) = ratios[job]
         print(
             f"| {job} | {statistics.median(sides_times['one']):.2f} | {statistics.median(sides_times['many']):.2f} "

@@ -23,20 +23,21 @@ and spread to read ``engine / bare`` against.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
-import itertools
 import pathlib
-import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
 
 import torch
-import yaml
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from bench.common import FixedBatches, add_model_arguments, build_engine, machine_description, model_overrides, random_batches, table
 
 # The clock both loops are timed with. On a machine shared with other jobs, wall time
 # moves with their load (rounds differ by 2-4x); the CPU time of this process moves far
@@ -51,72 +52,26 @@ def set_clock(name: str) -> None:
     CLOCK = time.process_time if name == "cpu" else time.perf_counter
 
 
-sys.path.insert(0, str(REPO))
-
-from largebatch.launch import TrainArgs, build_run  # noqa: E402
-
-
-class FixedBatches:
-    """The loader contract over a fixed list of micro-batches (the same list each epoch)."""
-
-    def __init__(self, batches, num_classes):
-        self.batches, self.num_classes, self.num_samples = batches, num_classes, 0
-
-    def __len__(self):
-        return len(self.batches)
-
-    def set_epoch(self, epoch):
-        pass
-
-    def __iter__(self):
-        return itertools.cycle(self.batches)  # the engine takes as many as its plan says
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-
-def make_config(args, steps: int) -> dict:
+def overrides(args, steps: int) -> dict:
+    """The base config's overrides for ``args``: ``steps`` optimizer steps of ``--micro`` x ``--accumulation``."""
     return {
-        "seed": 0,
-        "device": "cpu",
-        "epochs": 1,
         "global_batch_size": args.micro * args.accumulation,
         "micro_batch_size": args.micro,
-        "clip_grad_norm": 1.0,
-        "model": {"name": args.model, "patch_size": args.patch, "depth": args.depth},
-        "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.05},
-        "lr_schedule": {"type": "cosine", "warmup_steps": 1},
-        "data": {
-            "loader": "synthetic",
-            "image_size": args.image_size,
-            "num_classes": 10,
-            "train_samples": steps * args.micro * args.accumulation,
-            "eval_samples": 0,
-        },
-        "eval": {"interval_epochs": 0, "at_end": False},
-        "log": {"interval": 10, "console": False},
-        "checkpoint": {"interval_epochs": 0, "at_end": False},
+        **model_overrides(args),
+        "data.train_samples": steps * args.micro * args.accumulation,
+        "log.interval": 10,
     }
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--clock`` and the model's options (``mfu.py`` shares them)."""
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="cpu: this process's CPU time (robust to load)")
-    parser.add_argument("--model", default="vit_tiny_patch16_224")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--patch", type=int, default=4)
-    parser.add_argument("--depth", type=int, default=12)
+    add_model_arguments(parser)
 
 
 def make_batches(args) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``steps x accumulation`` random micro-batches of 10-class images, seeded."""
-    torch.manual_seed(0)
-    return [
-        (torch.randn(args.micro, 3, args.image_size, args.image_size), torch.randint(10, (args.micro,)))
-        for _ in range(args.steps * args.accumulation)
-    ]
+    return random_batches(args.steps * args.accumulation, args.micro, args.image_size)
 
 
 class Turns:
@@ -212,14 +167,12 @@ class BareWorker:
         return done
 
 
-def paired_round(
-    config_path: pathlib.Path, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str
-) -> tuple[float, float]:
+def paired_round(cfg: dict, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str) -> tuple[float, float]:
     """One round: a fresh engine and a fresh bare loop taking turns step by step; returns
     (engine images/s, bare images/s)."""
-    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir / "engine")))
+    engine = build_engine(cfg, run_dir / "engine")
     # The same model, optimizer and schedule the engine gets, built the same way.
-    bare = build_run(TrainArgs(str(config_path), run_dir=str(run_dir / "bare")))[0].state.run
+    bare = build_engine(cfg, run_dir / "bare").state.run
     turns = Turns(first)
     engine.train_loader = TakingTurns(batches, 10, accumulation, turns)
     done = worker.submit(lambda: bare_steps(bare.model, bare.optimizer, bare.schedule, batches, accumulation, turns))
@@ -229,10 +182,10 @@ def paired_round(
     return engine.state.samples_seen / turns.seconds["engine"], finished(done) / turns.seconds["bare"]
 
 
-def aa_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str) -> float:
+def aa_round(cfg: dict, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str) -> float:
     """The A/A control of one round: the bare loop in the engine's place (this thread, the
     engine's turns) against the bare loop on the worker; returns their ratio of images/s."""
-    here, there = (build_run(TrainArgs(str(config_path), run_dir=str(run_dir / name)))[0].state.run for name in ("aa-here", "aa-there"))
+    here, there = (build_engine(cfg, run_dir / name).state.run for name in ("aa-here", "aa-there"))
     turns = Turns(first)
     done = worker.submit(lambda: bare_steps(there.model, there.optimizer, there.schedule, batches, accumulation, turns))
     samples = bare_steps(here.model, here.optimizer, here.schedule, batches, accumulation, turns, side=("engine", "bare"))
@@ -253,33 +206,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--micro", type=int, default=32)
     parser.add_argument("--accumulation", type=int, default=4)
-    add_model_arguments(parser)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     set_clock(args.clock)
     batches = make_batches(args)
     engine_rates, bare_rates, aa_ratios = [], [], []
     worker = BareWorker()
     with tempfile.TemporaryDirectory() as tmp:
-        config_path = pathlib.Path(tmp) / "bench.yaml"
-        config_path.write_text(yaml.safe_dump(make_config(args, args.steps)))
+        cfg = overrides(args, args.steps)
         # One untimed round first: the first pass through a model pays for allocator
         # growth and kernel selection.
-        paired_round(config_path, pathlib.Path(tmp) / "warmup", batches, args.accumulation, worker, "engine")
+        paired_round(cfg, pathlib.Path(tmp) / "warmup", batches, args.accumulation, worker, "engine")
         for i in range(args.rounds):
             # Alternate which loop takes the first step of a round.
             first = "engine" if i % 2 == 0 else "bare"
-            engine_rate, bare_rate = paired_round(config_path, pathlib.Path(tmp) / f"round{i}", batches, args.accumulation, worker, first)
+            engine_rate, bare_rate = paired_round(cfg, pathlib.Path(tmp) / f"round{i}", batches, args.accumulation, worker, first)
             engine_rates.append(engine_rate)
             bare_rates.append(bare_rate)
-            aa_ratios.append(aa_round(config_path, pathlib.Path(tmp) / f"aa{i}", batches, args.accumulation, worker, first))
+            aa_ratios.append(aa_round(cfg, pathlib.Path(tmp) / f"aa{i}", batches, args.accumulation, worker, first))
     engine_rate, bare_rate = statistics.median(engine_rates), statistics.median(bare_rates)
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(f"Machine: {machine_description()}.")
     print(f"clock: {'CPU time of this process' if args.clock == 'cpu' else 'wall time'}")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px, micro {args.micro} x accumulation {args.accumulation}, {args.steps} steps x {args.rounds} rounds"
     )
-    print("| loop | images/s (median) | rounds |")
-    print("|---|---:|---|")
+    print(table("loop | images/s (median): | rounds"))
     print(f"| bare PyTorch loop | {bare_rate:.1f} | {', '.join(f'{r:.1f}' for r in bare_rates)} |")
     print(f"| largebatch engine | {engine_rate:.1f} | {', '.join(f'{r:.1f}' for r in engine_rates)} |")
     ratios = [e / b for e, b in zip(engine_rates, bare_rates)]

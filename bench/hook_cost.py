@@ -21,31 +21,25 @@ bias of the pairing itself (1.0 when there is none).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import collections
 import contextlib
 import io
-import os
 import pathlib
-import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 
-import torch
-import yaml
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
-
-import engine_overhead  # noqa: E402
-from engine_overhead import FixedBatches  # noqa: E402
-
-from largebatch.engine.engine import Engine  # noqa: E402
-from largebatch.engine.events import Event  # noqa: E402
-from largebatch.launch import TrainArgs, build_run  # noqa: E402
+from bench import engine_overhead
+from bench.common import FixedBatches, add_model_arguments, build_engine, load, machine_description, random_batches, spread, table
+from largebatch.engine.engine import Engine
+from largebatch.engine.events import Event
 
 
 class PairedEngine(Engine):
@@ -95,16 +89,22 @@ class PairedEngine(Engine):
 ONCE_PER_RUN = {"before_run", "before_train", "after_train", "after_run"}
 
 
-def make_config(args) -> dict:
+def overrides(args) -> dict:
     """The engine-overhead bench's config, clipping as ``--clip`` says, logging at the schema's default interval."""
-    cfg = engine_overhead.make_config(args, 4 * args.steps)
-    cfg.update(device=args.device, max_steps=args.steps, clip_grad_norm=args.clip, log={"console": False}, hooks=list(args.hooks))
-    return cfg
+    cfg = engine_overhead.overrides(args, 4 * args.steps)
+    return {
+        **cfg,
+        "device": args.device,
+        "max_steps": args.steps,
+        "clip_grad_norm": args.clip,
+        "log": {"console": False},
+        "hooks": args.hooks,
+    }
 
 
-def run_round(config_path: pathlib.Path, run_dir: pathlib.Path, batches, seed: int, aa: bool = False) -> PairedEngine:
-    built, hooks = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
-    engine = PairedEngine(built.state, hooks, FixedBatches(batches, 10), seed=seed, aa=aa)
+def run_round(cfg: dict, run_dir: pathlib.Path, batches, seed: int, aa: bool = False) -> PairedEngine:
+    built = build_engine(cfg, run_dir)
+    engine = PairedEngine(built.state, built.hooks, FixedBatches(batches), seed=seed, aa=aa)
     with contextlib.redirect_stdout(io.StringIO()):  # the logger's closing line
         engine.run()
     return engine
@@ -116,27 +116,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps per round (even: pairs)")
     parser.add_argument("--micro", type=int, default=32)
     parser.add_argument("--accumulation", type=int, default=2)
-    parser.add_argument("--model", default="vit_tiny_patch16_224")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--patch", type=int, default=8)
-    parser.add_argument("--depth", type=int, default=4)
+    add_model_arguments(parser, patch=8, depth=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm (0: off); clipping runs on both sides")
     parser.add_argument("--hooks", nargs="*", default=[], help="hooks added to the defaults (built-in names)")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    device = "cuda" if args.device == "cuda" else "cpu"
-    batches = [
-        (torch.randn(args.micro, 3, args.image_size, args.image_size, device=device), torch.randint(10, (args.micro,), device=device))
-        for _ in range(args.accumulation * 4)
-    ]
+    batches = random_batches(args.accumulation * 4, args.micro, args.image_size, "cuda" if args.device == "cuda" else "cpu")
     times = {True: [], False: []}
     pair_ratios, aa_ratios, hook_seconds, steps_with_hooks = [], [], collections.Counter(), 0
     with tempfile.TemporaryDirectory() as tmp:
-        config_path = pathlib.Path(tmp) / "bench.yaml"
-        config_path.write_text(yaml.safe_dump(make_config(args)))
+        cfg = overrides(args)
         for i in range(args.rounds):
-            engine = run_round(config_path, pathlib.Path(tmp) / f"round{i}", batches, seed=i)
+            engine = run_round(cfg, pathlib.Path(tmp) / f"round{i}", batches, seed=i)
             steps = engine.steps[2:]  # the first pair of a fresh engine warms up
             for first, second in zip(steps[::2], steps[1::2]):
                 on, off = (first, second) if first[0] else (second, first)
@@ -146,37 +137,28 @@ def main() -> None:
             hook_seconds.update(engine.hook_seconds)
             steps_with_hooks += sum(on for on, _ in steps)
             hook_names = [h.name for h in engine.hooks]
-            control = run_round(config_path, pathlib.Path(tmp) / f"aa{i}", batches, seed=i, aa=True).steps[2:]
+            control = run_round(cfg, pathlib.Path(tmp) / f"aa{i}", batches, seed=i, aa=True).steps[2:]
             aa_ratios += [a[1] / b[1] if a[0] else b[1] / a[1] for a, b in zip(control[::2], control[1::2])]
     with_hooks, without = statistics.median(times[True]), statistics.median(times[False])
-    ratio = statistics.median(pair_ratios)
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, torch {torch.__version__}, device {args.device}"
-    )
+    print(f"Machine: {machine_description()}; {load()}; device {args.device}.")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
         f"{args.accumulation}, clip_grad_norm {args.clip or 'off'}; {args.rounds} rounds x {args.steps} steps, {len(pair_ratios)} timed pairs; "
         f"default hooks: {', '.join(hook_names)}"
     )
     print()
-    print("| steps | median step (ms) | mean step (ms) |")
-    print("|---|---:|---:|")
+    print(table("steps | median step (ms): | mean step (ms):"))
     print(f"| no hooks | {without * 1e3:.2f} | {statistics.fmean(times[False]) * 1e3:.2f} |")
     print(f"| default hooks | {with_hooks * 1e3:.2f} | {statistics.fmean(times[True]) * 1e3:.2f} |")
     print()
-    quartiles = statistics.quantiles(pair_ratios, n=4)
+    (ratio, q1, q3), (aa, aa_q1, aa_q3) = spread(pair_ratios), spread(aa_ratios)
     print(
-        f"with / without, per pair: median {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), quartiles {quartiles[0]:.4f} .. {quartiles[2]:.4f}; "
+        f"with / without, per pair: median {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), quartiles {q1:.4f} .. {q3:.4f}; "
         f"ratio of means {statistics.fmean(times[True]) / statistics.fmean(times[False]):.4f}"
     )
-    aa_quartiles = statistics.quantiles(aa_ratios, n=4)
-    print(
-        f"A/A control (no hooks on either step), per pair: median {statistics.median(aa_ratios):.4f}, "
-        f"quartiles {aa_quartiles[0]:.4f} .. {aa_quartiles[2]:.4f}"
-    )
+    print(f"A/A control (no hooks on either step), per pair: median {aa:.4f}, quartiles {aa_q1:.4f} .. {aa_q3:.4f}")
     print()
-    print("| hook | time inside per step with hooks (ms) | share of the median step without hooks |")
-    print("|---|---:|---:|")
+    print(table("hook | time inside per step with hooks (ms): | share of the median step without hooks:"))
     inside = 0.0
     for name, seconds in hook_seconds.most_common():
         per_step = seconds / steps_with_hooks

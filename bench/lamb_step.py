@@ -21,28 +21,39 @@ Peers (see bench/requirements.txt): timm's ``timm.optim.Lamb`` (foreach and per-
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
+import functools
 import gc
 import importlib.util
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import timm
 import torch
 
+from bench.common import machine_description, per_round_ratio, table, time_blocks
 from largebatch.optim import lamb_triton, lamb_update
 from largebatch.optim.lamb import Lamb
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
 
 
-def model_shapes(name: str) -> list[torch.Size]:
-    """Parameter shapes of a timm model, without allocating it."""
+def random_params(name: str, device: str = "cpu") -> list[torch.Tensor]:
+    """Tensors of a timm model's parameter shapes (found without allocating the model),
+    seeded, with random gradients: what an optimizer steps over."""
     with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False)
-    return [p.shape for p in model.parameters()]
+        shapes = [p.shape for p in timm.create_model(name, pretrained=False).parameters()]
+    torch.manual_seed(0)
+    params = [(torch.randn(shape) * 0.02).to(device).requires_grad_(True) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    return params
 
 
 def colossal_lamb() -> type | None:
@@ -95,57 +106,24 @@ class FusedPathOn:
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
     """(label, factory, matched factory of ours, or None where no update is compared);
     ours first, the A/A control second."""
+    from timm.optim import Lamb as TimmLamb
+
+    ours = functools.partial(Lamb, lr=LR, weight_decay=WEIGHT_DECAY)
+    timm_lamb = functools.partial(TimmLamb, lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=None, always_adapt=True, bias_correction=True)
     out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
         ("ours foreach", ours_paper, None),
         (AA_LABEL, ours_paper, ours_paper),
-        (
-            "ours per-tensor",
-            lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False),
-            None,
-        ),
-        ("reference: torch.optim.Adam fused (not LAMB)", lambda ps: torch.optim.Adam(ps, lr=LR, fused=True), None),
-        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", lambda ps: FusedPathOn(ps, ("cpu",)), ours_paper),
-        (
-            "ours, plain multi-tensor path (other accelerators') on the CPU",
-            lambda ps: Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, chunk_elements=0),
-            ours_paper,
-        ),
+        ("ours per-tensor", functools.partial(ours, foreach=False), None),
+        ("reference: torch.optim.Adam fused (not LAMB)", functools.partial(torch.optim.Adam, lr=LR, fused=True), None),
+        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", functools.partial(FusedPathOn, devices=("cpu",)), ours_paper),
+        ("ours, plain multi-tensor path (other accelerators') on the CPU", functools.partial(ours, chunk_elements=0), ours_paper),
+        *((f"timm {timm.__version__} Lamb foreach={f}", functools.partial(timm_lamb, foreach=f), ours_paper) for f in (True, False)),
     ]
-
-    from timm.optim import Lamb as TimmLamb
-
-    for foreach in (True, False):
-        out.append(
-            (
-                f"timm {timm.__version__} Lamb foreach={foreach}",
-                lambda ps, f=foreach: TimmLamb(
-                    ps,
-                    lr=LR,
-                    weight_decay=WEIGHT_DECAY,
-                    max_grad_norm=None,
-                    always_adapt=True,
-                    bias_correction=True,
-                    foreach=f,
-                ),
-                ours_paper,
-            )
-        )
     try:
         import torch_optimizer
 
-        out.append(
-            (
-                "torch_optimizer 0.3.0 Lamb",
-                lambda ps: torch_optimizer.Lamb(
-                    ps,
-                    lr=LR,
-                    weight_decay=WEIGHT_DECAY,
-                    clamp_value=float("inf"),
-                    debias=False,
-                ),
-                ours_no_bc,
-            )
-        )
+        peer = functools.partial(torch_optimizer.Lamb, lr=LR, weight_decay=WEIGHT_DECAY, clamp_value=float("inf"), debias=False)
+        out.append(("torch_optimizer 0.3.0 Lamb", peer, ours_no_bc))
     except ImportError:
         print("torch_optimizer not installed: skipped")
     colossal = colossal_lamb()
@@ -153,49 +131,9 @@ def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any]
         print("colossalai not installed: skipped")
     else:
         out.append(
-            (
-                "colossalai 0.5.0 Lamb",
-                lambda ps: colossal(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False),
-                ours_no_bc,
-            )
+            ("colossalai 0.5.0 Lamb", functools.partial(colossal, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False), ours_no_bc)
         )
     return out
-
-
-def time_in_blocks(factories: list[Callable[[list], Any]], params: list, steps: int, rounds: int) -> list[list[list[float]]]:
-    """ms of each optimizer's steps, per round a block of ``steps``, the blocks taking turns.
-
-    Each block starts with one untimed step: it creates the state the first time and
-    lets the allocator settle on the optimizer's temporaries after the previous one's
-    (alternating single steps penalises the peers that allocate per tensor). Taking
-    turns for ``rounds`` rounds, the order reversed every other round, spreads load from
-    elsewhere and the effect of whoever ran before over all of them. Returns, per
-    optimizer, per round, the step times.
-    """
-    optimizers = [factory(params) for factory in factories]
-    times: list[list[list[float]]] = [[] for _ in optimizers]
-    for round_ in range(rounds):
-        turns = list(zip(optimizers, times))
-        for optimizer, out in turns if round_ % 2 == 0 else turns[::-1]:
-            optimizer.step()
-            block = []
-            for _ in range(steps):
-                start = time.perf_counter()
-                optimizer.step()
-                block.append((time.perf_counter() - start) * 1e3)
-            out.append(block)
-    del optimizers
-    gc.collect()
-    return times
-
-
-def per_round_ratio(blocks: list[list[float]], ours: list[list[float]]) -> tuple[float, float, float]:
-    """Median over rounds of (block median / our block median in that round), and its quartiles."""
-    ratios = [statistics.median(b) / statistics.median(o) for b, o in zip(blocks, ours)]
-    if len(ratios) == 1:
-        return ratios[0], ratios[0], ratios[0]
-    quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
-    return statistics.median(ratios), quartiles[0], quartiles[2]
 
 
 def update_after(factory: Callable[[list], Any], start: list, grads: list[list]) -> list:
@@ -214,39 +152,46 @@ def max_difference(a: list, b: list) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
+def update_difference(factory: Callable[[list], Any], reference: Callable[[list], Any], params: list, steps: int) -> float:
+    """The largest difference between the updates of ``factory``'s optimizer and
+    ``reference``'s after ``steps`` steps on the same random gradients, from ``params``."""
+    torch.manual_seed(1)
+    grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(steps)]
+    start = [p.detach().clone() for p in params]  # the timed steps move params
+    difference = max_difference(update_after(factory, start, grads), update_after(reference, start, grads))
+    del grads, start
+    gc.collect()
+    return difference
+
+
+def optimizer_arguments(parser: argparse.ArgumentParser, steps: int, rounds: int, compare_steps: int) -> None:
+    """The timing options of the optimizer benchmarks."""
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps per block")
+    parser.add_argument("--rounds", type=int, default=rounds, help="rounds of blocks")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--compare-steps", type=int, default=compare_steps, help="steps for the update difference")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
-    parser.add_argument("--rounds", type=int, default=2, help="blocks per optimizer")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--compare-steps", type=int, default=2, help="steps for the update diff")
+    optimizer_arguments(parser, steps=5, rounds=2, compare_steps=2)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    shapes = model_shapes("vit_base_patch16_224")
-    params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in shapes]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
-    from bench.machine import machine_description
-
+    params = random_params("vit_base_patch16_224")
     print(f"Machine: {machine_description()}.")
     print(
         f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     found = candidates()
-    factories = [factory for _, factory, _ in found]
-    times = time_in_blocks(factories, params, args.steps, args.rounds)
+    optimizers = [factory(params) for _, factory, _ in found]
+    times = time_blocks([optimizer.step for optimizer in optimizers], args.steps, args.rounds)
+    del optimizers
+    gc.collect()
     rows = []
     for (label, factory, ours), blocks in zip(found, times):
-        diff = None
-        if ours is not None:
-            grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(args.compare_steps)]
-            start = [p.detach() for p in params]
-            diff = max_difference(update_after(factory, start, grads), update_after(ours, start, grads))
-            del grads
-            gc.collect()
+        diff = None if ours is None else update_difference(factory, ours, params, args.compare_steps)
         ms = [t for block in blocks for t in block]
         rows.append((label, min(ms), statistics.median(ms), per_round_ratio(blocks, times[0]), diff))
     print_table(rows, args)
@@ -259,14 +204,14 @@ def print_table(rows: list[tuple[str, float, float, tuple[float, float, float], 
         "every other round; 'x ours' is the optimizer's time divided by ours (foreach); 'per round x ours' is the "
         "median over rounds of the ratio of block medians (quartiles in brackets)"
     )
-    print("\n| optimizer | ms/step median | ms/step min | median x ours | min x ours | per round x ours | max abs update diff vs ours |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    lines = []
     for label, low, median, (paired, q1, q3), diff in rows:
         shown = f"{diff:.1e}" if diff is not None else "(reference)" if "reference" in label else "(ours)"
-        print(
-            f"| {label} | {median:.1f} | {low:.1f} | {median / ours_median:.2f} | {low / ours_low:.2f} "
-            f"| {paired:.2f} ({q1:.2f}-{q3:.2f}) | {shown} |"
+        lines.append(
+            f"| {label} | {median:.1f} | {low:.1f} | {median / ours_median:.2f} | {low / ours_low:.2f} | {paired:.2f} ({q1:.2f}-{q3:.2f}) | {shown} |"
         )
+    header = "optimizer | ms/step median: | ms/step min: | median x ours: | min x ours: | per round x ours: | max abs update diff vs ours:"
+    print("\n" + table(header, lines))
     control = next(row for row in rows if row[0] == AA_LABEL)
     peers = [row for row in rows if row[4] is not None and row is not control and not row[0].startswith("ours")]
     fastest_median = min(peers, key=lambda row: row[2])

@@ -15,12 +15,15 @@ same way: its ratio shows how far from 1.00 the method reads when nothing differ
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
+import functools
 import gc
-import pathlib
 import statistics
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +31,9 @@ import timm
 import timm.optim
 import torch
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.lamb_step import max_difference, model_shapes, update_after  # noqa: E402
-from largebatch.optim.lars import Lars  # noqa: E402
+from bench.common import spread_text, table, time_blocks
+from bench.lamb_step import optimizer_arguments, random_params, update_difference
+from largebatch.optim.lars import Lars
 
 LR, MOMENTUM, WEIGHT_DECAY, ETA = 0.5, 0.9, 5e-4, 1e-3
 
@@ -46,86 +46,51 @@ def param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
     ]
 
 
-def ours(params: list) -> torch.optim.Optimizer:
-    return Lars(param_groups(params), lr=LR, momentum=MOMENTUM, eta=ETA, nesterov=True)
-
-
-def ours_per_tensor(params: list) -> torch.optim.Optimizer:
-    return Lars(param_groups(params), lr=LR, momentum=MOMENTUM, eta=ETA, nesterov=True, foreach=False)
+def ours(params: list, **options) -> torch.optim.Optimizer:
+    return Lars(param_groups(params), lr=LR, momentum=MOMENTUM, eta=ETA, nesterov=True, **options)
 
 
 def timm_lars(params: list) -> torch.optim.Optimizer:
     return timm.optim.Lars(param_groups(params), lr=LR, momentum=MOMENTUM, trust_coeff=ETA, nesterov=True)
 
 
-def block_ms(optimizer: torch.optim.Optimizer, steps: int) -> float:
-    """Median ms of ``steps`` steps, after one untimed step (state, allocator)."""
-    optimizer.step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        optimizer.step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def paired(a: Callable, b: Callable, params: list, steps: int, rounds: int) -> tuple[list[float], list[float]]:
     """Block medians of ``a`` and ``b``, taking turns, first one then the other."""
-    opt_a, opt_b = a(params), b(params)
-    ms_a, ms_b = [], []
-    for round_ in range(rounds):
-        pair = [(opt_a, ms_a), (opt_b, ms_b)]
-        for optimizer, out in pair if round_ % 2 == 0 else pair[::-1]:
-            out.append(block_ms(optimizer, steps))
-    del opt_a, opt_b
+    optimizers = a(params), b(params)
+    times = time_blocks([optimizer.step for optimizer in optimizers], steps, rounds)
+    del optimizers
     gc.collect()
-    return ms_a, ms_b
-
-
-def quartiles(values: list[float]) -> str:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{q[1]:.2f} ({q[0]:.2f}-{q[2]:.2f})"
+    return [statistics.median(block) for block in times[0]], [statistics.median(block) for block in times[1]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per block")
-    parser.add_argument("--rounds", type=int, default=8, help="pairs of blocks")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--compare-steps", type=int, default=3, help="steps for the update difference")
+    optimizer_arguments(parser, steps=3, rounds=8, compare_steps=3)
     parser.add_argument("--model", default="vit_base_patch16_224", help="timm model whose parameter shapes are used")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    params = [(torch.randn(s) * 0.02).requires_grad_(True) for s in model_shapes(args.model)]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
+    params = random_params(args.model)
     print(
         f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "
         f"torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads"
     )
-    grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(args.compare_steps)]
-    start = [p.detach().clone() for p in params]  # the timed steps move params
-    reference = update_after(ours, start, grads)
     rows = []
-    for label, peer in (
+    pairs = [
         ("A/A control: ours vs ours", ours),
         (f"timm {timm.__version__} Lars", timm_lars),
-        ("ours per-tensor path", ours_per_tensor),
-    ):
+        ("ours per-tensor path", functools.partial(ours, foreach=False)),
+    ]
+    for label, peer in pairs:
         ms_ours, ms_peer = paired(ours, peer, params, args.steps, args.rounds)
-        ratios = [p / o for o, p in zip(ms_ours, ms_peer)]
-        diff = max_difference(update_after(peer, start, grads), reference)
-        rows.append((label, statistics.median(ms_ours), statistics.median(ms_peer), quartiles(ratios), diff))
+        ratio = spread_text([p / o for o, p in zip(ms_ours, ms_peer)], 2)
+        diff = update_difference(peer, ours, params, args.compare_steps)
+        rows.append(f"| {label} | {statistics.median(ms_ours):.1f} | {statistics.median(ms_peer):.1f} | {ratio} | {diff:.1e} |")
     print(
         f"\n{args.rounds} pairs of blocks of {args.steps} timed steps, order alternating; "
-        "'peer / ours' is the median over pairs of the ratio of block medians (quartiles in brackets)"
+        "'peer / ours' is the median over pairs of the ratio of block medians (quartiles in brackets)\n"
     )
-    print("\n| pair | ours ms/step | peer ms/step | peer / ours | max abs update diff vs ours |")
-    print("|---|---:|---:|---:|---:|")
-    for label, mo, mp, ratio, diff in rows:
-        print(f"| {label} | {mo:.1f} | {mp:.1f} | {ratio} | {diff:.1e} |")
+    print(table("pair | ours ms/step: | peer ms/step: | peer / ours: | max abs update diff vs ours:", rows))
 
 
 if __name__ == "__main__":

@@ -24,10 +24,14 @@ the worker count: what the workers could deliver if decoding were all they did.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import dataclasses
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,50 +41,22 @@ from pathlib import Path
 import numpy as np
 import simplejpeg
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench.common import REPO, config, image_shards, load, machine_description, rotated
 from largebatch import data as data_mod
-from largebatch.config import derive, resolve_config
-from largebatch.shards import convert
+from largebatch.config import derive
 
-REPO = Path(__file__).resolve().parent.parent
 CEILING = "decode only, 1 core x workers"
 NATIVE, DALI, FOLDER = "native (TFRecord)", "DALI CPU (TFRecord)", "ImageFolder + PIL"
 DECODE_STEP, DEVICE_STEP = "full-size decode (simplejpeg)", "normalise, contiguous NCHW uint8 batch (used)"
 
 
-def make_images(folder: Path, count: int, subsampling: str = "420", classes: int = 8, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        width, height = int(rng.integers(440, 560)), int(rng.integers(330, 420))
-        small = rng.integers(0, 256, size=(height // 24 + 2, width // 24 + 2, 3), dtype=np.uint8)
-        image = Image.fromarray(small).resize((width, height), Image.BICUBIC)
-        draw = ImageDraw.Draw(image)
-        for _ in range(6):
-            x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
-            r = int(rng.integers(10, 120))
-            draw.ellipse(
-                (x - r, y - r, x + r, y + r),
-                fill=tuple(int(c) for c in rng.integers(0, 256, 3)),
-            )
-        pixels = np.asarray(image).astype(np.int16) + rng.integers(-12, 13, size=(height, width, 3))
-        out = folder / "train" / f"c{i % classes}"
-        out.mkdir(parents=True, exist_ok=True)
-        jpeg = simplejpeg.encode_jpeg(
-            np.ascontiguousarray(pixels.clip(0, 255).astype(np.uint8)),
-            quality=90,
-            colorsubsampling=subsampling,
-        )
-        (out / f"img{i:05d}.JPEG").write_bytes(jpeg)
-
-
 def run_config(root: Path, workers: int, batch: int):
     """The shipped ViT-B/16 recipe (ImageNet's data settings: 224 px, random-resized-crop,
     flip, labels from 1) on the generated shards, resolved as ``largebatch train`` resolves it."""
-    overrides = [f"data.root={root}", "data.loader=native", "data.num_classes=8", f"data.num_workers={workers}"]
-    return resolve_config(REPO / "configs" / "vit-b16.py", [*overrides, f"global_batch_size={batch}", f"micro_batch_size={batch}"])
+    overrides = {"data.root": str(root), "data.loader": "native", "data.num_classes": 8, "data.num_workers": workers}
+    return config({**overrides, "global_batch_size": batch, "micro_batch_size": batch}, base=REPO / "configs" / "vit-b16.py")
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -146,12 +122,7 @@ def imagefolder_loader(folder: Path, workers: int, batch: int):
     )
     dataset = datasets.ImageFolder(str(folder / "train"), transform=transform)
     return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=batch,
-        shuffle=True,
-        drop_last=True,
-        num_workers=workers,
-        persistent_workers=workers > 0,
+        dataset, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers, persistent_workers=workers > 0
     )
 
 
@@ -269,21 +240,6 @@ def decode_share(steps: dict[str, float], total: float, in_main: float) -> list[
     ]
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{model}, {len(os.sched_getaffinity(0))} cores (shared), Python {platform.python_version()}, "
-        f"torch {torch.__version__}, simplejpeg {simplejpeg.__version__}"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=512)
@@ -296,9 +252,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     work = Path(tempfile.mkdtemp(prefix="bench-loaders-"))
-    make_images(work / "folder", args.images, args.subsampling)
-    convert.convert_image_folder(work / "folder", work / "shards", train_shards=8, progress=False)
-    cfg = run_config(work / "shards", args.workers, args.batch)
+    cfg = run_config(image_shards(work, args.images, train_shards=8, subsampling=args.subsampling), args.workers, args.batch)
     count = data_mod.count_samples(cfg.data, "train")
     plan = derive(cfg, 1, count).plan
     cpu = torch.device("cpu")
@@ -312,14 +266,13 @@ def main() -> None:
     loaders[FOLDER] = imagefolder_loader(work / "folder", args.workers, args.batch)
     decode_only = DecodeOnly(work / "folder", args.workers)
 
-    load_before = os.getloadavg()
+    load_before = load()
     rates: dict[str, list[float]] = {name: [] for name in [CEILING, *loaders]}
     cpu_ms: dict[str, list[float]] = {name: [] for name in rates}
     main_ms: dict[str, list[float]] = {name: [] for name in rates}
     names = list(loaders)
     for round_number in range(args.rounds + 1):
-        order = names[round_number % len(names) :] + names[: round_number % len(names)]
-        results = {name: time_epoch(loaders[name], round_number) for name in order}
+        results = {name: time_epoch(loaders[name], round_number) for name in rotated(names, round_number)}
         results[CEILING] = decode_only.time()
         print(
             f"round {round_number}{' (warm-up)' if round_number == 0 else ''}: "
@@ -332,7 +285,7 @@ def main() -> None:
             rates[name].append(rate)
             cpu_ms[name].append(ms)
             main_ms[name].append(in_main)
-    load_after = os.getloadavg()
+    load_after = load()
 
     def ratio(name: str, base: str, values: dict[str, list[float]], invert: bool = False) -> str:
         if base not in values or not values[base]:
@@ -369,8 +322,8 @@ def main() -> None:
             "the native loader reaches, and what share of its CPU time full-size decoding is."
         ),
         "",
-        f"Machine: {machine()}.",
-        f"Load average (1/5/15 min): {'/'.join(f'{x:.1f}' for x in load_before)} before, {'/'.join(f'{x:.1f}' for x in load_after)} after.",
+        f"Machine: {machine_description()}, simplejpeg {simplejpeg.__version__}.",
+        f"Before the rounds: {load_before}; after: {load_after}.",
         "",
         "Per round (images/s | CPU ms/image):",
         "",

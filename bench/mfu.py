@@ -15,22 +15,20 @@ default (``--clock cpu``), so load from other jobs on a shared machine cancels o
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import pathlib
-import platform
 import statistics
-import sys
 import tempfile
 
 import torch
-import yaml
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench import engine_overhead  # noqa: E402
-from bench.engine_overhead import FixedBatches, add_model_arguments, make_batches, make_config  # noqa: E402
-from largebatch.launch import TrainArgs, build_run  # noqa: E402
+from bench import engine_overhead
+from bench.common import FixedBatches, build_engine, machine_description, table
 
 
 def training_flops_per_image(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -58,9 +56,9 @@ def matmul_flops_per_second(n: int, repeats: int) -> float:
     return 2 * n**3 / best
 
 
-def engine_images_per_second(config_path: pathlib.Path, run_dir: pathlib.Path, batches) -> tuple[float, torch.nn.Module]:
-    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
-    engine.train_loader = FixedBatches(batches, 10)
+def engine_images_per_second(cfg: dict, run_dir: pathlib.Path, batches) -> tuple[float, torch.nn.Module]:
+    engine = build_engine(cfg, run_dir)
+    engine.train_loader = FixedBatches(batches)
     start = engine_overhead.CLOCK()
     engine.run()
     return engine.state.samples_seen / (engine_overhead.CLOCK() - start), engine.state.run.model
@@ -72,33 +70,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro", type=int, default=64)
     parser.add_argument("--accumulation", type=int, default=2)
-    add_model_arguments(parser)
+    engine_overhead.add_arguments(parser)
     parser.add_argument("--matmul", type=int, default=2048, help="side of the square fp32 matmul that sets the peak")
     parser.add_argument("--matmul-repeats", type=int, default=5)
     args = parser.parse_args(argv)
     engine_overhead.set_clock(args.clock)
-    batches = make_batches(args)
+    batches = engine_overhead.make_batches(args)
     train_rates, peaks = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        config_path = pathlib.Path(tmp) / "bench.yaml"
-        config_path.write_text(yaml.safe_dump(make_config(args, args.steps)))
-        _, model = engine_images_per_second(config_path, pathlib.Path(tmp) / "warmup", batches)  # warm-up run, discarded
+        cfg = engine_overhead.overrides(args, args.steps)
+        _, model = engine_images_per_second(cfg, pathlib.Path(tmp) / "warmup", batches)  # warm-up run, discarded
         flops_per_image = training_flops_per_image(model, *batches[0])
         matmul_flops_per_second(args.matmul, 1)
         for i in range(args.rounds):
-            rate, _ = engine_images_per_second(config_path, pathlib.Path(tmp) / f"run{i}", batches)
+            rate, _ = engine_images_per_second(cfg, pathlib.Path(tmp) / f"run{i}", batches)
             train_rates.append(rate)
             peaks.append(matmul_flops_per_second(args.matmul, args.matmul_repeats))
     rate, peak = statistics.median(train_rates), statistics.median(peaks)
     achieved = rate * flops_per_image
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(f"Machine: {machine_description()}.")
     print(f"clock: {'CPU time of this process (FLOP per CPU-second on both sides)' if args.clock == 'cpu' else 'wall time'}")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
         f"{args.accumulation}, {args.steps} steps x {args.rounds} rounds; matmul {args.matmul}x{args.matmul} fp32"
     )
-    print("| quantity | value |")
-    print("|---|---:|")
+    print(table("quantity | value:"))
     print(f"| training FLOPs per image (forward + backward) | {flops_per_image / 1e9:.3f} G |")
     print(f"| engine images/s (median) | {rate:.1f} |")
     print(f"| training FLOP/s | {achieved / 1e9:.2f} G |")

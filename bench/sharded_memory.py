@@ -16,18 +16,20 @@ shows the method's noise.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import dataclasses
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.common import config, machine_description, repo_env, run_or_fail, table
 
 
 def rss_kib(field: str) -> int:
@@ -38,19 +40,15 @@ def rss_kib(field: str) -> int:
 
 
 def run_config(strategy: str, accumulation: int, every: bool, model: str = "vit_base_patch16_224"):
-    """The bench's config, typed (as ``largebatch.config.resolve_config`` gives a run's)."""
-    from largebatch.config.typed import typed
-
-    return typed(
+    """The bench's config: the base config with LAMB at world size 2, as ``largebatch train`` resolves it."""
+    return config(
         {
-            "device": "cpu",
-            "epochs": 1,
             "global_batch_size": 2 * accumulation * 2,
             "micro_batch_size": 2,
             "model": {"name": model},
             "optimizer": {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05},
             "dist": {"strategy": strategy, "reduce_every_micro_batch": every},
-            "data": {"loader": "synthetic", "image_size": 32, "channels": 3, "num_classes": 10, "train_samples": 64},
+            "data.train_samples": 64,
         }
     )
 
@@ -99,21 +97,17 @@ def worker(args: argparse.Namespace) -> None:
 
 def side(name: str, strategy: str, args: argparse.Namespace, every: bool = False) -> dict:
     out = pathlib.Path(tempfile.mkdtemp(prefix="lbmem-")) / "side"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, "--worker"]
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bench.sharded_memory", "--worker"]
     cmd += ["--strategy", strategy, "--out", str(out), "--steps", str(args.steps), "--accumulation", str(args.accumulation)]
     cmd += ["--model", args.model]
     cmd += ["--every"] if every else []
     # A fixed mmap threshold: every large tensor is its own mapping, returned to the
     # system when freed, so resident memory follows the live tensors (glibc's default
     # raises the threshold after frees and keeps freed tensors' pages resident).
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MALLOC_MMAP_THRESHOLD_": "65536"}
-    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    env = {**repo_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    run_or_fail(cmd, env)
     ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in (0, 1)]
-    return {
-        "name": name,
-        "measured": max(r["measured_mib"] for r in ranks),
-        "estimate": ranks[0]["estimate_mib"],
-    }
+    return {"name": name, "measured": max(r["measured_mib"] for r in ranks), "estimate": ranks[0]["estimate_mib"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    from bench.machine import machine_description
-
     rows = [
         side("ddp", "ddp", args),
         side("ddp again (A/A control)", "ddp", args),
@@ -140,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]["measured"]
     print(f"Machine: {machine_description()}.\n")
     print(f"{args.model}, LAMB, world size 2, accumulation {args.accumulation}, {args.steps} steps; per-rank peak.\n")
-    print("| run | measured (MiB) | ratio to ddp | estimate (MiB) | estimate error |")
-    print("|---|---:|---:|---:|---:|")
+    print(table("run | measured (MiB): | ratio to ddp: | estimate (MiB): | estimate error:"))
     for row in rows:
         error = (row["estimate"] - row["measured"]) / row["measured"]
         print(f"| {row['name']} | {row['measured']:,.0f} | {row['measured'] / base:.2f} | {row['estimate']:,.0f} | {error:+.0%} |")

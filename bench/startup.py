@@ -18,6 +18,11 @@ ratios are medians over rounds of each round's ratio (quartiles in brackets).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import os
 import pathlib
@@ -26,19 +31,14 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import REPO, in_turn, load, machine_description, spread_text, table
 
 COMMANDS = {
     "largebatch --help": ["-m", "largebatch", "--help"],
     "largebatch config show configs/vit-b16.py --world-size 8": [
         "-m",
         "largebatch",
-        "config",
-        "show",
-        "configs/vit-b16.py",
-        "--world-size",
-        "8",
+        *"config show configs/vit-b16.py --world-size 8".split(),
     ],
     "import torch, timm": ["-c", "import torch, timm"],
 }
@@ -66,10 +66,7 @@ def rotation(against: pathlib.Path | None) -> list[tuple[str, pathlib.Path, list
 
 
 def ratio(times: dict[str, list[float]], a: str, b: str) -> str:
-    from bench.lamb_step import per_round_ratio  # imports torch: only once the timing is done
-
-    median, q1, q3 = per_round_ratio([[t] for t in times[a]], [[t] for t in times[b]])
-    return f"{median:.3f}" if len(times[a]) < 2 else f"{median:.3f} ({q1:.3f}-{q3:.3f})"
+    return spread_text([x / y for x, y in zip(times[a], times[b])])
 
 
 def main() -> None:
@@ -82,21 +79,17 @@ def main() -> None:
     for _, tree, argv in slots:  # warm the file cache: the first run of each reads everything from disk
         timed(tree, argv)
     times: dict[str, list[float]] = {label: [] for label, _, _ in slots}
-    load_before = os.getloadavg()
+    before = load()
     for round_ in range(args.rounds):
-        for label, tree, argv in slots if round_ % 2 == 0 else slots[::-1]:
+        for label, tree, argv in in_turn(slots, round_):
             times[label].append(timed(tree, argv))
-    from bench.machine import machine_description
-
-    print(f"Machine: {machine_description()}.")
-    print(f"Load average (1 min): {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; {args.rounds} rounds.\n")
-    print("| command | s (median) | s (min) |")
-    print("|---|---:|---:|")
+    print(f"Machine: {machine_description()}.")  # imports torch: only once the timing is done
+    print(f"{before} before, {load()} after; {args.rounds} rounds.\n")
+    print(table("command | s (median): | s (min):"))
     for label, values in times.items():
         print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} |")
     show = "largebatch config show configs/vit-b16.py --world-size 8"
-    print("\n| ratio, per round | median (quartiles) |")
-    print("|---|---:|")
+    print("\n" + table("ratio, per round | median (quartiles):"))
     print(f"| --help / import torch, timm | {ratio(times, 'largebatch --help', 'import torch, timm')} |")
     print(f"| config show / import torch, timm | {ratio(times, show, 'import torch, timm')} |")
     print(f"| {AA} / config show | {ratio(times, AA, show)} |")

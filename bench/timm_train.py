@@ -24,25 +24,22 @@ other jobs hits both; the first epoch of each round is a warm-up and not counted
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
+    from common import run_as_module
+
+    run_as_module(__file__)
+
 import argparse
 import pathlib
-import platform
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
-import yaml
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.loaders import make_images  # noqa: E402
-from largebatch.engine.engine import Engine  # noqa: E402
-from largebatch.engine.hook import Hook  # noqa: E402
-from largebatch.launch import TrainArgs, build_run  # noqa: E402
-from largebatch.shards import convert  # noqa: E402
+from bench.common import add_model_arguments, build_engine, image_shards, in_turn, machine_description, shard_data, table
+from largebatch.engine.engine import Engine
+from largebatch.engine.hook import Hook
 
 CLASSES = 8
 
@@ -65,36 +62,20 @@ class EpochTimer(Hook):
         self.samples.append(state.samples_seen - self._seen)
 
 
-def largebatch_config(args, shards: pathlib.Path, images: int) -> dict:
+def overrides(args, shards: pathlib.Path) -> dict:
     return {
-        "seed": 0,
-        "device": "cpu",
         "epochs": args.epochs,
         "global_batch_size": args.batch,
         "micro_batch_size": args.batch,
-        "clip_grad_norm": 1.0,
         "model": {"name": args.model, "patch_size": args.patch, "depth": args.depth},
-        "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.05},
-        "lr_schedule": {"type": "cosine", "warmup_steps": 0},
-        "data": {
-            "loader": "native",
-            "root": str(shards),
-            "eval_split": "train",  # evaluation is off; the check that the split exists still runs
-            "image_size": args.image_size,
-            "num_classes": CLASSES,
-            "label_offset": 1,
-            "num_workers": args.workers,
-            "scale": [0.08, 1.0],
-            "hflip": 0.5,
-        },
-        "eval": {"interval_epochs": 0, "at_end": False},
-        "log": {"interval": 10, "console": False},
-        "checkpoint": {"interval_epochs": 0, "at_end": False},
+        "lr_schedule.warmup_steps": 0,
+        "data": shard_data(shards, args.image_size, args.workers),
+        "log.interval": 10,
     }
 
 
-def largebatch_round(config_path: pathlib.Path, run_dir: pathlib.Path) -> list[float]:
-    engine, _ = build_run(TrainArgs(str(config_path), run_dir=str(run_dir)))
+def largebatch_round(cfg: dict, run_dir: pathlib.Path) -> list[float]:
+    engine = build_engine(cfg, run_dir)
     timer = EpochTimer()
     engine = Engine(engine.state, [*engine.hooks, timer], engine.train_loader, engine.eval_loader)
     engine.run()
@@ -163,42 +144,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3, help="per round; the first is a warm-up")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--model", default="vit_tiny_patch16_224")
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--patch", type=int, default=8)
-    parser.add_argument("--depth", type=int, default=4)
+    add_model_arguments(parser, image_size=64, patch=8, depth=4)
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is a warm-up)")
     ours, theirs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        make_images(work / "folder", args.images, classes=CLASSES)
-        convert.convert_image_folder(work / "folder", work / "shards", train_shards=4, progress=False)
-        config_path = work / "bench.yaml"
-        config_path.write_text(yaml.safe_dump(largebatch_config(args, work / "shards", args.images)))
+        cfg = overrides(args, image_shards(work, args.images))
         for i in range(args.rounds):
-            order = [("largebatch", ours), ("timm", theirs)]
-            for name, rates in order if i % 2 == 0 else order[::-1]:
-                if name == "largebatch":
-                    epoch_rates = largebatch_round(config_path, work / f"run{i}")
-                else:
-                    epoch_rates = timm_round(args, work / "folder")
+            for name, rates in in_turn([("largebatch", ours), ("timm", theirs)], i):
+                epoch_rates = largebatch_round(cfg, work / f"run{i}") if name == "largebatch" else timm_round(args, work / "folder")
                 rates.extend(epoch_rates[1:])
     ours_rate, timm_rate = statistics.median(ours), statistics.median(theirs)
-    import timm
-
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-        f"torch {torch.__version__}, timm {timm.__version__}"
-    )
+    print(f"Machine: {machine_description()}.")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, batch {args.batch}, "
         f"{args.images} JPEGs (~500x375), {args.workers} loader worker(s), {args.epochs} epochs x {args.rounds} rounds "
         "(first epoch of each round not counted)"
     )
-    print("| training loop | images/s (median epoch) | epochs |")
-    print("|---|---:|---|")
+    print(table("training loop | images/s (median epoch): | epochs"))
     print(f"| timm train.py path (ImageFolder + PIL) | {timm_rate:.1f} | {', '.join(f'{r:.1f}' for r in theirs)} |")
     print(f"| largebatch (native TFRecord loader, engine) | {ours_rate:.1f} | {', '.join(f'{r:.1f}' for r in ours)} |")
     print(f"largebatch / timm = {ours_rate / timm_rate:.3f}")

@@ -188,6 +188,10 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued device work (for timing)."""
 
+    def device_count(self) -> int:
+        """Devices of this kind on the node: at most this many processes per node, one each."""
+        return 1
+
     def memory_stats(self) -> dict[str, float]:
         """Device memory statistics in bytes (peak allocated at least), if the device has any."""
         return {}

@@ -75,6 +75,9 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
     def memory_stats(self) -> dict[str, float]:
         return {
             "allocated": float(torch.cuda.memory_allocated(self.device)),

@@ -216,6 +216,9 @@ class HpuBackend(Backend):
     def synchronize(self) -> None:
         self.hpu.synchronize()
 
+    def device_count(self) -> int:
+        return int(self.hpu.device_count())
+
     def memory_stats(self) -> dict[str, float]:
         stats = self.hpu.memory_stats()
         return {

@@ -6,6 +6,7 @@ their comparison as a finite positive ratio.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 import subprocess
@@ -15,9 +16,15 @@ import time
 import pytest
 import torch
 
+from bench import common
 from bench.engine_overhead import BareWorker, TakingTurns, Turns
 from bench.mfu import training_flops_per_image
+from tests.config.test_layering import imported_modules
 from tests.conftest import REPO, clean_env
+
+# What builds a config its own way (a YAML file written, a dict typed, a run started from
+# it): bench/common.py alone does, from bench/base.yaml and --set overrides.
+OWN_CONFIG = {"build_run", "TrainArgs", "resolve_config", "load_config", "typed", "section"}
 
 
 def run_script(*args: str, timeout: float = 900) -> str:
@@ -32,6 +39,51 @@ def ratio(output: str, name: str) -> float:
     value = float(match.group(1))
     assert math.isfinite(value) and value > 0
     return value
+
+
+def test_benchmarks_build_configs_in_one_place_and_leave_sys_path_alone():
+    found = []
+    for path in sorted((REPO / "bench").glob("*.py")):
+        edits = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call | ast.Assign | ast.AugAssign)]
+        found += [f"{path.name}:{node.lineno}: {ast.unparse(node)}" for node in edits if re.match(r"sys\.path\b", ast.unparse(node))]
+        if path.name != "common.py":
+            imports = imported_modules(path, ["bench"])
+            found += [f"{path.name}:{line}: {name}" for line, name in imports if name == "yaml" or name.rpartition(".")[2] in OWN_CONFIG]
+    assert not found, "build configs with bench.common (config, build_engine); run benchmarks as modules:\n" + "\n".join(found)
+
+
+def test_a_config_built_for_a_benchmark_is_the_one_a_users_set_options_give():
+    overrides = {"model": {"name": "vit_tiny_patch16_224", "depth": 1}, "data.scale": [0.5, 1.0], "clip_grad_norm": None}
+    by_hand = ["model={name: vit_tiny_patch16_224, depth: 1}", "data.scale=[0.5, 1.0]", "clip_grad_norm=null"]
+    from largebatch.config import resolve_config
+
+    assert common.config(overrides) == resolve_config(REPO / "bench" / "base.yaml", by_hand)
+    assert common.config(overrides).model.extra == {"depth": 1} and common.config({}).model.extra == {"patch_size": 4}
+
+
+def test_a_benchmark_run_as_a_file_starts_again_as_its_module(tmp_path):
+    # `python bench/x.py`, as BENCHMARKS.md writes the commands, here from another folder
+    # and without PYTHONPATH: it runs as `python -m bench.x`, importing bench.common.
+    env = {key: value for key, value in clean_env().items() if key != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "startup.py"), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: ") and "--against" in proc.stdout, proc.stderr
+    # and every benchmark with a main block does the same (the suite's own __main__ runs as `python -m bench`)
+    scripts = [path.name for path in sorted((REPO / "bench").glob("*.py")) if 'if __name__ == "__main__":\n' in path.read_text()]
+    unguarded = [name for name in scripts if "run_as_module(__file__)" not in (REPO / "bench" / name).read_text()]
+    assert len(scripts) == 13 and unguarded == ["__main__.py"], unguarded
+
+
+def test_the_sides_take_turns_and_ratios_are_read_per_round():
+    calls = []
+    times = common.time_blocks([lambda: calls.append("a"), lambda: calls.append("b"), lambda: calls.append("c")], 2, rounds=2)
+    assert calls == [*"aaabbbccc", *"cccbbbaaa"]  # one untimed call and two timed ones a block, reversed every other round
+    assert [len(side) for side in times] == [2, 2, 2] and all(len(block) == 2 for side in times for block in side)
+    assert common.rotated("abc", 4) == ["b", "c", "a"] and common.in_turn("abc", 1) == ["c", "b", "a"]
+    assert common.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0, 4.0)
+    assert common.per_round_ratio([[2.0, 4.0], [3.0]], [[1.0, 2.0], [3.0]]) == (1.5, 1.25, 1.75)
+    assert common.table("name | value:", ["| a | 1 |"]) == "| name | value |\n|---|---:|\n| a | 1 |"
 
 
 def test_training_flops_count_forward_and_the_backward_that_runs():
@@ -95,7 +147,7 @@ def test_timm_train_runs():
 
 
 def test_lars_step_pairs_alternate_and_match_timm():
-    from bench import lars_step
+    from bench import lamb_step, lars_step
 
     calls = []
 
@@ -114,9 +166,9 @@ def test_lars_step_pairs_alternate_and_match_timm():
     torch.manual_seed(0)
     params = [torch.randn(8, 4), torch.randn(8), torch.randn(3, 8)]
     grads = [[torch.randn_like(p) * 1e-2 for p in params] for _ in range(3)]
-    ours = lars_step.update_after(lars_step.ours, params, grads)
-    timms = lars_step.update_after(lars_step.timm_lars, params, grads)
-    assert lars_step.max_difference(ours, timms) < 1e-6 and max(u.abs().max().item() for u in ours) > 1e-4
+    ours = lamb_step.update_after(lars_step.ours, params, grads)
+    timms = lamb_step.update_after(lars_step.timm_lars, params, grads)
+    assert lamb_step.max_difference(ours, timms) < 1e-6 and max(u.abs().max().item() for u in ours) > 1e-4
 
 
 @pytest.mark.slow

@@ -234,6 +234,7 @@ def _typing_calls(path: pathlib.Path, root: pathlib.Path = PACKAGE):
 
 def test_no_module_outside_the_config_package_types_or_validates_a_dict():
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).parts[0] != "config" for hit in _typing_calls(path)]
+    found += [hit for path in sorted((REPO / "bench").glob("*.py")) for hit in _typing_calls(path, root=REPO)]  # as users build theirs
     assert not found, "take the typed section as an argument (largebatch.config.resolve_config types it once):\n" + "\n".join(found)
 
 
