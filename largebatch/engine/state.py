@@ -40,7 +40,7 @@ from largebatch.backends.base import Backend
 from largebatch.batching import BatchPlan
 from largebatch.config.derive import Derived
 from largebatch.config.sections import Config
-from largebatch.data.mixup import MixupCutmix
+from largebatch.data.mixup import MixedBatch, MixupCutmix
 from largebatch.dist import DistInfo
 from largebatch.engine.hook import Hook
 from largebatch.engine.update import NonFiniteGuard
@@ -190,7 +190,7 @@ class Step:
     lr: float
     window_size: int
     micro_in_window: int = 0
-    batch: Any = None
+    batch: MixedBatch | None = None
     outputs: Any = None
     loss: torch.Tensor | None = None
     step_loss: torch.Tensor | None = None
