@@ -122,7 +122,7 @@ def documented(part: str) -> list[str]:
     """The names docs/hooks.md's state table lists in the row that starts with ``part``."""
     table = (pathlib.Path(__file__).parents[2] / "docs" / "hooks.md").read_text()
     (row,) = [line for line in table.splitlines() if line.startswith(f"| `{part}")]
-    what = row.split("|")[1 if part != "state.run" and part != "state.current" else 2]
+    what = row.split("|")[2 if part in ("state.run", "state.current") else 1]  # names in the "what" column, or the first
     names = re.findall(r"`([a-z_.]+)(?:\([^`]*\))?`", what)
     return [name.removeprefix("state.") for name in names if "." not in name.removeprefix("state.")]
 
