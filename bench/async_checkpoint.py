@@ -79,7 +79,7 @@ class SaveStopwatchHook(Hook):
         self.steps: list[dict[str, float]] = []
 
     def _clock(self, state) -> SaveClockHook:
-        return next(h for h in state.run.hooks if type(h).__name__ == "SaveClockHook")  # loaded by path, perhaps as another module
+        return next(h for h in state.hooks if type(h).__name__ == "SaveClockHook")  # loaded by path, perhaps as another module
 
     def after_step(self, state) -> None:
         clock, now = self._clock(state), time.perf_counter()

@@ -336,7 +336,7 @@ def _run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
         UserError: a hook's state holds something a checkpoint does not store (named).
     """
     run = state.run
-    config = redact(run.config.to_dict())
+    config = redact(run.config)
     states = hook_states(hooks)
     safe_load.check_hook_states(states)
     return {
@@ -557,7 +557,7 @@ def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, 
     """
     config = state.run.config
     if not ignore_config:  # both redacted: the checkpoint's is, and an older one's is compared as it
-        check_same_config(redact(payload["config"]), redact(config.to_dict()), path)
+        check_same_config(redact(payload["config"]), redact(config), path)
     sharded_file = payload.get("sharded", False)
     if sharded_file != uses_sharded_format(config):
         made = "a sharded (fsdp/hsdp)" if sharded_file else "a ddp"

@@ -34,20 +34,22 @@ def train_sample_count(cfg: typing.Any) -> tuple[int, str]:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     from largebatch.config import derive, dump_yaml, resolve_config
-    from largebatch.config.redact import redact
+    from largebatch.config.redact import config_record
     from largebatch.dist import discover
     from largebatch.footprint import estimate_memory
     from largebatch.hooks import build_hooks
     from largebatch.tasks import build_task
 
     cfg = resolve_config(args.config, args.overrides)
-    build_hooks(cfg, pathlib.Path(args.config))  # a bad hook or task spec is a config mistake too
+    build_hooks(
+        cfg.hooks, checkpoint=cfg.checkpoint, log=cfg.log, ema=cfg.ema, config_path=pathlib.Path(args.config)
+    )  # a bad hook or task spec is a config mistake too
     build_task(cfg.task, pathlib.Path(args.config))
     world_size = args.world_size or discover().world_size
     samples, source = train_sample_count(cfg)
     derived = derive(cfg, world_size, samples)
-    shown = {**derived.to_dict(), "train_samples_from": source, "memory_estimate": estimate_memory(cfg, derived)}
-    sys.stdout.write(dump_yaml(redact({**cfg.to_dict(), "derived": shown})))
+    shown = config_record(cfg, derived, train_samples_from=source, memory_estimate=estimate_memory(cfg, derived))
+    sys.stdout.write(dump_yaml(shown))
     return 0
 
 

@@ -18,7 +18,7 @@ from largebatch import data as data_mod
 from largebatch import preemption
 from largebatch.backends import create_backend
 from largebatch.config import Config, Derived, derive, dump_yaml
-from largebatch.config.redact import redact
+from largebatch.config.redact import config_record
 from largebatch.data.mixup import MixupCutmix
 from largebatch.dist import barrier, broadcast_object, destroy_process_group, discover
 from largebatch.engine.engine import Engine
@@ -54,7 +54,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
         for line in plan.messages():
             print(line, flush=True)
     cfg = plan.config
-    hooks = build_hooks(cfg, plan.config_file)
+    hooks = build_hooks(cfg.hooks, checkpoint=cfg.checkpoint, log=cfg.log, ema=cfg.ema, config_path=plan.config_file)
     task = build_task(cfg.task, plan.config_file)
     backend = create_backend(cfg.device, cfg.precision, info.local_rank, cuda=cfg.cuda, hpu=cfg.hpu)
     dist_backend = backend.dist_backend if cfg.dist.backend == "auto" else cfg.dist.backend
@@ -88,7 +88,7 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     # was), and not for a finished run that has nothing to do.
     if info.is_main and not finished(state):
         run_dir.path.mkdir(parents=True, exist_ok=True)
-        run_dir.config.write_text(dump_yaml(redact({**cfg.to_dict(), "derived": derived.to_dict()})))
+        run_dir.config.write_text(dump_yaml(config_record(cfg, derived)))
     barrier()  # every rank's hooks may write into the folder from the first event on
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
@@ -201,12 +201,12 @@ def finished(state: TrainState) -> bool:
 
 def write_final_outputs(state: TrainState) -> None:
     """The finished run's ``model.safetensors``, ``model_<name>.safetensors`` for each of
-    ``state.run.extra_models`` (the EMA), and ``config.json`` (rank 0 writes; every
+    ``state.extra_models`` (the EMA), and ``config.json`` (rank 0 writes; every
     rank calls: sharded weights are gathered). The engine calls this between
     ``after_train`` and ``after_run`` of a run that was not interrupted."""
     run = state.run
     ckpt.save_final_weights(run.model, run.run_dir.weights(), is_main=run.is_main)
-    for name, model in run.extra_models.items():  # model_ema.safetensors, ...
+    for name, model in state.extra_models.items():  # model_ema.safetensors, ...
         ckpt.save_final_weights(model, run.run_dir.weights(name), is_main=run.is_main)
     if run.is_main:
         write_run_hub_config(run.config, run.run_dir)

@@ -154,11 +154,11 @@ def _continue_saved(args: TrainArgs, run_dir: RunDir, source: RunDir | None, sav
     if given is not None and given.resolve() == saved.resolve():
         given = None  # the saved file itself: read as data above, not as a file of the user's
     named = resolve_config(given, args.overrides) if given is not None else None
-    missing = unresolved(config.to_dict())
+    missing = unresolved(config)
     if named is not None and missing:
         config = restore_secrets(config, named)
     refuse_redacted(config, str(saved))
-    shown = redact(config.to_dict())
+    shown = redact(config)
     return StartPlan(
         run_dir,
         config,
@@ -166,8 +166,8 @@ def _continue_saved(args: TrainArgs, run_dir: RunDir, source: RunDir | None, sav
         given if given is not None or not args.trust_checkpoint else saved,
         saved_config=saved,
         resumed_from=source,
-        changed=tuple(ckpt.config_changes(redact(before.to_dict()), shown)),
-        ignored=tuple(ckpt.config_changes(shown, redact(named.to_dict()))) if named is not None else (),
+        changed=tuple(ckpt.config_changes(redact(before), shown)),
+        ignored=tuple(ckpt.config_changes(shown, redact(named))) if named is not None else (),
         restored=tuple(missing) if named is not None else (),
     )
 
@@ -223,7 +223,7 @@ def refuse_redacted(cfg: Config, path: str) -> Config:
     Raises:
         UserError: naming the keys and where to give the values.
     """
-    missing = unresolved(cfg.to_dict())
+    missing = unresolved(cfg)
     if missing:
         raise UserError(
             f"{', '.join(missing[:3])}: {REDACTED!r}, as written to the run directory, which keeps credentials out; give the "

@@ -6,6 +6,7 @@ and resumed are in ``tests/test_resume_matrix.py`` and ``tests/test_preemption.p
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -189,7 +190,7 @@ def test_a_checkpoint_holds_its_config_redacted_and_resumes_against_the_real_one
     engine = trained(tmp_path, steps=1)
     hook = {"type": "hooks/notify.py:Notify", "url": "https://alice:s3cr3t@hooks.example.com/x", "api_key": "tok-123"}
     weights = "https://alice:s3cr3t@hub.example.com/vit.safetensors"  # a key a resume compares (not a hook's)
-    engine.state.run.config = typed(tiny_config(hooks=[hook], **{"model.init_from": weights}))
+    engine.state.run = dataclasses.replace(engine.state.run, config=typed(tiny_config(hooks=[hook], **{"model.init_from": weights})))
     path = ckpt.save_checkpoint(engine.state, engine.hooks, keep=1)
     assert b"s3cr3t" not in path.read_bytes() and b"tok-123" not in path.read_bytes()
     payload = ckpt.read_checkpoint(path)

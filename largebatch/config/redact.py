@@ -62,6 +62,9 @@ from typing import Any
 
 import yaml
 
+from largebatch.config.derive import Derived
+from largebatch.config.frozen import ConfigSection
+
 REDACTED = "<redacted>"
 
 # a credential's name: its parts (below), one of which is a word, a word run together at
@@ -138,9 +141,16 @@ def redact_text(text: str) -> str:
 
 
 def redact(value: Any, key: object = None) -> Any:
-    """A copy of ``value`` (a config dict, a list, a scalar) with credentials redacted;
-    ``key`` is the name ``value`` is stored under."""
-    return _redact(value, secret_key(key))
+    """A copy of ``value`` (a typed config or section, a config dict, a list, a scalar) with
+    credentials redacted, as plain values; ``key`` is the name ``value`` is stored under."""
+    return _redact(value.to_dict() if isinstance(value, ConfigSection) else value, secret_key(key))
+
+
+def config_record(config: ConfigSection, derived: Derived, **more_derived: Any) -> dict[str, Any]:
+    """The config as a run writes and shows it (``config.yaml``, ``largebatch config show``,
+    the trackers' parameters): plain values, redacted, with the derived numbers (and
+    ``more_derived``) under ``derived``."""
+    return redact({**config.to_dict(), "derived": {**derived.to_dict(), **more_derived}})
 
 
 def _redact(value: Any, secret: bool) -> Any:
@@ -169,7 +179,10 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 
 def unresolved(config: Any, path: str = "") -> list[str]:
-    """The dotted keys (``hooks[0].tracking_uri``) whose values hold ``<redacted>``."""
+    """The dotted keys (``hooks[0].tracking_uri``) of a config (typed or plain) whose
+    values hold ``<redacted>``."""
+    if isinstance(config, ConfigSection):
+        return unresolved(config.to_dict(), path)
     if isinstance(config, Mapping):
         return [found for k, v in config.items() for found in unresolved(v, f"{path}.{k}" if path else str(k))]
     if isinstance(config, (list, tuple)):

@@ -8,7 +8,6 @@ on a batch (forward, loss, metrics) is the task's (``state.run.task``, ``largeba
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,7 +46,7 @@ class Engine:
         self.state = state
         self.finish = finish
         self.hooks = sorted(hooks, key=lambda h: h.priority)
-        state.run.hooks = self.hooks  # what a checkpoint saves besides the state itself
+        state.hooks = self.hooks  # what a checkpoint saves besides the counters and the run
         self.train_loader = train_loader
         self.eval_loader = eval_loader
         self._by_event = {event: [h for h in self.hooks if h.overrides(event)] for event in Event}
@@ -80,7 +79,7 @@ class Engine:
                 self._train_epoch()
                 if state.step_in_epoch < run.plan.steps_per_epoch:
                     break  # stopped mid-epoch
-                state.counters = dataclasses.replace(state.counters, epoch=state.epoch + 1, step_in_epoch=0)
+                state.finish_epoch()
                 self.fire(Event.AFTER_EPOCH)
                 interval = run.config.eval.interval_epochs
                 if interval > 0 and state.epoch % interval == 0:
@@ -140,12 +139,13 @@ class Engine:
         run.optimizer.zero_grad(set_to_none=True)
         state.current = step = Step(lr=run.schedule.lr_at(state.step), window_size=window)
         self.fire(Event.BEFORE_STEP)
+        sync_all = run.config.dist.reduce_every_micro_batch  # fsdp/hsdp: reduce after every micro-batch
         for micro in range(window):
             step.micro_in_window = micro
             images, labels = self._next_batch(batches)
             step.batch = run.mixup(images, labels, rng=run.random.mixup_generator(state.step, micro))
             self.fire(Event.BEFORE_MICRO_STEP)
-            with sync_context(run.train_model, micro, window, sync_first=run.sync_first_micro, sync_all=run.sync_every_micro):
+            with sync_context(run.train_model, micro, window, sync_first=state.sync_first_micro, sync_all=sync_all):
                 run.random.seed_forward(state.step, micro)  # dropout: a function of (seed, rank, step, micro)
                 with run.backend.autocast():
                     step.outputs = run.task.forward(run.train_model, step.batch.images)
@@ -156,17 +156,13 @@ class Engine:
             run.backend.after_backward()
             detached = step.loss.detach() * micro_loss_weight(window)
             step.step_loss = detached if step.step_loss is None else step.step_loss + detached
-            state.counters = dataclasses.replace(
-                state.counters,
-                micro_step=state.micro_step + 1,
-                samples_seen=state.samples_seen + images.shape[0] * run.world_size,
-            )
+            state.advance_micro_step(images.shape[0] * run.world_size)
             self.fire(Event.AFTER_BACKWARD)
         take_update(state, lambda: self.fire(Event.BEFORE_OPTIMIZER_STEP))
         run.backend.after_optimizer_step()
         run.schedule.apply(run.optimizer, state.step + 1)
         self.fire(Event.AFTER_OPTIMIZER_STEP)
-        state.counters = dataclasses.replace(state.counters, step=state.step + 1, step_in_epoch=state.step_in_epoch + 1)
+        state.advance_step()
         run.guard.publish(state)
         self.fire(Event.AFTER_STEP)
         self._eval_if_requested()
@@ -174,7 +170,7 @@ class Engine:
     def evaluate(self) -> dict[str, float]:
         """The task's metrics over the evaluation split (every sample once across ranks;
         classification: ``eval/loss``, ``eval/top1``, ``eval/top5``), then those of each
-        of ``state.run.extra_models`` as ``eval_<name>/...`` (``after_eval_batch`` fires for
+        of ``state.extra_models`` as ``eval_<name>/...`` (``after_eval_batch`` fires for
         the model's batches only)."""
         state, run = self.state, self.state.run
         if self.eval_loader is None:
@@ -189,8 +185,8 @@ class Engine:
             metrics = run.task.evaluate(run.model, self.eval_loader, run.backend, prefix="eval", on_batch=after_batch)
         finally:
             state.eval_batch = None
-        for name, model in run.extra_models.items():
-            if name not in run.skip_eval_models:
+        for name, model in state.extra_models.items():
+            if name not in state.skip_eval_models:
                 metrics.update(run.task.evaluate(model, self.eval_loader, run.backend, prefix=f"eval_{name}"))
         state.eval_metrics = metrics
         state.last_eval_step = state.step

@@ -1,15 +1,18 @@
 """``TrainState``: what hooks see, grouped by how long it lives. Hooks get the state, never the engine.
 
-* ``state.run`` (``Run``): built once for the run and fixed: the config, the derived
+* ``state.run`` (``Run``): built once for the run and frozen: the config, the derived
   numbers, the backend, the model, the optimizer, the schedule, the task, the run
-  directory, the random streams.
+  directory, the random streams, the non-finite guard (the objects themselves change
+  as they work, a model's weights for one; which objects they are does not).
 * ``state.current`` (``Step``): the optimizer step being taken: its window, the current
   micro-batch, its outputs and loss, the gradient norms, a requested skip and the metrics
   hooks publish. The engine starts a fresh one at every step (nothing to reset by hand).
 * The counters (``state.step``, ``state.epoch``, ...; ``state.counters`` as one frozen
-  ``Counters``): only the engine advances them.
-* What lives for the run but changes (``eval_metrics``, a requested stop or evaluation,
-  the time spent waiting for data) is the state's own.
+  ``Counters``): only the engine advances them, by named transitions
+  (``advance_micro_step``, ``advance_step``, ``finish_epoch``).
+* What lives for the run but changes (the hooks, the models hooks register, the
+  evaluation results, a requested stop or evaluation, the time spent waiting for data)
+  is the state's own, declared in ``TrainState``.
 
 Counters are named by their unit:
 
@@ -33,11 +36,16 @@ from typing import Any
 
 import torch
 
+from largebatch.backends.base import Backend
+from largebatch.batching import BatchPlan
 from largebatch.config.derive import Derived
 from largebatch.config.sections import Config
+from largebatch.data.mixup import MixedBatch, MixupCutmix
 from largebatch.dist import DistInfo
+from largebatch.engine.hook import Hook
 from largebatch.engine.update import NonFiniteGuard
 from largebatch.optim import sharded
+from largebatch.optim.schedules import LRSchedule
 from largebatch.randomness import RandomStreams
 from largebatch.rundir import RunDir
 from largebatch.tasks import Task
@@ -85,13 +93,13 @@ class GradNorms:
         return torch.linalg.vector_norm(self.norms)
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Run:
-    """What lives for the whole run, built once by ``largebatch.launch``.
+    """What lives for the whole run, built once by ``largebatch.launch`` and frozen: no
+    field is assigned after it is built (what changes during a run is ``TrainState``'s).
 
     Attributes:
-        config: the resolved config, typed and frozen (``state.run.config.eval.at_end``;
-            ``config.to_dict()`` is the plain nested dict, for hooks written against dicts).
+        config: the resolved config, typed and frozen (``state.run.config.eval.at_end``).
         derived: the derived numbers, holding the batch plan (``derived.plan``).
         dist: rank, world size, local rank.
         backend: the device backend.
@@ -102,52 +110,58 @@ class Run:
         run_dir: the run directory (``largebatch.rundir.RunDir``).
         random: the run's random streams (``largebatch.randomness``); the engine reseeds
             the model's generators from it before every forward pass.
-        hooks: the run's hooks in firing order (set by the engine); checkpoints save and
-            restore each one's ``state_dict``.
-        extra_models: models kept beside the trained one, by name (the ``ema`` hook's
-            ``'ema'``), registered by hooks in ``before_run``: each is evaluated after the
-            model with the same task and loader (metrics ``eval_<name>/...``) unless its
-            name is in ``skip_eval_models``, and written at the end of the run as
-            ``model_<name>.safetensors``.
-        sync_first_micro: under ``dist.strategy`` fsdp/hsdp, reduce the gradients after
-            each window's first micro-batch too (set in ``before_run`` by a hook that
-            reads that micro-batch's gradient: sharded gradients exist only once reduced).
-        guard: the non-finite check of every update (``largebatch.engine.update``, the
-            config's ``nan_guard``); checkpoints save its counts.
-        plan, rank, world_size, is_main, total_steps, sharded: read from ``derived`` and
-            ``dist`` once (``total_steps``: the optimizer steps this run takes, ``max_steps``
-            included; ``sharded``: the parameters are FSDP2 DTensors).
-        sync_every_micro: under fsdp/hsdp, reduce after every micro-batch
-            (``dist.reduce_every_micro_batch``).
+        guard: the non-finite check of every update (``largebatch.engine.update``, built
+            from the config's ``nan_guard``); checkpoints save its counts.
+
+    Read from ``derived`` and ``dist`` (properties): ``plan``, ``rank``, ``world_size``,
+    ``is_main``, ``total_steps``, ``sharded``.
     """
 
     config: Config
     derived: Derived
     dist: DistInfo
-    backend: Any
+    backend: Backend
     model: torch.nn.Module
     train_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    schedule: Any
+    schedule: LRSchedule
     scaler: torch.amp.GradScaler | None
-    mixup: Any
+    mixup: MixupCutmix
     task: Task
     run_dir: RunDir
     random: RandomStreams
-    hooks: list[Any] = dataclasses.field(default_factory=list)
-    extra_models: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)
-    skip_eval_models: set[str] = dataclasses.field(default_factory=set)
-    sync_first_micro: bool = False
+    guard: NonFiniteGuard = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.guard = NonFiniteGuard(self.config.nan_guard)
-        # fixed for the run: read once
-        self.plan = self.derived.plan
-        self.rank, self.world_size = self.dist.rank, self.dist.world_size
-        self.is_main = self.rank == 0
-        self.total_steps = self.derived.run_steps  # optimizer steps this run takes (max_steps included)
-        self.sharded = self.derived.sharded  # parameters are FSDP2 DTensors
-        self.sync_every_micro = self.config.dist.reduce_every_micro_batch
+        object.__setattr__(self, "guard", NonFiniteGuard(self.config.nan_guard))  # frozen: set once, here
+
+    @property
+    def plan(self) -> BatchPlan:
+        """The batch plan (``derived.plan``)."""
+        return self.derived.plan
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """This is rank 0."""
+        return self.dist.rank == 0
+
+    @property
+    def total_steps(self) -> int:
+        """The optimizer steps this run takes (``max_steps`` included)."""
+        return self.derived.run_steps
+
+    @property
+    def sharded(self) -> bool:
+        """The parameters are FSDP2 DTensors (``dist.strategy`` fsdp/hsdp)."""
+        return self.derived.sharded
 
 
 @dataclasses.dataclass(eq=False)
@@ -176,7 +190,7 @@ class Step:
     lr: float
     window_size: int
     micro_in_window: int = 0
-    batch: Any = None
+    batch: MixedBatch | None = None
     outputs: Any = None
     loss: torch.Tensor | None = None
     step_loss: torch.Tensor | None = None
@@ -202,8 +216,8 @@ MOVED: dict[str, tuple[str, str]] = {
     **{
         name: (f"state.run.{name}", "")
         for name in (
-            "derived plan dist backend model train_model optimizer schedule scaler mixup task run_dir random hooks "
-            "extra_models skip_eval_models sync_first_micro sync_every_micro sharded rank world_size is_main total_steps"
+            "derived plan dist backend model train_model optimizer schedule scaler mixup task run_dir random "
+            "sharded rank world_size is_main total_steps"
         ).split()
     },
     **{
@@ -211,9 +225,10 @@ MOVED: dict[str, tuple[str, str]] = {
         for name in "batch outputs loss step_loss lr window_size micro_in_window grad_norms metrics log_record".split()
     },
     "cfg": ("state.run.config", ""),
-    "config": ("state.run.config", "typed and frozen; state.run.config.to_dict() is the plain dict"),
+    "config": ("state.run.config", "typed and frozen: read its sections, state.run.config.optimizer.lr"),
     "accumulation": ("state.run.plan.accumulation", ""),
     "epochs": ("state.run.config.epochs", ""),
+    "sync_every_micro": ("state.run.config.dist.reduce_every_micro_batch", ""),
     "grad_norm": ("state.current.grad_norms.total", "after state.compute_grad_norms()"),
     "skip_step": ("state.current.skipped", "to skip: state.current.request_skip(reason)"),
     "stop_resumable": ("state.interrupted", ""),
@@ -229,15 +244,28 @@ def moved_error(name: str) -> AttributeError:
     )
 
 
+@dataclasses.dataclass(eq=False)
 class TrainState:
     """Everything a hook may read, by lifetime (module docstring); hooks write only
-    ``current.metrics``, and ask with ``current.request_skip``, ``request_eval`` and
-    ``request_stop``.
+    ``current.metrics``, and ask with ``current.request_skip``, ``request_eval``,
+    ``request_stop``, ``register_model`` and ``request_first_micro_sync``.
 
     Attributes:
-        run: what lives for the run (``Run``).
-        current: the step being taken (``Step``).
-        counters: the counters (``Counters``), also readable one by one (``state.step``).
+        run: what lives for the run (``Run``, frozen).
+        counters: the counters (``Counters``), also readable one by one (``state.step``);
+            advanced by the engine only (``advance_micro_step``, ``advance_step``,
+            ``finish_epoch``) and restored from checkpoints.
+        current: the step being taken (``Step``); the engine starts a fresh one each step.
+        hooks: the run's hooks in firing order (set by the engine); checkpoints save and
+            restore each one's ``state_dict``.
+        extra_models: models kept beside the trained one, by name (the ``ema`` hook's
+            ``'ema'``), registered by hooks in ``before_run`` (``register_model``): each
+            is evaluated after the model with the same task and loader (metrics
+            ``eval_<name>/...``) unless its name is in ``skip_eval_models``, and written at
+            the end of the run as ``model_<name>.safetensors``.
+        skip_eval_models: names of ``extra_models`` the evaluation leaves out.
+        sync_first_micro: under ``dist.strategy`` fsdp/hsdp, reduce the gradients after
+            each window's first micro-batch too (``request_first_micro_sync``).
         eval_metrics: results of the last evaluation.
         last_eval_step: the step the last evaluation ran at (None before one; saved in
             checkpoints, so a resumed run never evaluates one step twice).
@@ -249,23 +277,30 @@ class TrainState:
         hook_times: ``{(hook name, event): [calls, seconds]}`` when the ``hook_timer``
             hook is on (None: the engine does not time hooks).
         stop_reason: why the run ends early, once a hook asked (``request_stop``).
+        interrupted: a resumable stop was requested (``request_stop(..., resumable=True)``).
 
     A name the state held before it was grouped by lifetime (``MOVED``: ``state.run_dir``,
     ``state.metrics``, ...) read or written raises an ``AttributeError`` naming its new place.
     """
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.counters = Counters()
-        self.current = Step(lr=0.0, window_size=run.plan.accumulation)
-        self.eval_metrics: dict[str, float] = {}
-        self.last_eval_step: int | None = None
-        self.eval_batch: tuple[Any, Any, Any] | None = None
-        self.eval_requested = False
-        self.data_wait_seconds = 0.0
-        self.hook_times: dict[tuple[str, str], list[float]] | None = None
-        self.stop_reason: str | None = None
-        self._stop_resumable = False
+    run: Run
+    counters: Counters = dataclasses.field(default_factory=Counters)
+    current: Step = dataclasses.field(init=False)
+    hooks: list[Hook] = dataclasses.field(default_factory=list)
+    extra_models: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)
+    skip_eval_models: set[str] = dataclasses.field(default_factory=set)
+    sync_first_micro: bool = False
+    eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    last_eval_step: int | None = None
+    eval_batch: tuple[Any, Any, Any] | None = None
+    eval_requested: bool = False
+    data_wait_seconds: float = 0.0
+    hook_times: dict[tuple[str, str], list[float]] | None = None
+    stop_reason: str | None = None
+    interrupted: bool = False
+
+    def __post_init__(self) -> None:
+        self.current = Step(lr=0.0, window_size=self.run.plan.accumulation)
 
     if not typing.TYPE_CHECKING:  # hidden from the type checker: a name the state lacks stays an error there
 
@@ -285,6 +320,21 @@ class TrainState:
     samples_seen = property(lambda self: self.counters.samples_seen)
     epoch = property(lambda self: self.counters.epoch)
     step_in_epoch = property(lambda self: self.counters.step_in_epoch)
+
+    # The counters' transitions: the engine's only.
+    def advance_micro_step(self, samples: int) -> None:
+        """A forward/backward pass is done: ``samples`` more samples over all ranks."""
+        self.counters = dataclasses.replace(
+            self.counters, micro_step=self.counters.micro_step + 1, samples_seen=self.counters.samples_seen + samples
+        )
+
+    def advance_step(self) -> None:
+        """An optimizer step is done (taken or skipped)."""
+        self.counters = dataclasses.replace(self.counters, step=self.counters.step + 1, step_in_epoch=self.counters.step_in_epoch + 1)
+
+    def finish_epoch(self) -> None:
+        """An epoch is done: the next one starts at its first step."""
+        self.counters = dataclasses.replace(self.counters, epoch=self.counters.epoch + 1, step_in_epoch=0)
 
     @property
     def epoch_number(self) -> int:
@@ -318,7 +368,7 @@ class TrainState:
         """
         if self.current.grad_norms is None:
             named = [(n, p) for n, p in self.run.model.named_parameters() if p.grad is not None]
-            grads = [p.grad for _, p in named]
+            grads = [p.grad for _, p in named if p.grad is not None]  # all of them: the filter above
             norms = sharded.grad_norms(grads) if grads else torch.zeros(0, device=self.run.backend.device)
             self.current.grad_norms = GradNorms([n for n, _ in named], [p for _, p in named], norms)
         return self.current.grad_norms
@@ -338,13 +388,22 @@ class TrainState:
         """
         if self.stop_reason is None:
             self.stop_reason = reason
-        self._stop_resumable = self._stop_resumable or resumable
+        self.interrupted = self.interrupted or resumable
 
     @property
     def should_stop(self) -> bool:
         return self.stop_reason is not None
 
-    @property
-    def interrupted(self) -> bool:
-        """A resumable stop was requested (see ``request_stop``)."""
-        return self._stop_resumable
+    def register_model(self, name: str, model: torch.nn.Module, *, evaluate: bool = True) -> None:
+        """Keep ``model`` beside the trained one as ``extra_models[name]`` (call in
+        ``before_run``): evaluated as ``eval_<name>/...`` unless ``evaluate`` is False, and
+        written at the end of the run as ``model_<name>.safetensors``."""
+        self.extra_models[name] = model
+        if not evaluate:
+            self.skip_eval_models.add(name)
+
+    def request_first_micro_sync(self) -> None:
+        """Under fsdp/hsdp, reduce the gradients after each window's first micro-batch
+        too (call in ``before_run``, from a hook that reads that micro-batch's gradient:
+        sharded gradients exist only once reduced)."""
+        self.sync_first_micro = True

@@ -37,13 +37,17 @@ business: it skips the update and lowers its scale, and the guard only counts th
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from largebatch.backends.base import clip_coefficient
 from largebatch.config.sections import NanGuardConfig
 from largebatch.errors import UserError
+
+if TYPE_CHECKING:  # the state holds the guard (``Run.guard``): imported at run time, a circle
+    from largebatch.engine.state import TrainState
 
 
 class NonFiniteError(UserError):
@@ -64,7 +68,7 @@ class NonFiniteGuard:
         self.overflows = 0
         self.in_a_row = 0
 
-    def check(self, state: Any) -> None:
+    def check(self, state: TrainState) -> None:
         """Stop or skip a step whose loss or gradients are not finite (see the module docstring).
 
         Raises:
@@ -94,7 +98,8 @@ class NonFiniteGuard:
         )
         if self.action == "skip" and self.in_a_row < self.max_skips:
             for param in grads.params:
-                param.grad.zero_()
+                if param.grad is not None:  # every one: the norms are of the parameters with a gradient
+                    param.grad.zero_()
             state.current.request_skip(f"nan_guard: {message}")
             self.skipped += 1
             self.in_a_row += 1
@@ -108,7 +113,7 @@ class NonFiniteGuard:
             "or resume from an earlier checkpoint"
         )
 
-    def publish(self, state: Any) -> None:
+    def publish(self, state: TrainState) -> None:
         """On a logging step, the counts as ``nan_guard/skipped`` and ``nan_guard/overflows``."""
         if state.is_log_step and (self.skipped or self.overflows):
             state.current.metrics["nan_guard/skipped"] = self.skipped
@@ -122,7 +127,7 @@ class NonFiniteGuard:
         self.in_a_row = state.get("in_a_row", 0)
 
 
-def clip(state: Any, max_norm: float) -> None:
+def clip(state: TrainState, max_norm: float) -> None:
     """Clip the gradients to a global L2 norm of ``max_norm`` with the backend's clipping
     (torch's foreach clip, or Habana's ``FusedClipNorm``), from the step's one norm pass;
     the factor applied is kept in ``state.current.grad_norms.clip_coef``."""
@@ -131,7 +136,7 @@ def clip(state: Any, max_norm: float) -> None:
     norms.clip_coef = clip_coefficient(total, max_norm)
 
 
-def take_update(state: Any, fire_before: Any) -> None:
+def take_update(state: TrainState, fire_before: Callable[[], None]) -> None:
     """The update of a step whose window has run (the module docstring's order);
     ``fire_before`` fires ``before_optimizer_step``."""
     run = state.run

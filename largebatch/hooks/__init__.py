@@ -18,13 +18,15 @@ Clipping and the non-finite check are not hooks: every update does them inline
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from largebatch.config.frozen import thaw
 from largebatch.config.resolve import check_arguments, construct, load_class
 from largebatch.config.schema import check_argument
-from largebatch.config.sections import Config
+from largebatch.config.sections import CheckpointConfig, EmaConfig, LogConfig
 from largebatch.engine.hook import Hook, parse_priority
 from largebatch.errors import ConfigError
 
@@ -89,39 +91,87 @@ def instantiate(cls: type[Hook], kwargs: dict[str, Any], key: str) -> Hook:
     return construct(cls, kwargs, key)
 
 
-def build_hooks(cfg: Config, config_path: pathlib.Path | None = None) -> list[Hook]:
+@dataclasses.dataclass(frozen=True)
+class HookEntry:
+    """One entry of the config's ``hooks`` list, read.
+
+    Attributes:
+        type: a built-in name, ``'path/file.py:Class'`` or ``'package.module:Class'``.
+        arguments: the hook's keyword arguments, as plain values (lists, dicts).
+        key: where it stands, for error lines (``hooks[2]``).
+    """
+
+    type: str
+    arguments: Mapping[str, Any]
+    key: str
+
+    @classmethod
+    def read(cls, entries: Sequence[str | Mapping[str, Any]]) -> list[HookEntry]:
+        """The config's entries (``'logger'`` or ``dict(type='logger', **arguments)``, as
+        validated) in order.
+
+        Raises:
+            ConfigError: the name of what is no longer a hook (``NOT_HOOKS``), with the
+                setting that replaced it.
+        """
+        read = []
+        for i, entry in enumerate(entries):
+            key = f"hooks[{i}]"
+            if isinstance(entry, str):
+                read.append(cls(entry, {}, key))
+            else:
+                read.append(cls(entry["type"], {k: thaw(v) for k, v in entry.items() if k != "type"}, key))
+            if read[-1].type in NOT_HOOKS:
+                raise ConfigError(f"{read[-1].type!r} is not a hook; {NOT_HOOKS[read[-1].type]}", key=key)
+        return read
+
+
+def build_hooks(
+    entries: Sequence[str | Mapping[str, Any]],
+    *,
+    checkpoint: CheckpointConfig,
+    log: LogConfig,
+    ema: EmaConfig,
+    config_path: pathlib.Path | None = None,
+) -> list[Hook]:
     """The run's hooks: the defaults (with any arguments the config gives them), the
     ``ema`` hook when ``ema.decay`` is set, then the config's other hooks in order.
+
+    Args:
+        entries: the config's ``hooks`` (``cfg.hooks``).
+        checkpoint, log, ema: the config's sections that set the ``checkpoint``, ``logger``
+            and ``ema`` hooks' arguments (an entry's arguments win).
+        config_path: the config file (a hook file's path may be relative to its folders).
 
     Raises:
         ConfigError: an entry that cannot be built (naming ``hooks[i]``), or the name of
             what is no longer a hook (``NOT_HOOKS``), with the setting that replaced it.
     """
-    specs: list[tuple[str, dict[str, Any], str]] = []
-    for i, entry in enumerate(thaw(cfg.hooks)):
-        key = f"hooks[{i}]"
-        if isinstance(entry, str):
-            specs.append((entry, {}, key))
-        else:
-            specs.append((entry["type"], {k: v for k, v in entry.items() if k != "type"}, key))
-        if specs[-1][0] in NOT_HOOKS:
-            raise ConfigError(f"{specs[-1][0]!r} is not a hook; {NOT_HOOKS[specs[-1][0]]}", key=key)
     defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
-    defaults["checkpoint"] = (cfg.checkpoint.to_dict(), "checkpoint")
-    defaults["logger"] = ({"console": cfg.log.console}, "log")
-    ema = cfg.ema
+    defaults["checkpoint"] = (
+        {
+            "interval_steps": checkpoint.interval_steps,
+            "interval_epochs": checkpoint.interval_epochs,
+            "interval_minutes": checkpoint.interval_minutes,
+            "keep": checkpoint.keep,
+            "at_end": checkpoint.at_end,
+            "async_save": checkpoint.async_save,
+        },
+        "checkpoint",
+    )
+    defaults["logger"] = ({"console": log.console}, "log")
     ema_args = None if ema.decay is None else ({"decay": ema.decay, "warmup": ema.warmup, "evaluate": ema.eval}, "ema")
     extra = []
-    for type_name, kwargs, key in specs:
-        if type_name in defaults:
-            defaults[type_name] = ({**defaults[type_name][0], **kwargs}, key)
-        elif type_name == "ema" and ema_args is not None:  # one EMA: the section's, with the entry's arguments
-            ema_args = ({**ema_args[0], **kwargs}, key)
+    for entry in HookEntry.read(entries):
+        if entry.type in defaults:
+            defaults[entry.type] = ({**defaults[entry.type][0], **entry.arguments}, entry.key)
+        elif entry.type == "ema" and ema_args is not None:  # one EMA: the section's, with the entry's arguments
+            ema_args = ({**ema_args[0], **entry.arguments}, entry.key)
         else:
-            extra.append((type_name, kwargs, key))
+            extra.append(entry)
     hooks = [instantiate(_builtin_class(name), kwargs, key) for name, (kwargs, key) in defaults.items()]
     if ema_args is not None:
         hooks.append(instantiate(_builtin_class("ema"), *ema_args))
-    for type_name, kwargs, key in extra:
-        hooks.append(instantiate(load_hook_class(type_name, key, config_path), kwargs, key))
+    for entry in extra:
+        hooks.append(instantiate(load_hook_class(entry.type, entry.key, config_path), dict(entry.arguments), entry.key))
     return hooks

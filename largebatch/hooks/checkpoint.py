@@ -66,7 +66,7 @@ class CheckpointHook(Hook):
     def _save(self, state) -> None:
         if self.last_saved_step == state.step:
             return
-        self.writer.save(state, state.run.hooks, self.keep)
+        self.writer.save(state, state.hooks, self.keep)
         self.last_saved_step = state.step
         self._last_save_time = time.monotonic()
 

@@ -4,7 +4,7 @@ timm's ``ModelEmaV3``.
 Added by ``build_hooks`` when the config's ``ema.decay`` is set. In ``before_run`` it
 copies the model (on every rank: each rank averages the same weights, so the averages
 stay identical without communication) and registers the copy as
-``state.run.extra_models['ema']``: evaluation then reports ``eval_ema/...`` beside
+``state.extra_models['ema']``: evaluation then reports ``eval_ema/...`` beside
 ``eval/...`` (unless ``ema.eval`` is off) and the end of the run writes
 ``model_ema.safetensors``. After every optimizer step that was taken (not one a hook
 skipped, ``state.current.skipped``) it updates the average with ``step`` = the optimizer steps
@@ -64,9 +64,7 @@ class ModelEmaHook(Hook):
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
-        state.run.extra_models[NAME] = self.ema.module
-        if not self.evaluate:
-            state.run.skip_eval_models.add(NAME)
+        state.register_model(NAME, self.ema.module, evaluate=self.evaluate)
 
     def after_optimizer_step(self, state) -> None:
         if state.current.skipped:

@@ -19,7 +19,7 @@ This hook uses the two gradients every accumulating step already has:
   mean of the ranks' ``|g_small|^2`` (one all-reduce of one number per step). Under
   ``dist.strategy`` fsdp/hsdp a gradient exists only once reduced, so the hook asks the
   engine for one more reduce-scatter, after the first micro-batch
-  (``state.run.sync_first_micro``): ``g_small`` is then the ranks' mean first micro-batch
+  (``state.request_first_micro_sync()``): ``g_small`` is then the ranks' mean first micro-batch
   gradient and ``B_small`` the micro-batch size x world size (the cost: one more
   gradient reduction per step).
 * ``g_big``: the step's complete gradient, accumulated over the window and averaged
@@ -121,7 +121,7 @@ class NoiseScaleHook(Hook):
                 key="hooks",
             )
         if self._sharded:
-            state.run.sync_first_micro = True
+            state.request_first_micro_sync()
         self._ema = torch.zeros(3, dtype=torch.float64, device=state.run.backend.device)
         if self._loaded is not None:
             self._ema.copy_(torch.tensor(self._loaded["ema"], dtype=torch.float64))

@@ -55,7 +55,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from largebatch.config.redact import redact, redact_argv, redact_text
+from largebatch.config.derive import Derived
+from largebatch.config.redact import config_record, redact, redact_argv, redact_text
+from largebatch.config.sections import Config
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
 from largebatch.hooks.logger import numeric_values
@@ -77,11 +79,11 @@ def _first_line(err: BaseException, limit: int = 200) -> str:
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
-def flat_config(config: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
+def flat_config(config: Config, derived: Derived) -> dict[str, Any]:
     """The config with its derived numbers as dotted keys, redacted: the tracker's parameters."""
     from largebatch.checkpoint import flatten
 
-    return flatten(redact({**config, "derived": derived}))
+    return flatten(config_record(config, derived))
 
 
 def _require(module: str, needed_by: str, extra: str, otherwise: str) -> None:
@@ -155,7 +157,7 @@ class TrackerHook(Hook):
             with self._quiet():
                 self.run_id, continued = self._start(state, self.run_id)
                 if not continued:  # a continued run's parameters are already there (and may not change)
-                    self._log_params(flat_config(state.run.config.to_dict(), state.run.derived.to_dict()))
+                    self._log_params(flat_config(state.run.config, state.run.derived))
         except UserError:
             raise
         except Exception as err:  # noqa: BLE001 - any failure to start is reported the same way
@@ -225,7 +227,7 @@ class TrackerHook(Hook):
 
             plots = plot_run(run_dir)
         candidates = [run_dir.weights(), run_dir.hub_config, *run_dir.extra_weights()]
-        model = [p for p in candidates if finished and p.is_file()]  # model_ema.safetensors: state.run.extra_models
+        model = [p for p in candidates if finished and p.is_file()]  # model_ema.safetensors: state.extra_models
         return run_files, plots, model
 
     # what each tracker implements
@@ -404,7 +406,7 @@ class WandbHook(TrackerHook):
                 dir=str(state.run.run_dir),
                 id=resume_id,
                 resume="allow" if resume_id is not None else None,
-                config=redact({**state.run.config.to_dict(), "derived": state.run.derived.to_dict()}),
+                config=config_record(state.run.config, state.run.derived),
                 settings=wandb.Settings(silent=not self.verbose),
             )
         self.run.define_metric("step")

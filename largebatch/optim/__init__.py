@@ -11,6 +11,7 @@ import difflib
 from typing import TYPE_CHECKING, Any
 
 from largebatch import signatures
+from largebatch.config.frozen import thaw
 from largebatch.config.sections import OptimizerConfig
 from largebatch.config.signature import Signature, read_signature
 from largebatch.errors import ConfigError
@@ -78,4 +79,5 @@ def build_optimizer(section: OptimizerConfig, model: torch.nn.Module) -> torch.o
     from largebatch.optim.param_groups import section_param_groups
 
     groups = section_param_groups(section, model)
-    return optimizer_class(section.type)(groups, **optimizer_kwargs(section.to_dict()))
+    values = {"type": section.type, "lr": section.lr, "weight_decay": section.weight_decay, **thaw(section.extra)}
+    return optimizer_class(section.type)(groups, **optimizer_kwargs(values))

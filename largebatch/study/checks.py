@@ -43,12 +43,12 @@ def prepare(spec: StudySpec) -> Base:
         UserError: the first problem found, naming the study file's key or the config key.
     """
     from largebatch.config import resolve_config
+    from largebatch.config.frozen import thaw
 
     where = str(spec.path)
     cfg = resolve_config(spec.base_config, spec.overrides)
-    plain = cfg.to_dict()
-    betas = plain["optimizer"].get("betas") or [0.9, 0.999]
-    base = Base(cfg.epochs, float(betas[1]), cfg.micro_batch_size, tuple(plain["hooks"]))
+    betas = cfg.optimizer.extra.get("betas") or (0.9, 0.999)
+    base = Base(cfg.epochs, float(betas[1]), cfg.micro_batch_size, tuple(thaw(cfg.hooks)))
     _check_target(spec, cfg, where)
     _check_data(spec, cfg, where)
     longest = {}
@@ -158,7 +158,7 @@ def _check_cell(spec: StudySpec, base: Base, info: dict[str, Any], params: dict[
 
     cfg = resolve_config(spec.base_config, trial_overrides(spec, base, info, params, None))
     derived = derive(cfg, 1, count_samples(cfg.data, "train"))
-    build_hooks(cfg, spec.base_config)
+    build_hooks(cfg.hooks, checkpoint=cfg.checkpoint, log=cfg.log, ema=cfg.ema, config_path=spec.base_config)
     ratio = cfg.global_batch_size // cfg.micro_batch_size
     if spec.noise_scale is not None and ratio < int(spec.noise_scale["min_ratio"]):
         raise UserError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pathlib
 
+from largebatch.config.frozen import thaw
 from largebatch.config.resolve import check_arguments, construct, load_class
 from largebatch.config.sections import TaskConfig
 from largebatch.tasks.base import Task
@@ -34,7 +35,7 @@ def build_task(section: TaskConfig, config_path: pathlib.Path | None = None) -> 
         ConfigError: an unknown name, a missing file, module or class, a class that is
             not a ``Task``, or arguments it does not take.
     """
-    kwargs = section.to_dict()
-    cls = load_class(kwargs.pop("type"), key="task.type", kind="task", base=Task, builtins=BUILTIN_TASKS, config_path=config_path)
+    kwargs = thaw(section.extra)
+    cls = load_class(section.type, key="task.type", kind="task", base=Task, builtins=BUILTIN_TASKS, config_path=config_path)
     check_arguments(cls, kwargs, "task")
     return construct(cls, kwargs, "task")

@@ -8,6 +8,7 @@ tests check where and how largebatch calls Habana's API, not what a Gaudi does w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 import pathlib
@@ -82,7 +83,7 @@ def run_engine(backend, accumulation: int, steps: int, record) -> list[str]:
         num_samples=micro * accumulation * steps,
         **{"data.num_classes": 4},
     )
-    engine.state.run.backend = backend
+    engine.state.run = dataclasses.replace(engine.state.run, backend=backend)
     optimizer = engine.state.run.optimizer
     original_step = optimizer.step
 

@@ -3,20 +3,25 @@ naming its new place, and that place holds it on a real state."""
 
 from __future__ import annotations
 
+import dataclasses
+import pathlib
+import re
+
 import pytest
 import torch
 
-from largebatch.engine.state import MOVED
+from largebatch.engine.state import MOVED, Counters
 from tests.engine.helpers import make_engine
 
 # The names TrainState had before the split (git show 5f6a42d^:largebatch/engine/state.py),
-# less those it still has (the counters, eval_metrics, hook_times, request_stop, ...).
+# less those it still has (the counters, eval_metrics, hook_times, request_stop, hooks,
+# extra_models, skip_eval_models, sync_first_micro, ...).
 BEFORE_THE_SPLIT = (
     "cfg config derived plan dist backend model train_model optimizer schedule scaler mixup task run_dir random batch "
     "outputs loss window_size micro_in_window step_loss lr grad_norm metrics skip_step grad_norms log_record "
-    "stop_resumable sync_first_micro hooks sync_every_micro sharded extra_models skip_eval_models rank world_size "
-    "is_main accumulation epochs total_steps"
+    "stop_resumable sync_every_micro sharded rank world_size is_main accumulation epochs total_steps"
 ).split()
+STILL_THERE = "hooks extra_models skip_eval_models sync_first_micro".split()
 
 
 @pytest.fixture
@@ -64,3 +69,68 @@ def test_other_missing_names_stay_plain_attribute_errors(state):
         _ = state.no_such_name
     state.eval_metrics = {"eval/top1": 0.5}  # names the state has are written as before
     assert state.eval_metrics == {"eval/top1": 0.5}
+
+
+def test_names_the_state_holds_again_are_not_listed_as_moved(state):
+    for name in STILL_THERE:
+        assert name not in MOVED and name in {f.name for f in dataclasses.fields(state)}
+        setattr(state, name, getattr(state, name))  # a declared field, written as any other
+
+
+def test_every_attribute_is_declared(state):
+    """No attribute is added after construction: the state's and the run's are their fields."""
+    state.request_stop("x", resumable=True)
+    state.register_model("copy", state.run.model, evaluate=False)
+    state.request_first_micro_sync()
+    assert set(vars(state)) == {f.name for f in dataclasses.fields(state)}
+    assert set(vars(state.run)) == {f.name for f in dataclasses.fields(state.run)}
+    assert (state.interrupted, state.extra_models, state.skip_eval_models, state.sync_first_micro) == (
+        True,
+        {"copy": state.run.model},
+        {"copy"},
+        True,
+    )
+
+
+@pytest.mark.parametrize("name", ["config", "model", "guard"])
+def test_the_run_is_frozen(state, name):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=f"cannot assign to field '{name}'"):
+        setattr(state.run, name, None)
+
+
+def test_the_runs_read_only_views_follow_derived_and_dist(state):
+    run = state.run
+    assert (run.plan, run.total_steps, run.sharded) == (run.derived.plan, run.derived.run_steps, run.derived.sharded)
+    assert (run.rank, run.world_size, run.is_main) == (run.dist.rank, run.dist.world_size, run.dist.rank == 0)
+
+
+def test_counter_transitions_against_counts_written_out():
+    """Two epochs of two steps of three micro-batches of 4 samples on 2 ranks, by the transitions."""
+    model = torch.nn.Linear(3 * 16 * 16, 10)
+    state = make_engine(model, [], global_batch_size=8, micro_batch_size=4, num_samples=16).state
+    for _ in range(2):
+        for _ in range(2):
+            for _ in range(3):
+                state.advance_micro_step(4 * 2)
+            state.advance_step()
+        assert state.step_in_epoch == 2
+        state.finish_epoch()
+    assert state.counters == Counters(step=4, micro_step=12, samples_seen=96, epoch=2, step_in_epoch=0)
+
+
+def documented(part: str) -> list[str]:
+    """The names docs/hooks.md's state table lists in the row that starts with ``part``."""
+    table = (pathlib.Path(__file__).parents[2] / "docs" / "hooks.md").read_text()
+    (row,) = [line for line in table.splitlines() if line.startswith(f"| `{part}")]
+    what = row.split("|")[2 if part in ("state.run", "state.current") else 1]  # names in the "what" column, or the first
+    names = re.findall(r"`([a-z_.]+)(?:\([^`]*\))?`", what)
+    return [name.removeprefix("state.") for name in names if "." not in name.removeprefix("state.")]
+
+
+@pytest.mark.parametrize(("row", "part"), [("state.run", "run"), ("state.current", "current"), ("state.step", ""), ("state.hooks", "")])
+def test_every_name_docs_hooks_md_tells_hook_authors_exists(state, row, part):
+    names = documented(row)
+    assert len(names) >= 6
+    holder = getattr(state, part) if part else state
+    missing = [name for name in names if not hasattr(holder, name)]
+    assert not missing, f"docs/hooks.md lists {missing} under {row}, which {type(holder).__name__} lacks"

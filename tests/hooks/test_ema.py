@@ -22,13 +22,13 @@ from largebatch.data import build_eval_loader
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import ConfigError, UserError
 from largebatch.export import load_run
-from largebatch.hooks import build_hooks
 from largebatch.hooks.ema import ModelEmaHook
 from largebatch.launch import TrainArgs, train
 from largebatch.rundir import RunDir
 from largebatch.tasks import ClassificationTask
 from tests.conftest import PYTHON, RANK_WEIGHTS, REPO, clean_env, run_cli, tiny_config, write_config
 from tests.hooks.common import build
+from tests.support.config_hooks import config_hooks
 
 EMA_WEIGHTS = RunDir(".").weights("ema").name  # model_ema.safetensors
 
@@ -88,7 +88,7 @@ def test_ema_follows_the_recurrence_over_the_weights_after_each_step(tmp_path, w
     for key, value in expected.items():
         torch.testing.assert_close(got[key].double(), value, rtol=1e-6, atol=1e-7)
         assert not torch.allclose(got[key], recorder.weights[-1][key])  # an average, not the last weights
-    assert engine.state.run.extra_models == {"ema": hook.ema.module}
+    assert engine.state.extra_models == {"ema": hook.ema.module}
 
 
 def test_warmup_decay_matches_timm():
@@ -99,12 +99,12 @@ def test_warmup_decay_matches_timm():
 
 
 def test_ema_hook_is_added_when_ema_decay_is_set():
-    hooks = build_hooks(typed(tiny_config(**{"ema.decay": 0.9, "ema.warmup": True, "ema.eval": False})))
+    hooks = config_hooks(typed(tiny_config(**{"ema.decay": 0.9, "ema.warmup": True, "ema.eval": False})))
     (ema,) = [h for h in hooks if isinstance(h, ModelEmaHook)]
     assert (ema.decay, ema.warmup, ema.evaluate) == (0.9, True, False)
-    assert not any(isinstance(h, ModelEmaHook) for h in build_hooks(typed(tiny_config())))
+    assert not any(isinstance(h, ModelEmaHook) for h in config_hooks(typed(tiny_config())))
     listed = validate(tiny_config(**{"ema.decay": 0.9, "hooks": [{"type": "ema", "warmup": True}]}))
-    (ema,) = [h for h in build_hooks(typed(listed)) if isinstance(h, ModelEmaHook)]  # one EMA, not two
+    (ema,) = [h for h in config_hooks(typed(listed)) if isinstance(h, ModelEmaHook)]  # one EMA, not two
     assert (ema.decay, ema.warmup, ema.evaluate) == (0.9, True, True)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ class SeeLogits(Hook):
 def test_train_top1_and_top5_are_mixup_aware_against_topk_by_hand(tmp_path):
     seen = SeeLogits()
     engine, records = build(tmp_path, [LossAccuracyHook(), seen], steps=4, accumulation=2, **{"log.interval": 2})
-    engine.state.run.mixup = MixupCutmix(CLASSES, mixup_alpha=0.4, seed=3)
+    engine.state.run = dataclasses.replace(engine.state.run, mixup=MixupCutmix(CLASSES, mixup_alpha=0.4, seed=3))
     engine.run()
     assert [r["step"] for r in records.logged] == [2, 4]
     for record, steps in zip(records.logged, [seen.steps[0:2], seen.steps[2:4]]):

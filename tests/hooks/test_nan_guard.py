@@ -3,6 +3,8 @@ a known step, and checkpoints that never hold one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -132,7 +134,7 @@ def test_non_finite_optimizer_state_is_refused(tmp_path):
 def test_with_a_grad_scaler_inf_gradients_are_left_to_the_scaler(tmp_path):
     snaps = Snapshots()
     engine, records = build(tmp_path, [PoisonGrad("fc2.bias", float("inf")), snaps], steps=4)
-    engine.state.run.scaler = torch.amp.GradScaler("cpu", init_scale=16.0)
+    engine.state.run = dataclasses.replace(engine.state.run, scaler=torch.amp.GradScaler("cpu", init_scale=16.0))
     engine.run()  # no error: an overflow under fp16 is routine
     assert engine.state.step == 4
     for key, value in snaps.before[POISON_STEP].items():  # the scaler skipped the update
@@ -181,11 +183,11 @@ def test_a_bad_action_is_a_clear_error():
 def test_the_guard_and_clipping_are_no_longer_hooks_and_say_where_their_settings_went():
     from largebatch.config.typed import typed
     from largebatch.errors import ConfigError
-    from largebatch.hooks import build_hooks
     from tests.conftest import tiny_config
+    from tests.support.config_hooks import config_hooks
 
     with pytest.raises(ConfigError, match=r"'nan_guard' is not a hook; .*nan_guard=dict\(action=") as info:
-        build_hooks(typed(tiny_config(hooks=["csv", {"type": "nan_guard", "action": "skip"}])))
+        config_hooks(typed(tiny_config(hooks=["csv", {"type": "nan_guard", "action": "skip"}])))
     assert info.value.key == "hooks[1]"
     with pytest.raises(ConfigError, match=r"'clip_grad_norm' is not a hook; .*set clip_grad_norm="):
-        build_hooks(typed(tiny_config(hooks=["clip_grad_norm"])))
+        config_hooks(typed(tiny_config(hooks=["clip_grad_norm"])))

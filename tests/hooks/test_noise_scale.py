@@ -177,9 +177,9 @@ def _fsdp_worker(rank: int, port: int, out: str) -> None:
             run_dir=pathlib.Path(out),
             **{"data.num_classes": CLASSES, "optimizer.lr": 1e-12, "log.interval": 100, "dist.strategy": "fsdp"},
         )
-        assert engine.state.run.sharded and engine.state.run.sync_first_micro is False
+        assert engine.state.run.sharded and engine.state.sync_first_micro is False
         engine.run()
-        assert engine.state.run.sync_first_micro  # the hook asked for the first micro-batch's reduction
+        assert engine.state.sync_first_micro  # the hook asked for the first micro-batch's reduction
         if rank == 0:
             pathlib.Path(out, "estimates.json").write_text(json.dumps(hook.estimates()))
     finally:

@@ -29,9 +29,9 @@ from largebatch import preemption
 from largebatch.checkpoint import flatten
 from largebatch.config.typed import typed
 from largebatch.errors import UserError
-from largebatch.hooks import build_hooks
 from largebatch.launch import TrainArgs, train
 from tests.conftest import SIGNAL_HOOKS, tiny_config, write_config
+from tests.support.config_hooks import config_hooks
 
 mlflow = pytest.importorskip("mlflow")
 wandb = pytest.importorskip("wandb")
@@ -80,12 +80,12 @@ def test_a_missing_tracker_package_is_a_config_error_naming_the_extra(monkeypatc
     for name, extra in (("mlflow", "mlflow"), ("wandb", "wandb")):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
         with pytest.raises(UserError, match=rf"pip install 'largebatch\[{extra}\]'"):
-            build_hooks(typed(tiny_config(hooks=[name])))
+            config_hooks(typed(tiny_config(hooks=[name])))
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(UserError, match="plots=False"):
-        build_hooks(typed(tiny_config(hooks=["wandb"])))
-    build_hooks(typed(tiny_config(hooks=[{"type": "wandb", "plots": False}])))  # no plots: matplotlib not needed
+        config_hooks(typed(tiny_config(hooks=["wandb"])))
+    config_hooks(typed(tiny_config(hooks=[{"type": "wandb", "plots": False}])))  # no plots: matplotlib not needed
 
 
 # --------------------------------------------------------------------------- MLflow

@@ -1,5 +1,5 @@
 """A custom hook (loaded by path in tests) that saves every rank's final weights (or
-those of one of ``state.run.extra_models``: ``extra='ema'``)."""
+those of one of ``state.extra_models``: ``extra='ema'``)."""
 
 from safetensors.torch import save_file
 
@@ -13,6 +13,6 @@ class SaveRankWeights(Hook):
         self.extra = extra
 
     def after_run(self, state):
-        model = state.run.model if self.extra is None else state.run.extra_models[self.extra]
+        model = state.run.model if self.extra is None else state.extra_models[self.extra]
         tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(state.run.run_dir / f"{self.prefix}{state.run.rank}.safetensors"))

@@ -5,6 +5,7 @@ and through ``largebatch train``; task specs and their errors."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -82,7 +83,7 @@ class GradsBeforeStep(Hook):
 def test_the_engine_trains_a_custom_task_with_accumulation_as_one_full_batch(tmp_path):
     grabbed = GradsBeforeStep()
     engine, records = build(tmp_path, [LossAccuracyHook(), grabbed], steps=2, accumulation=2, **{"eval.at_end": True})
-    engine.state.run.task = OneHotMSE()
+    engine.state.run = dataclasses.replace(engine.state.run, task=OneHotMSE())
     eval_batches = batches(3, seed=9)
     engine.eval_loader = ListLoader(eval_batches, CLASSES)
     initial = copy.deepcopy(engine.state.run.model)
