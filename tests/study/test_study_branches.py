@@ -17,6 +17,7 @@ from tests.conftest import run_cli
 from tests.study.helpers import study_cli, tiny_base, write_study
 
 BRANCHES = {"run": "source", "at_samples": [256, 768], "ks": [1, 2, 4], "samples": 256, "seeds": [1, 2], "tolerance": 0.3}
+ONLY_BRANCHES = {key: None for key in ("optimizers", "batches", "search", "target", "micro_batch_size", "noise_scale", "trials")}
 
 
 def make_source(folder):
@@ -34,7 +35,7 @@ def make_source(folder):
 def branched(tmp_path_factory):
     folder = tmp_path_factory.mktemp("branched")
     make_source(folder)
-    write_study(folder, optimizers={"adamw": {}}, batches=[32], trials=1, branches=BRANCHES)
+    write_study(folder, branches=BRANCHES, **ONLY_BRANCHES)  # a study of branches only: no cells to tune
     result = study_cli("run", "study.yaml", "--jobs", "2", cwd=folder)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return folder
@@ -47,7 +48,8 @@ def test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_trai
     folder = branched
     spec = load_study(folder / "study.yaml")
     study = optuna.load_study(study_name=spec.name, storage=f"sqlite:///{folder / 'study.db'}")
-    trials = [t for t in study.get_trials() if t.user_attrs.get("phase") == "branch"]
+    trials = study.get_trials()
+    assert all(t.user_attrs.get("phase") == "branch" for t in trials)  # no tuning trial, no re-run
     assert sorted(t.user_attrs["key"] for t in trials) == sorted(
         f"branch/source/n{n}/k{k}/d256/sqrt/s{s}" for n in (256, 768) for k in (1, 2, 4) for s in (1, 2)
     )
@@ -60,7 +62,9 @@ def test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_trai
         assert saved["optimizer"]["lr"] == pytest.approx(at * math.sqrt(b["k"]))
         assert saved["global_batch_size"] == 32 * b["k"] and saved["derived"]["max_steps"] == 256 // (32 * b["k"])
         assert t.user_attrs["outcome"]["steps_run"] == 256 // (32 * b["k"])
-    report = json.loads((folder / "report.json").read_text())["branches"]
+    written = json.loads((folder / "report.json").read_text())
+    assert set(written) == {"study", "study_file", "storage", "threads_per_trial", "heldout_split", "branches"}
+    report = written["branches"]
     assert [row["samples"] for row in report["rows"]] == [256, 768]
     for row in report["rows"]:
         mine = [t for t in trials if t.user_attrs["branch"]["at_samples"] == row["samples"]]
@@ -71,10 +75,22 @@ def test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_trai
         assert (row["critical_k"], row["critical_batch"], row["missing"]) == (expected.k, expected.batch, 0)
         assert row["b_simple"] is not None and row["b_simple"] > 0
     markdown = (folder / "report.md").read_text()
+    assert markdown.startswith(f"# Study `{spec.name}`: the critical batch along training") and "## Protocol" not in markdown
     assert "## The critical batch along training" in markdown and "![critical_batch.png](critical_batch.png)" in markdown
+    assert sorted(p.name for p in folder.glob("*.png")) == ["critical_batch.png"]
     assert (folder / "critical_batch.png").stat().st_size > 1000
     status = study_cli("status", "study.yaml", cwd=folder)
     assert "branches from source: 12 of 12 complete, 0 running" in status.stdout, status.stdout + status.stderr
+    assert "cell" not in status.stdout
+
+
+def test_a_study_of_branches_only_has_no_cells_and_one_with_some_tuning_keys_names_the_missing_one(tmp_path):
+    spec = load_study(write_study(tmp_path, branches=BRANCHES, **ONLY_BRANCHES))
+    assert (spec.optimizers, spec.batches, spec.targets, spec.cells()) == ((), (), (), [])
+    with pytest.raises(UserError, match="batches: is required"):
+        load_study(write_study(tmp_path, branches=BRANCHES, **{**ONLY_BRANCHES, "optimizers": {"adamw": {}}}))
+    with pytest.raises(UserError, match="optimizers: is required"):
+        load_study(write_study(tmp_path, **ONLY_BRANCHES))  # no branches either: nothing to measure
 
 
 def test_b_simple_is_the_last_estimate_at_or_before_each_checkpoint(tmp_path):
