@@ -127,3 +127,32 @@ def test_a_source_without_the_checkpoint_is_one_error_line(tmp_path):
     result = study_cli("run", "study.yaml", cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.startswith("error:"), result.stderr
     assert "branches.at_samples" in result.stderr and "256, 512, 768, 1024 samples" in result.stderr
+
+
+@pytest.mark.slow
+def test_queued_branches_the_section_no_longer_has_are_withdrawn_unrun_and_queued_again_when_it_has_them_again(tmp_path):
+    """`study run` queues every branch and may stop before it ran them (--max-trials, a
+    stop); run again after the section changed, it runs only the section's branches: one
+    queued from the old section is withdrawn (PRUNED, ``withdrawn``) and never run; put back
+    in the section, it is queued and run anew."""
+    import optuna
+
+    make_source(tmp_path)
+    section = {**BRANCHES, "ks": [1, 2], "seeds": [1]}
+    write_study(tmp_path, branches=section, **ONLY_BRANCHES)
+    first = study_cli("run", "study.yaml", "--max-trials", "1", "--no-report", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    write_study(tmp_path, branches={**section, "at_samples": [256]}, **ONLY_BRANCHES)
+    second = study_cli("run", "study.yaml", "--no-report", cwd=tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    study = optuna.load_study(study_name=tmp_path.name, storage=f"sqlite:///{tmp_path / 'study.db'}")
+    by_state = {(t.user_attrs["key"].split("/")[2], t.user_attrs["key"].split("/")[3], t.state.name) for t in study.get_trials()}
+    assert by_state == {("n256", "k1", "COMPLETE"), ("n256", "k2", "COMPLETE"), ("n768", "k1", "PRUNED"), ("n768", "k2", "PRUNED")}
+    withdrawn = [t for t in study.get_trials() if t.state.name == "PRUNED"]
+    assert all("withdrawn" in t.user_attrs and "outcome" not in t.user_attrs and "run_dir" not in t.user_attrs for t in withdrawn)
+    write_study(tmp_path, branches=section, **ONLY_BRANCHES)
+    third = study_cli("run", "study.yaml", cwd=tmp_path)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    complete = sorted(t.user_attrs["key"] for t in study.get_trials() if t.state.name == "COMPLETE")
+    assert complete == sorted(f"branch/source/n{n}/k{k}/d256/sqrt/s1" for n in (256, 768) for k in (1, 2))
+    assert [row["missing"] for row in json.loads((tmp_path / "report.json").read_text())["branches"]["rows"]] == [0, 0]
