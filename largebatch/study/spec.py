@@ -64,8 +64,10 @@ KEYS: dict[str, tuple[str, Any]] = {
     "branches": ("None, or dict(run, at_samples, ks, samples, seeds, tolerance, lr_rule): the critical batch along a run", None),
 }
 # The keys of the tuning cells: a study with a ``branches`` section may leave all of them
-# out and measure only the critical batch along its run (``_branches_only``).
+# out and measure only the critical batch along its run; the keys that only shape the
+# cells' trials then have no effect (the branches train from the run's config.yaml).
 TUNING_KEYS = ("optimizers", "batches", "search", "target", "targets")
+CELL_ONLY_KEYS = ("micro_batch_size", "trials", "quasi_random", "tune_seed", "pilot", "evaluation", "noise_scale", "sampler_seed")
 DATA_KEYS = {"heldout": "heldout", "test": None, "carve": None}
 EVALUATION_KEYS = {"coarse": 1.4, "fine": 1.04, "dense_within": 0.03, "first_fraction": 1 / 32, "batch_size": None, "refine": True}
 NOISE_KEYS = {"at_eval_loss": REQUIRED, "min_ratio": 8, "beta": 0.99}
@@ -172,6 +174,14 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
     missing = [k for k, (_, default) in KEYS.items() if default is REQUIRED and k not in raw and not (only_branches and k in TUNING_KEYS)]
     if missing:
         raise UserError(f"is required: {KEYS[missing[0]][0]}", key=missing[0], path=where)
+    idle = [k for k in CELL_ONLY_KEYS if k in raw] if only_branches else []
+    if idle:
+        raise UserError(
+            "has no effect in a study of branches only (a branches section without optimizers, batches, search or target: the "
+            "branches train from the run's config.yaml); remove it, or give the cells it would shape",
+            key=idle[0],
+            path=where,
+        )
     values = {k: raw.get(k, default) for k, (_, default) in KEYS.items()}
     base = path.parent / _kind(values["base_config"], str, "base_config", where)
     if not base.is_file():

@@ -17,7 +17,10 @@ from tests.conftest import run_cli
 from tests.study.helpers import study_cli, tiny_base, write_study
 
 BRANCHES = {"run": "source", "at_samples": [256, 768], "ks": [1, 2, 4], "samples": 256, "seeds": [1, 2], "tolerance": 0.3}
-ONLY_BRANCHES = {key: None for key in ("optimizers", "batches", "search", "target", "micro_batch_size", "noise_scale", "trials")}
+ONLY_BRANCHES = {
+    key: None
+    for key in ("optimizers", "batches", "search", "target", "micro_batch_size", "noise_scale", "trials", "sampler_seed", "evaluation")
+}
 
 
 def make_source(folder):
@@ -91,6 +94,15 @@ def test_a_study_of_branches_only_has_no_cells_and_one_with_some_tuning_keys_nam
         load_study(write_study(tmp_path, branches=BRANCHES, **{**ONLY_BRANCHES, "optimizers": {"adamw": {}}}))
     with pytest.raises(UserError, match="optimizers: is required"):
         load_study(write_study(tmp_path, **ONLY_BRANCHES))  # no branches either: nothing to measure
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("noise_scale", {"at_eval_loss": 1.0}), ("micro_batch_size", 8), ("trials", 3), ("evaluation", {"coarse": 1.4}), ("pilot", {})],
+)
+def test_a_key_that_only_shapes_the_cells_is_refused_in_a_study_of_branches_only(tmp_path, key, value):
+    with pytest.raises(UserError, match=f"{key}: has no effect in a study of branches only"):
+        load_study(write_study(tmp_path, branches=BRANCHES, **{**ONLY_BRANCHES, key: value}))
 
 
 def test_b_simple_is_the_last_estimate_at_or_before_each_checkpoint(tmp_path):
