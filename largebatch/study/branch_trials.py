@@ -181,6 +181,19 @@ def rule(spec: Any, src: Source) -> str:
     return spec.branches["lr_rule"] or branches.DEFAULT_LR_RULE.get(src.optimizer, "sqrt")
 
 
+def key(src: Source, step: int, k: int, samples: int, lr_rule: str, seed: int) -> str:
+    """A branch trial's identity: ``branch/<run>/n<samples seen>/k<k>/d<samples>/<rule>/s<seed>``."""
+    return f"branch/{src.label}/n{step * src.batch}/k{k}/d{samples}/{lr_rule}/s{seed}"
+
+
+def keys(spec: Any, src: Source) -> set[str]:
+    """The keys of every branch of the section as it stands."""
+    section, lr_rule = spec.branches, rule(spec, src)
+    return {
+        key(src, step, k, section["samples"], lr_rule, seed) for step in src.checkpoints for k in section["ks"] for seed in section["seeds"]
+    }
+
+
 def decide(spec: Any, src: Source, trials: list[Any], skipped: set[str], retry_failed: bool) -> list[dict[str, Any]]:
     """The user attributes of the branch trials to queue now (a branch trial has no searched
     parameters; the worker queues each as a ``plan.Wanted``): each (checkpoint, k, seed) that has
@@ -192,15 +205,15 @@ def decide(spec: Any, src: Source, trials: list[Any], skipped: set[str], retry_f
     history: dict[str, list[Any]] = {}
     for trial in sorted(trials, key=lambda t: t.number):
         info = ledger.attrs(trial)
-        if info.get("phase") == PHASE and "duplicate_of" not in info:
+        if info.get("phase") == PHASE and "duplicate_of" not in info and "withdrawn" not in info:
             history.setdefault(info["key"], []).append(trial)
     wanted = []
     for step, checkpoint in sorted(src.checkpoints.items()):
         for k in section["ks"]:
             for seed in section["seeds"]:
-                key = f"branch/{src.label}/n{step * src.batch}/k{k}/d{section['samples']}/{lr_rule}/s{seed}"
-                past = history.get(key, [])
-                if any(t.state != TrialState.FAIL for t in past) or (key in skipped and not retry_failed):
+                name = key(src, step, k, section["samples"], lr_rule, seed)
+                past = history.get(name, [])
+                if any(t.state != TrialState.FAIL for t in past) or (name in skipped and not retry_failed):
                     continue
                 killed = bool(past) and ledger.attrs(past[-1]).get("failure") == "killed"
                 if past and not retry_failed and not (killed and len(past) <= int(spec.workers["max_retries"])):
@@ -223,7 +236,7 @@ def decide(spec: Any, src: Source, trials: list[Any], skipped: set[str], retry_f
                     "b_simple": src.b_simple.get(step),
                 }
                 order = f"2-{step:010d}-{seed:08d}-{k:06d}"
-                attrs = {"key": key, "phase": PHASE, "seed": seed, "order": order, "attempt": len(past) + 1, "branch": branch}
+                attrs = {"key": name, "phase": PHASE, "seed": seed, "order": order, "attempt": len(past) + 1, "branch": branch}
                 wanted.append(attrs)
     return wanted
 

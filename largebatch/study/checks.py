@@ -174,7 +174,7 @@ def _check_target(spec: StudySpec, cfg: Any, where: str) -> None:
 
     task = build_task(cfg.task, spec.base_config)
     measured = tuple(task.eval_sum_names)
-    if spec.target.metric not in measured:
+    if spec.targets and spec.target.metric not in measured:  # a study of branches only has no target
         raise UserError(
             f"the config's task ({cfg.task.type}) does not measure {spec.target.metric!r} on evaluation; it measures "
             f"{', '.join(measured)}: set target.metric to one of them",
@@ -234,7 +234,7 @@ def fingerprint(spec: StudySpec) -> str:
         "micro_batch_size": spec.micro_batch_size,
         "trials": spec.trials,
         "tune_seed": spec.tune_seed,
-        "target": dataclasses.asdict(spec.target),
+        "target": dataclasses.asdict(spec.target) if spec.targets else None,  # None: a study of branches only
         "data": spec.data,
         "evaluation": spec.evaluation,
         "noise_scale": spec.noise_scale,

@@ -69,6 +69,14 @@ def claim(study: Any) -> Any | None:
     return None
 
 
+def withdraw(study: Any, trial_id: int, why: str) -> None:
+    """End a claimed trial that is no longer wanted, unrun: PRUNED, with ``withdrawn`` saying why."""
+    from optuna.trial import TrialState
+
+    study._storage.set_trial_user_attr(trial_id, "withdrawn", why)
+    study._storage.set_trial_state_values(trial_id, state=TrialState.PRUNED)
+
+
 def _holder(study: Any, claimed: Any) -> int | None:
     """The number of an earlier trial holding ``claimed``'s key (waiting, running or complete), if any."""
     from optuna.trial import TrialState

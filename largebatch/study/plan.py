@@ -160,7 +160,6 @@ def decide(
     failure nobody decided on, with their errors (``points``: ``unit_points(spec)``)."""
     from optuna.trial import TrialState
 
-    smallest = min(spec.batches)
     wanted, to_skip, blocked = [], [], []
 
     def needs(key: str, history: list[Any]) -> bool:
@@ -194,7 +193,7 @@ def decide(
                 unit = points[slot] if slot < len(points) else sequential_point(spec, cell.optimizer, cell.batch, slot, finished)
                 attrs = _attrs(key, ledger.TUNE, cell, spec.tune_seed, f"1-{slot:04d}-{index:04d}", len(history) + 1)
                 extra = {"slot": slot} if slot < len(points) else {"slot": slot, "unit": unit}
-                wanted.append(Wanted(point_values(opt.space, unit, cell.batch, smallest), {**attrs, **extra}))
+                wanted.append(Wanted(point_values(opt.space, unit, cell.batch, min(spec.batches)), {**attrs, **extra}))
             if complete:
                 trial = complete[0]
                 finished.append((points[slot] if slot < len(points) else ledger.attrs(trial)["unit"], trial))

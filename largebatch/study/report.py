@@ -104,13 +104,7 @@ def build(spec: StudySpec, study: Any, url: str, bootstrap_samples: int = 1000) 
     busy, span = _busy_seconds(finished)
     trial_seconds = sum((ledger.attrs(t).get("outcome") or {}).get("seconds", 0.0) for t in finished)
     smallest = min(spec.batches)
-    threads = {"threads_per_trial": study.user_attrs["threads"]} if "threads" in study.user_attrs else {}  # absent: not recorded
-    head = {
-        "study": spec.name,
-        "study_file": spec.path.name,
-        "storage": "study.db in this folder (SQLite)" if url.endswith(str(spec.folder / "study.db")) else redact_text(url),
-        **threads,
-    }
+    head = _head(spec, study, url)
     protocol = {
         "reported_split": spec.data["test"] or spec.data["heldout"],
         "heldout_split": spec.data["heldout"],
@@ -303,8 +297,21 @@ def _comparison_json(c: statistics.Comparison) -> dict[str, Any]:
     }
 
 
+def _head(spec: StudySpec, study: Any, url: str) -> dict[str, Any]:
+    """The study, its file, its storage (credentials redacted) and the threads per trial recorded in it."""
+    threads = {"threads_per_trial": study.user_attrs["threads"]} if "threads" in study.user_attrs else {}  # absent: not recorded
+    return {
+        "study": spec.name,
+        "study_file": spec.path.name,
+        "storage": "study.db in this folder (SQLite)" if url.endswith(str(spec.folder / "study.db")) else redact_text(url),
+        **threads,
+    }
+
+
 def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path, bootstrap_samples: int = 1000) -> list[pathlib.Path]:
     """Write report.json, the plots and report.md into ``out``; the paths written."""
+    if not spec.optimizers:  # a study of branches only: the critical batch along its run and nothing else
+        return _write_branches_only(spec, study, url, out)
     data = build(spec, study, url, bootstrap_samples)
     sections = data.pop("_sections")
     several = len(sections) > 1
@@ -323,6 +330,21 @@ def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path, bootstrap_sa
     text = markdown(spec, data, sections, [p.name for p in paths])
     _replace(out / "report.md", text if branch is None else text + branch.markdown)
     return [out / "report.md", out / "report.json", *paths, *([] if branch is None else [branch.plot])]
+
+
+def _write_branches_only(spec: StudySpec, study: Any, url: str, out: pathlib.Path) -> list[pathlib.Path]:
+    branch = branch_report.build(spec, study.get_trials(deepcopy=False), out)
+    data = {**_head(spec, study, url), "heldout_split": spec.data["heldout"], "branches": branch.data}
+    _replace(out / "report.json", json.dumps(_strict(data), indent=1, default=str, allow_nan=False) + "\n")
+    threads = f" {data['threads_per_trial']} thread(s) per trial." if "threads_per_trial" in data else ""
+    lines = [
+        f"# Study `{spec.name}`: the critical batch along training",
+        "",
+        f"Written from the storage ({data['storage']}) by `largebatch study report {spec.path.name}` (`study run` writes it too). "
+        f"Held-out split `{data['heldout_split']}`.{threads}",
+    ]
+    _replace(out / "report.md", "\n".join(lines) + "\n" + branch.markdown)
+    return [out / "report.md", out / "report.json", branch.plot]
 
 
 def _strict(value: Any) -> Any:
@@ -737,9 +759,12 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
         f"study {spec.name} in {url}: {counts[TrialState.COMPLETE]} trials complete, {counts[TrialState.RUNNING]} running, "
         f"{counts[TrialState.WAITING]} waiting, {ledger.endings(trials)}",
         "",
-        f"{'cell':<18} {'tuned':>7} {'running':>8} "
-        + ("  per target: re-runs, steps to it (median [range])" if several else f"{'re-runs':>8}  steps to target (median [range])"),
     ]
+    if spec.optimizers:  # none: a study of branches only
+        lines.append(
+            f"{'cell':<18} {'tuned':>7} {'running':>8} "
+            + ("  per target: re-runs, steps to it (median [range])" if several else f"{'re-runs':>8}  steps to target (median [range])")
+        )
     skipped = ledger.skipped(study)
     per_target = [analysis.collect(spec, trials, skipped, target, samples=0)[0] for target in spec.targets]
     running: dict[tuple[Any, Any], int] = {}
@@ -747,7 +772,7 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
         if t.state == TrialState.RUNNING:
             key = (ledger.attrs(t).get("optimizer"), ledger.attrs(t).get("batch"))
             running[key] = running.get(key, 0) + 1
-    for index, c in enumerate(per_target[-1]):
+    for index, c in enumerate(per_target[-1] if per_target else []):
         progress = [len(cs[index].stats.reruns) for cs in per_target]
         steps = [_steps(cs[index].stats) for cs in per_target]
         line = f"{c.key:<18} {c.tuned:>3}/{c.planned:<3} {running.get((c.stats.optimizer, c.stats.batch), 0):>8} "
@@ -758,7 +783,7 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
         lines.append(line)
     if spec.branches is not None:
         lines.append(branch_report.status_line(spec, trials))
-    for c in per_target[-1]:
+    for c in per_target[-1] if per_target else []:
         for f in c.failed:
             last = (f["error"].strip().splitlines() or ["?"])[-1][:200]
             decided = "skipped" if f["skipped"] else "run again with --retry-failed or skip with --skip-failed"

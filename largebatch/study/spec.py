@@ -63,6 +63,11 @@ KEYS: dict[str, tuple[str, Any]] = {
     "workers": ("dict(heartbeat_seconds, stale_seconds, max_retries, poll_seconds)", {}),
     "branches": ("None, or dict(run, at_samples, ks, samples, seeds, tolerance, lr_rule): the critical batch along a run", None),
 }
+# The keys of the tuning cells: a study with a ``branches`` section may leave all of them
+# out and measure only the critical batch along its run; the keys that only shape the
+# cells' trials then have no effect (the branches train from the run's config.yaml).
+TUNING_KEYS = ("optimizers", "batches", "search", "target", "targets")
+CELL_ONLY_KEYS = ("micro_batch_size", "trials", "quasi_random", "tune_seed", "pilot", "evaluation", "noise_scale", "sampler_seed")
 DATA_KEYS = {"heldout": "heldout", "test": None, "carve": None}
 EVALUATION_KEYS = {"coarse": 1.4, "fine": 1.04, "dense_within": 0.03, "first_fraction": 1 / 32, "batch_size": None, "refine": True}
 NOISE_KEYS = {"at_eval_loss": REQUIRED, "min_ratio": 8, "beta": 0.99}
@@ -165,14 +170,23 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
     raw = read_plain_file(path)
     where = str(path)
     _known(raw, KEYS, "", where)
-    missing = [k for k, (_, default) in KEYS.items() if default is REQUIRED and k not in raw]
+    only_branches = raw.get("branches") is not None and not any(k in raw for k in TUNING_KEYS)
+    missing = [k for k, (_, default) in KEYS.items() if default is REQUIRED and k not in raw and not (only_branches and k in TUNING_KEYS)]
     if missing:
         raise UserError(f"is required: {KEYS[missing[0]][0]}", key=missing[0], path=where)
+    idle = [k for k in CELL_ONLY_KEYS if k in raw] if only_branches else []
+    if idle:
+        raise UserError(
+            "has no effect in a study of branches only (a branches section without optimizers, batches, search or target: the "
+            "branches train from the run's config.yaml); remove it, or give the cells it would shape",
+            key=idle[0],
+            path=where,
+        )
     values = {k: raw.get(k, default) for k, (_, default) in KEYS.items()}
     base = path.parent / _kind(values["base_config"], str, "base_config", where)
     if not base.is_file():
         raise UserError(f"base config {str(base)!r} not found; give a path relative to the study file", key="base_config", path=where)
-    batches = _positive_ints(values["batches"], "batches", where)
+    batches = () if only_branches else _positive_ints(values["batches"], "batches", where)
     seeds = tuple(_kind(s, int, "seeds", where) for s in _kind(values["seeds"], list, "seeds", where))
     if not seeds or len(set(seeds)) != len(seeds):
         raise UserError(f"give distinct seeds (at least 3 for a median and a range), got {list(seeds)}", key="seeds", path=where)
@@ -193,8 +207,8 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
     threads = values["threads"]
     if threads is not None and _kind(threads, int, "threads", where) < 1:
         raise UserError(f"must be a positive number of threads, got {threads}", key="threads", path=where)
-    targets = _targets(values["target"], values["targets"], where)
-    optimizers = _optimizers(values["optimizers"], values["search"], values["pilot"], where)
+    targets = () if only_branches else _targets(values["target"], values["targets"], where)
+    optimizers = () if only_branches else _optimizers(values["optimizers"], values["search"], values["pilot"], where)
     micro = values["micro_batch_size"]
     if micro is not None and _kind(micro, int, "micro_batch_size", where) < 1:
         raise UserError(f"must be positive, got {micro}", key="micro_batch_size", path=where)

@@ -75,6 +75,7 @@ class Workers:
         self.claimed = 0
         self.threads = threads_per_trial(spec, options)
         self.source = branch_trials.source(spec) if spec.branches is not None else None
+        self.branch_keys = set() if self.source is None else branch_trials.keys(spec, self.source)
 
     def run(self) -> Outcome:
         """Run the workers to the end (or until stopped); install signal handlers while they run."""
@@ -127,11 +128,23 @@ class Workers:
             if self.options.max_trials is not None and self.claimed >= self.options.max_trials:
                 return None, False
             trial = ledger.claim(self.study)
+            while trial is not None and self._withdrawn(trial):
+                trial = ledger.claim(self.study)
             if trial is not None:
                 self.claimed += 1
                 return trial, True
             states = {t.state for t in self.study.get_trials(deepcopy=False)}
             return None, bool(states & {TrialState.WAITING, TrialState.RUNNING})
+
+    def _withdrawn(self, trial: Any) -> bool:
+        """Whether a claimed trial is a branch its section no longer has (the section changed
+        after it was queued); if so it is withdrawn, never run."""
+        info = ledger.attrs(trial)
+        if info.get("phase") != branch_trials.PHASE or (self.source is not None and info["key"] in self.branch_keys):
+            return False
+        ledger.withdraw(self.study, trial._trial_id, "no longer in the study file's branches section")
+        self.say(f"trial {trial.number} {info['key']}: withdrawn, no longer in the branches section")
+        return True
 
     def _loop(self) -> None:
         while not self.stop.is_set():

@@ -716,6 +716,11 @@ CASES = [
     ("study-threads-changed", study_with_another_thread_count, ["run with 3 thread(s) per trial", "--threads 3"]),
     ("study-branches-without-k1", study_case(branches={"run": "source", "ks": [2, 4], "samples": 64}), ["branches.ks", "must hold 1"]),
     ("study-branches-run-missing", study_case(branches={"run": "nowhere", "samples": 64}), ["branches.run", "nowhere", "holds no run"]),
+    (
+        "study-branches-only-with-a-cells-key",
+        study_case(branches={"run": "source", "samples": 64}, optimizers=None, batches=None, search=None, target=None),
+        ["micro_batch_size", "has no effect in a study of branches only", "remove it"],
+    ),
 ]
 
 

@@ -119,6 +119,17 @@ COVERED = {
         "tests/study/test_shipped_study.py::test_the_16k_studys_longest_budgets_are_at_least_twice_the_first_studys_fit_at_every_batch"
         "  # its design checked; running it takes hours (in sittings: it resumes), the command is the tiny study's above"
     ),
+    "python studies/fashion-mnist-cbs/source.py": (
+        "tests/study/test_study_branches.py::test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_training"
+        "  # a source run with checkpoints and the noise_scale hook, on the tests' tiny problem; this one trains two CPU minutes"
+    ),
+    "largebatch study run studies/fashion-mnist-cbs/study.py --jobs 1": (
+        "tests/study/test_study_branches.py::test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_training"
+        "  # `study run` on a study of branches only, on the tests' tiny source run; the shipped one runs 60 branches"
+    ),
+    "largebatch study report studies/fashion-mnist-cbs/study.py": (
+        "tests/study/test_shipped_study.py::test_the_shipped_critical_batch_study_reproduces_its_report_from_its_storage_alone"
+    ),
     "largebatch study status studies/fashion-mnist/study.py": "tests/study/test_study_runs.py::test_status_lists_every_cell",
     "largebatch study report studies/fashion-mnist/study.py": (
         "tests/study/test_study_runs.py::test_the_report_is_written_again_from_the_storage_alone"

@@ -55,3 +55,20 @@ def test_the_16k_studys_longest_budgets_are_at_least_twice_the_first_studys_fit_
         for batch in spec.batches:
             longest = math.floor(epochs.bounds(batch, min(spec.batches))[1]) * (train_images // batch)
             assert longest >= 2 * fit["s_min"] * (1 + fit["b_crit"] / batch), (opt.label, batch, longest)
+
+
+def test_the_shipped_critical_batch_study_reproduces_its_report_from_its_storage_alone(tmp_path):
+    """studies/fashion-mnist-cbs: `study report` on a copy of its study file and storage,
+    without the source run or the data (every branch's result and the source's B_simple are
+    kept in the storage), writes the published report again, word for word."""
+    shipped = REPO / "studies" / "fashion-mnist-cbs"
+    folder = tmp_path / "studies" / "fashion-mnist-cbs"
+    folder.mkdir(parents=True)
+    for name in ("study.py", "study.db"):
+        shutil.copy(shipped / name, folder / name)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    result = study_cli("report", "studies/fashion-mnist-cbs/study.py", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ("report.md", "report.json"):
+        assert (folder / name).read_text() == (shipped / name).read_text(), name
+    assert sorted(p.name for p in folder.glob("*.png")) == ["critical_batch.png"] == sorted(p.name for p in shipped.glob("*.png"))
