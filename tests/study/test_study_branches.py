@@ -168,3 +168,25 @@ def test_queued_branches_the_section_no_longer_has_are_withdrawn_unrun_and_queue
     complete = sorted(t.user_attrs["key"] for t in study.get_trials() if t.state.name == "COMPLETE")
     assert complete == sorted(f"branch/source/n{n}/k{k}/d256/sqrt/s1" for n in (256, 768) for k in (1, 2))
     assert [row["missing"] for row in json.loads((tmp_path / "report.json").read_text())["branches"]["rows"]] == [0, 0]
+
+
+@pytest.mark.slow
+def test_a_study_with_cells_and_branches_runs_both_and_reports_both(tmp_path):
+    """Tuning cells and branches in one storage: the tuning trial and its seed re-run run
+    beside the branches, and the report has the cells' sections and the CBS(t) section."""
+    import optuna
+
+    make_source(tmp_path)
+    section = {**BRANCHES, "at_samples": [256], "ks": [1, 2], "seeds": [1]}
+    spec = load_study(write_study(tmp_path, optimizers={"adamw": {}}, batches=[32], trials=1, branches=section))
+    result = study_cli("run", "study.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = optuna.load_study(study_name=spec.name, storage=f"sqlite:///{tmp_path / 'study.db'}")
+    phases = sorted(t.user_attrs.get("phase") for t in study.get_trials() if t.state.name == "COMPLETE")
+    assert phases.count("branch") == 2 and len(phases) > 2, phases  # both branches, and the cell's trials
+    branches = sorted(t.user_attrs["key"] for t in study.get_trials() if t.user_attrs.get("phase") == "branch")
+    assert branches == [f"branch/source/n256/k{k}/d256/sqrt/s1" for k in (1, 2)]
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["branches"]["rows"][0]["missing"] == 0 and written["cells"], sorted(written)
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Protocol" in markdown and "## The critical batch along training" in markdown
