@@ -180,7 +180,7 @@ def _non_finite(named: Iterable[tuple[str, Any]]) -> list[str]:
     not finite (a non-finite value, or finite values whose sum overflows) are counted
     value by value. (Counting every tensor that way cost 16 times as long on the CPU.)
     """
-    from largebatch.optim.sharded import local
+    from largebatch.dtensors import local
 
     tensors = [
         (name, local(tensor).detach())  # a sharded tensor: this rank's slice
@@ -589,7 +589,7 @@ def save_final_weights(model: torch.nn.Module, path: pathlib.Path, *, is_main: b
     Sharded (FSDP2) weights are gathered first, to the CPU of rank 0 only, so the file
     is the same full state dict an unsharded run writes.
     """
-    from largebatch.optim.sharded import is_sharded
+    from largebatch.dtensors import is_sharded
 
     if any(is_sharded(p) for p in model.parameters()):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
+from largebatch import dtensors
 from largebatch.config.derive import Derived
 from largebatch.config.sections import Config
 from largebatch.dist import DistInfo
 from largebatch.engine.update import NonFiniteGuard
-from largebatch.optim import sharded
 from largebatch.randomness import RandomStreams
 from largebatch.rundir import RunDir
 from largebatch.tasks import Task
@@ -319,7 +319,7 @@ class TrainState:
         if self.current.grad_norms is None:
             named = [(n, p) for n, p in self.run.model.named_parameters() if p.grad is not None]
             grads = [p.grad for _, p in named]
-            norms = sharded.grad_norms(grads) if grads else torch.zeros(0, device=self.run.backend.device)
+            norms = dtensors.grad_norms(grads) if grads else torch.zeros(0, device=self.run.backend.device)
             self.current.grad_norms = GradNorms([n for n, _ in named], [p for _, p in named], norms)
         return self.current.grad_norms
 
