@@ -19,9 +19,9 @@ from largebatch.config import generate, validate
 from largebatch.config.schema import REQUIRED, SCHEMA, Section
 from largebatch.config.typed import FrozenDict, freeze, section, typed
 from largebatch.data import native
-from tests.config.test_layering import imported_modules
 from tests.conftest import REPO, load_and_validate, tiny_config
 from tests.data.conftest import unique_shards  # noqa: F401 (a fixture)
+from tests.test_layers import imported_modules
 
 PACKAGE = pathlib.Path(largebatch.__file__).parent
 CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.py") if "_base_" not in p.parts)

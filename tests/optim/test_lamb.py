@@ -12,7 +12,7 @@ import torch
 from largebatch.config import validate
 from largebatch.config.typed import typed
 from largebatch.errors import ConfigError, UserError
-from largebatch.optim import build_optimizer
+from largebatch.optim import build_optimizer, optimizer_kwargs
 from largebatch.optim.lamb import Lamb
 from tests.conftest import tiny_config
 
@@ -376,4 +376,4 @@ def test_config_builds_lamb_with_its_options_and_groups():
     assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
     assert groups["decay"]["betas"] == (0.9, 0.99)
     with pytest.raises(ConfigError, match="adamw does not take 'no_decay_adapt'"):
-        validate(tiny_config(**{"optimizer.no_decay_adapt": False}))
+        optimizer_kwargs(validate(tiny_config(**{"optimizer.no_decay_adapt": False}))["optimizer"])
