@@ -50,11 +50,6 @@ BUILTIN_HOOKS = {
     "preemption": "largebatch.hooks.preemption:PreemptionHook",
 }
 DEFAULT_HOOKS = ("loss", "lr", "throughput", "grad_norm", "logger", "checkpoint", "preemption")
-# Names that were hooks and are now part of every step, with where their settings went.
-NOT_HOOKS = {
-    "nan_guard": "the non-finite check is part of every step: set it with nan_guard=dict(action='stop'|'skip'|'off', max_skips=10)",
-    "clip_grad_norm": "clipping is part of every step: set clip_grad_norm=<max norm>",
-}
 
 
 def _builtin_class(name: str) -> type[Hook]:
@@ -94,8 +89,7 @@ def build_hooks(cfg: Config, config_path: pathlib.Path | None = None) -> list[Ho
     ``ema`` hook when ``ema.decay`` is set, then the config's other hooks in order.
 
     Raises:
-        ConfigError: an entry that cannot be built (naming ``hooks[i]``), or the name of
-            what is no longer a hook (``NOT_HOOKS``), with the setting that replaced it.
+        ConfigError: an entry that cannot be built (naming ``hooks[i]``).
     """
     specs: list[tuple[str, dict[str, Any], str]] = []
     for i, entry in enumerate(thaw(cfg.hooks)):
@@ -104,8 +98,6 @@ def build_hooks(cfg: Config, config_path: pathlib.Path | None = None) -> list[Ho
             specs.append((entry, {}, key))
         else:
             specs.append((entry["type"], {k: v for k, v in entry.items() if k != "type"}, key))
-        if specs[-1][0] in NOT_HOOKS:
-            raise ConfigError(f"{specs[-1][0]!r} is not a hook; {NOT_HOOKS[specs[-1][0]]}", key=key)
     defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
     defaults["checkpoint"] = (cfg.checkpoint.to_dict(), "checkpoint")
     defaults["logger"] = ({"console": cfg.log.console}, "log")

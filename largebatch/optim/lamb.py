@@ -158,8 +158,7 @@ class Lamb(LayerwiseOptimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.__dict__.setdefault("no_decay_adapt", True)
-        self.__dict__.setdefault("_buffers", {})
+        self._buffers = {}  # the CPU kernel's scratch space is not pickled (copy.deepcopy): made anew
 
     def _init_state(self, param: Tensor, state: dict[str, Any]) -> None:
         if not state:

@@ -205,6 +205,11 @@ def test_deepcopy_keeps_optimizer_wide_switches():
     for p, g in zip(clone.param_groups[0]["params"], make_grads(1)):
         p.grad = g
     clone.step()
+    chunked = copy.deepcopy(Lamb(make_params(), lr=LR, chunk_elements=16))  # its CPU kernel's buffers are made anew
+    for p, g in zip(chunked.param_groups[0]["params"], make_grads(1)):
+        p.grad = g
+    chunked.step()
+    assert chunked._buffers
 
 
 @pytest.mark.parametrize("mode", list(MODES))
