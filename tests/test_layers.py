@@ -49,7 +49,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "preemption.py",
             "randomness.py",
             "flops.py",
-            "plot.py",
+            "run_curves.py",
         ),
         ("runtime", "base"),
     ),

@@ -21,8 +21,8 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from largebatch.config.classes import check_arguments, construct, load_class
 from largebatch.config.frozen import thaw
-from largebatch.config.resolve import check_arguments, construct, load_class
 from largebatch.config.schema import check_argument
 from largebatch.config.sections import Config
 from largebatch.engine.hook import Hook, parse_priority
@@ -58,7 +58,7 @@ def _builtin_class(name: str) -> type[Hook]:
 
 def load_hook_class(spec: str, key: str, config_path: pathlib.Path | None = None) -> type[Hook]:
     """The class a hook ``type`` names: a built-in name, ``'path/file.py:Class'`` or
-    ``'package.module:Class'`` (``largebatch.config.resolve``).
+    ``'package.module:Class'`` (``largebatch.config.classes``).
 
     Raises:
         ConfigError: unknown name, missing file, module or class, a class that is not a ``Hook``.

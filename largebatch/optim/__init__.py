@@ -11,8 +11,8 @@ import difflib
 from typing import TYPE_CHECKING, Any
 
 from largebatch import signatures
+from largebatch.config.arguments import Signature, read_signature
 from largebatch.config.sections import OptimizerConfig
-from largebatch.config.signature import Signature, read_signature
 from largebatch.errors import ConfigError
 
 if TYPE_CHECKING:
