@@ -62,6 +62,9 @@ from largebatch.rundir import CHECKPOINTS, LATEST, RunDir
 NAME_PATTERN = re.compile(r"^step-(\d+)(\.pt)?$")  # a file (ddp) or a folder (fsdp/hsdp)
 SHARDED_META = "meta.pt"  # in a sharded checkpoint's folder: everything but the tensors
 
+# What a resume reads of a checkpoint's run record (``_run_record``) besides the tensors.
+RESUME_KEYS = ("counters", "nan_guard", "hooks", "config")
+
 # Keys that may change between a run and its resumption without changing its maths.
 RESUME_FREE_KEYS = (
     "log.",
@@ -180,7 +183,7 @@ def _non_finite(named: Iterable[tuple[str, Any]]) -> list[str]:
     not finite (a non-finite value, or finite values whose sum overflows) are counted
     value by value. (Counting every tensor that way cost 16 times as long on the CPU.)
     """
-    from largebatch.optim.sharded import local
+    from largebatch.dtensors import local
 
     tensors = [
         (name, local(tensor).detach())  # a sharded tensor: this rank's slice
@@ -496,8 +499,7 @@ def load_checkpoint(
     _load_training_tensors(path, payload, run, check_resumable(path, payload, state, ignore_config=ignore_config), trust=trust)
     state.counters = type(state.counters).from_state_dict(payload["counters"])
     state.last_eval_step = payload.get("last_eval_step")
-    # before the non-finite check was part of every step, it was a hook of this name
-    run.guard.load_state_dict(payload.get("nan_guard") or payload["hooks"].get("NanGuardHook", {}))
+    run.guard.load_state_dict(payload["nan_guard"])
     for key, hook in zip(hook_state_keys(hooks), hooks):
         if key in payload["hooks"]:
             hook.load_state_dict(payload["hooks"][key])
@@ -555,6 +557,13 @@ def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, 
     Raises:
         UserError: naming what does not fit and how to resume.
     """
+    missing = [key for key in RESUME_KEYS if key not in payload]
+    if missing:
+        raise UserError(
+            f"the checkpoint has no {', '.join(missing)}, which every checkpoint of this largebatch holds and a resume "
+            "reads; resume from a checkpoint this version wrote, or start a new run from its weights (model.init_from)",
+            path=str(path),
+        )
     config = state.run.config
     if not ignore_config:  # both redacted: the checkpoint's is, and an older one's is compared as it
         check_same_config(redact(payload["config"]), redact(config), path)
@@ -589,7 +598,7 @@ def save_final_weights(model: torch.nn.Module, path: pathlib.Path, *, is_main: b
     Sharded (FSDP2) weights are gathered first, to the CPU of rank 0 only, so the file
     is the same full state dict an unsharded run writes.
     """
-    from largebatch.optim.sharded import is_sharded
+    from largebatch.dtensors import is_sharded
 
     if any(is_sharded(p) for p in model.parameters()):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -90,7 +90,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from largebatch.plot import plot_run
+    from largebatch.run_curves import plot_run
 
     for path in plot_run(args.run_dir, args.out):
         print(path)

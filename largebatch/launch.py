@@ -27,6 +27,7 @@ from largebatch.export import check_timm, write_run_hub_config
 from largebatch.hooks import build_hooks
 from largebatch.hooks.eval import EvalHook
 from largebatch.models import build_model
+from largebatch.optim import build_optimizer
 from largebatch.optim.schedules import build_schedule
 from largebatch.randomness import RandomStreams
 from largebatch.rundir import RunDir
@@ -110,7 +111,7 @@ def build_training_model(cfg: Config, derived: Derived, info: Any, backend: Any,
     seed_everything(cfg.seed + info.rank)  # then each rank its own randomness
     backend.seed(cfg.seed + info.rank)
     train_model = backend.compile(train_model, cfg.compile)
-    optimizer = backend.build_optimizer(cfg.optimizer, model)  # after sharding: it holds the sharded parameters
+    optimizer = build_optimizer(cfg.optimizer, model, fused_lamb=backend.fused_lamb())  # after sharding: it holds the sharded parameters
     return model, train_model, optimizer
 
 

@@ -27,9 +27,9 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from largebatch import signatures, vit
+from largebatch.config.arguments import Signature, read_signature
 from largebatch.config.frozen import thaw
 from largebatch.config.sections import Config, DataConfig, ModelConfig
-from largebatch.config.signature import Signature, read_signature
 from largebatch.errors import ConfigError
 from largebatch.rundir import RunDir
 

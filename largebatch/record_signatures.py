@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+from largebatch.config.arguments import ANY, Expected, RecordedFrom, Signature, installed_version, read_signature
 from largebatch.config.schema import SCHEMA, Field, Section
-from largebatch.config.signature import ANY, Expected, RecordedFrom, Signature, installed_version, read_signature
 from largebatch.models import read_model_arguments
 from largebatch.optim import optimizer_class
 from largebatch.vit import NAMED_SIZES
@@ -95,7 +95,7 @@ def render_signatures() -> str:
         "",
         "from __future__ import annotations",
         "",
-        "from largebatch.config.signature import ANY, Expected, Parameter, RecordedFrom, Signature",
+        "from largebatch.config.arguments import ANY, Expected, Parameter, RecordedFrom, Signature",
         "",
         "OURS = RecordedFrom()  # largebatch's own classes",
         *(

@@ -6,7 +6,7 @@ its library is the version named here (``RecordedFrom.matches_installed``).
 
 from __future__ import annotations
 
-from largebatch.config.signature import ANY, Expected, Parameter, RecordedFrom, Signature
+from largebatch.config.arguments import ANY, Expected, Parameter, RecordedFrom, Signature
 
 OURS = RecordedFrom()  # largebatch's own classes
 TIMM = RecordedFrom("timm", "1.0.31")

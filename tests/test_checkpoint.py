@@ -146,13 +146,15 @@ def test_a_checkpoint_restores_weights_optimizer_counters_and_the_guards_counts(
     assert (fresh.state.run.guard.skipped, fresh.state.run.guard.overflows) == (2, 1)
 
 
-def test_a_checkpoint_from_before_the_check_was_part_of_the_step_restores_its_counts(tmp_path):
+def test_a_checkpoint_without_the_run_record_a_resume_reads_is_refused_by_name(tmp_path):
     engine = trained(tmp_path, steps=1)
     payload = ckpt.read_checkpoint(ckpt.save_checkpoint(engine.state, engine.hooks, keep=1))
-    del payload["nan_guard"]
-    payload["hooks"]["NanGuardHook"] = {"skipped": 4, "overflows": 0, "in_a_row": 1}  # the hook it used to be
-    ckpt.load_checkpoint(tmp_path, engine.state, engine.hooks, engine.train_loader, ignore_config=True, payload=payload)
-    assert engine.state.run.guard.state_dict() == {"skipped": 4, "overflows": 0, "in_a_row": 1}
+    del payload["nan_guard"]  # as written before the non-finite check was part of every step
+    with pytest.raises(
+        UserError, match=r"the checkpoint has no nan_guard, which every checkpoint .* start a new run from its weights"
+    ) as info:
+        ckpt.load_checkpoint(tmp_path, engine.state, engine.hooks, engine.train_loader, ignore_config=True, payload=payload)
+    assert info.value.path == str(tmp_path)
 
 
 def test_model_weights_for_init_from_from_a_run_a_file_and_a_checkpoint(tmp_path):

@@ -141,7 +141,7 @@ def test_trust_checkpoint_trusts_the_run_directory(original, tmp_path, monkeypat
 
 def test_export_plot_and_init_from_read_a_run_directory_as_data(original, tmp_path, monkeypatch):
     from largebatch.export import export_run
-    from largebatch.plot import plot_run
+    from largebatch.run_curves import plot_run
 
     copy = planted(original, tmp_path, base=True)
     monkeypatch.chdir(tmp_path)

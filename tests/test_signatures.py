@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from largebatch import record_signatures, signatures
-from largebatch.config.signature import Expected, RecordedFrom, read_signature
+from largebatch.config.arguments import Expected, RecordedFrom, read_signature
 from largebatch.optim import optimizer_signature
 from largebatch.optim.lamb import Lamb
 

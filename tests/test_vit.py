@@ -12,7 +12,7 @@ import torch
 
 from largebatch import footprint, models, signatures, vit
 from largebatch.config import resolve_config
-from largebatch.config.signature import RecordedFrom
+from largebatch.config.arguments import RecordedFrom
 from tests.conftest import REPO
 
 SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.py") if "_base_" not in p.parts)

@@ -5,7 +5,8 @@ The engine talks to the device only through this interface, so the same loop run
 CPU, a CUDA GPU or a Habana HPU (lazy mode needs ``mark_step()`` after backward and
 after the optimizer step: ``after_backward`` and ``after_optimizer_step`` are where a
 backend puts such calls). ``largebatch.launch`` asks the backend for the process group,
-the DDP wrapper, the compiled model and the optimizer, so a device's quirks stay here.
+the DDP wrapper, the compiled model and any optimizer the device supplies (``fused_lamb``,
+which the optim layer builds), so a device's quirks stay here.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from typing import Any
 
 import torch
 
-from largebatch import dist
+from largebatch import dist, dtensors
 from largebatch.config.derive import Derived
-from largebatch.config.sections import DistConfig, OptimizerConfig
+from largebatch.config.sections import DistConfig
 from largebatch.errors import UserError
-from largebatch.optim import build_optimizer, sharded
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -153,9 +153,10 @@ class Backend:
         """``torch.compile(model)`` when ``enabled`` (the config's ``compile``), else ``model``."""
         return torch.compile(model) if enabled else model
 
-    def build_optimizer(self, section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-        """The ``optimizer`` section's optimizer; a backend may substitute a fused implementation."""
-        return build_optimizer(section, model)
+    def fused_lamb(self) -> type[torch.optim.Optimizer] | None:
+        """A whole LAMB optimizer class this device supplies, which ``largebatch.optim.build_optimizer``
+        runs in place of largebatch's ``Lamb`` (``fused_lamb=``); None: the device has none."""
+        return None
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
         """Clip the global L2 norm of the gradients to ``max_norm``; returns the norm before clipping.
@@ -173,8 +174,8 @@ class Backend:
         if not grads:
             return torch.zeros((), device=self.device)
         if norms is None:
-            norms = sharded.grad_norms(grads)
-        grads = sharded.locals_of(grads)  # sharded: each rank scales its slices
+            norms = dtensors.grad_norms(grads)
+        grads = dtensors.locals_of(grads)  # sharded: each rank scales its slices
         total = torch.linalg.vector_norm(norms)
         torch._foreach_mul_(grads, clip_coefficient(total, max_norm).to(grads[0].device))
         return total

@@ -29,10 +29,11 @@ is imported before ``init_process_group``, with the rank variables already in th
 environment (the bridge maps processes to Gaudis from them). DDP runs with
 ``broadcast_buffers=False`` as in Habana's references (a ViT has no buffers that change).
 
-**Fused kernels** (used when the bridge provides them): ``hpu.fused_optimizer`` lets LAMB's
-choice of implementation (``largebatch.optim.lamb.choose``) run ``optimizer.type='lamb'`` as
-``habana_frameworks.torch.hpex.optimizers.FusedLamb`` (``largebatch.optim.lamb_habana``),
-and ``hpu.fused_clip_norm`` clips with ``hpex.normalization.FusedClipNorm``.
+**Fused kernels** (used when the bridge provides them): with ``hpu.fused_optimizer``,
+``fused_lamb`` hands ``habana_frameworks.torch.hpex.optimizers.FusedLamb`` (a whole
+optimizer) to ``largebatch.optim.build_optimizer``, which runs ``optimizer.type='lamb'`` with
+it (``largebatch.optim.lamb_habana``); ``hpu.fused_clip_norm`` clips with
+``hpex.normalization.FusedClipNorm``.
 
 Nothing here has run on a Gaudi: the logic is tested against a recording stand-in for
 ``habana_frameworks`` (``tests/backends/fake_habana``).
@@ -51,7 +52,7 @@ from typing import Any
 import torch
 
 from largebatch.backends.base import Backend
-from largebatch.config.sections import DistConfig, HpuConfig, OptimizerConfig
+from largebatch.config.sections import DistConfig, HpuConfig
 from largebatch.errors import UserError
 
 MODES = ("lazy", "eager", "compile")
@@ -181,18 +182,12 @@ class HpuBackend(Backend):
             )
         return model
 
-    def build_optimizer(self, section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-        # LAMB's implementation is chosen in one place, which may pick the bridge's FusedLamb
-        # in place of largebatch's Lamb (not for sharded parameters: its kernels see whole tensors).
-        if self.options.fused_optimizer and section.type == "lamb":
-            from largebatch.optim.lamb import choose
-            from largebatch.optim.lamb_habana import FusedLamb
-
-            fused = getattr(_optional("habana_frameworks.torch.hpex.optimizers"), "FusedLamb", None)
-            kernel = choose((list(model.parameters()), [], [], []), habana=fused)
-            if isinstance(kernel, FusedLamb):
-                return kernel.optimizer(section, model)
-        return super().build_optimizer(section, model)
+    def fused_lamb(self) -> type[torch.optim.Optimizer] | None:
+        # Habana's FusedLamb, a whole optimizer, when hpu.fused_optimizer asks for it and the
+        # bridge has it; the optim layer sets it up (largebatch.optim.lamb_habana).
+        if not self.options.fused_optimizer:
+            return None
+        return getattr(_optional("habana_frameworks.torch.hpex.optimizers"), "FusedLamb", None)
 
     def clip_grad_norm(self, parameters: list[torch.nn.Parameter], max_norm: float, norms: torch.Tensor | None = None) -> torch.Tensor:
         if self.options.fused_clip_norm and not _any_sharded(parameters):
@@ -240,6 +235,6 @@ class HpuBackend(Backend):
 
 
 def _any_sharded(parameters) -> bool:
-    from largebatch.optim.sharded import is_sharded
+    from largebatch.dtensors import is_sharded
 
     return any(is_sharded(p) for p in parameters)

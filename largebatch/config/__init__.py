@@ -15,7 +15,6 @@ the run's ``BatchPlan``.
 from __future__ import annotations
 
 import copy
-import importlib
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +35,7 @@ __all__ = [
     "Config",
     "Derived",
     "LrScaling",
+    "check_config",
     "derive",
     "dump_yaml",
     "load_config",
@@ -44,10 +44,6 @@ __all__ = [
     "restore_secrets",
     "validate",
 ]
-
-# Checks of a whole validated config that need more than the schema (a model library),
-# named so this package imports nothing above it.
-CONFIG_CHECKS = ("largebatch.models:check_model_config",)
 
 
 def resolve_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Config:
@@ -60,7 +56,7 @@ def resolve_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> C
     Raises:
         ConfigError: the file, an override or a value is wrong (naming the key and the fix).
     """
-    return _checked(typed(load_config(path, list(overrides))))
+    return check_config(typed(load_config(path, list(overrides))))
 
 
 def resolve_saved_config(path: str | pathlib.Path, overrides: Sequence[str] = (), *, trust: bool = False) -> tuple[Config, Config]:
@@ -87,18 +83,30 @@ def resolve_saved_config(path: str | pathlib.Path, overrides: Sequence[str] = ()
         data = load_config(path)
     saved = typed(data)
     if not overrides:
-        return saved, _checked(saved)
+        return saved, check_config(saved)
     data = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
-    return saved, _checked(typed(data))
+    return saved, check_config(typed(data))
 
 
-def _checked(cfg: Config) -> Config:
-    """``cfg``, once the checks that need more than the schema pass (``CONFIG_CHECKS``)."""
-    for check in CONFIG_CHECKS:
-        module, _, function = check.partition(":")
-        getattr(importlib.import_module(module), function)(cfg)
+def check_config(cfg: Config) -> Config:
+    """``cfg``, once the checks that need more than the schema pass: the model's name and
+    arguments against the model library, the optimizer's keys against its signature
+    (``resolve_config`` and ``resolve_saved_config`` run them).
+
+    The checks belong to the layers that build the model and the optimizer, which import this
+    package's modules; this module (the entry, ``resolve_config``) sits above them and
+    imports them when it runs (docs/architecture.md), so loading a section imports neither.
+
+    Raises:
+        ConfigError: an unknown model, or a key the model or the optimizer does not take.
+    """
+    from largebatch.models import check_model_config
+    from largebatch.optim import optimizer_kwargs
+
+    check_model_config(cfg)
+    optimizer_kwargs(cfg.optimizer.to_dict())
     return cfg
 
 

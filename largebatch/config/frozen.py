@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from largebatch.config.schema import SCHEMA, Field, Section
+from largebatch.errors import ConfigError
 
 
 class FrozenDict(dict):
@@ -67,7 +68,15 @@ class ConfigSection:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Self:
-        """Build from a validated section (every schema key present)."""
+        """Build from a validated section (every schema key present).
+
+        Raises:
+            ConfigError: ``sections.py`` names what the schema no longer has (``STALE``).
+        """
+        if STALE:
+            raise ConfigError(
+                f"largebatch/config/sections.py is stale: the schema has no {', '.join(STALE)}; run `python -m largebatch.config.generate`"
+            )
         kwargs: dict[str, Any] = {}
         for name, spec in cls._schema.fields.items():
             value = values[name]
@@ -84,19 +93,29 @@ class ConfigSection:
         return out
 
 
+# What the generated ``sections.py`` names and the schema no longer has. A stale
+# ``sections.py`` still imports, so that ``python -m largebatch.config.generate`` (which
+# imports this package) can replace it; no config is typed until it has (``from_dict``).
+STALE: list[str] = []
+
+
 def schema_section(name: str) -> Section:
-    """The schema's section ``name`` (the root for ``""``); an empty one when the schema no
-    longer has it (a stale ``sections.py`` still imports, so it can be regenerated)."""
+    """The schema's section ``name`` (the root for ``""``); an empty one, noted in ``STALE``,
+    when the schema no longer has it."""
     spec = SCHEMA.fields.get(name) if name else SCHEMA
-    return spec if isinstance(spec, Section) else Section({})
+    if isinstance(spec, Section):
+        return spec
+    STALE.append(name)
+    return Section({})
 
 
 def field_meta(dotted: str) -> types.MappingProxyType:
     """A schema key's ``doc``, ``choices``, ``low`` and ``high``, as a dataclass field's
-    metadata (empty for a key the schema no longer has)."""
+    metadata (empty, noted in ``STALE``, for a key the schema no longer has)."""
     spec: Any = SCHEMA
     for part in dotted.split("."):
         spec = spec.fields.get(part) if isinstance(spec, Section) else None
     if not isinstance(spec, Field):
+        STALE.append(dotted)
         return types.MappingProxyType({})
     return types.MappingProxyType({"doc": spec.doc, "choices": spec.choices, "low": spec.low, "high": spec.high})

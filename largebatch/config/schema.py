@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import importlib
 from typing import Any
 
 from largebatch.errors import ConfigError
@@ -49,18 +48,12 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    """A dict of known keys. ``open`` sections also accept keys checked elsewhere.
-
-    Attributes:
-        checked_by: ``'package.module:function'`` that validation calls with the
-            section's values to check the keys it passes on (the optimizer's signature);
-            named, not imported, so this package depends on nothing above it.
-    """
+    """A dict of known keys. ``open`` sections also accept keys checked elsewhere (the
+    optimizer's against its signature by ``resolve_config``, the model's against timm)."""
 
     fields: dict[str, Field | Section]
     doc: str = ""
     open: bool = False
-    checked_by: str | None = None
 
 
 # Parameter names that get no weight decay (``largebatch.optim.param_groups``): biases,
@@ -135,7 +128,6 @@ SCHEMA = Section(
             },
             "every other key is a keyword argument of the optimizer class",
             open=True,
-            checked_by="largebatch.optim:optimizer_kwargs",
         ),
         "lr_schedule": Section(
             {
@@ -555,10 +547,6 @@ def _check_rules(cfg: dict[str, Any]) -> None:
             key="lr_schedule.min_lr",
         )
     _check_data_rules(cfg)
-    for name, spec in SCHEMA.fields.items():
-        if isinstance(spec, Section) and spec.checked_by:
-            module, _, function = spec.checked_by.partition(":")
-            getattr(importlib.import_module(module), function)(cfg[name])
     if cfg["optimizer"].get("max_grad_norm") is not None and cfg["clip_grad_norm"]:
         raise ConfigError(
             f"clips inside the optimizer while clip_grad_norm {cfg['clip_grad_norm']} clips once per step already; set one of them to null",

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from largebatch import dtensors
 from largebatch.backends.base import Backend
 from largebatch.batching import BatchPlan
 from largebatch.config.derive import Derived
@@ -44,7 +45,6 @@ from largebatch.data.mixup import MixedBatch, MixupCutmix
 from largebatch.dist import DistInfo
 from largebatch.engine.hook import Hook
 from largebatch.engine.update import NonFiniteGuard
-from largebatch.optim import sharded
 from largebatch.optim.schedules import LRSchedule
 from largebatch.randomness import RandomStreams
 from largebatch.rundir import RunDir
@@ -369,7 +369,7 @@ class TrainState:
         if self.current.grad_norms is None:
             named = [(n, p) for n, p in self.run.model.named_parameters() if p.grad is not None]
             grads = [p.grad for _, p in named if p.grad is not None]  # all of them: the filter above
-            norms = sharded.grad_norms(grads) if grads else torch.zeros(0, device=self.run.backend.device)
+            norms = dtensors.grad_norms(grads) if grads else torch.zeros(0, device=self.run.backend.device)
             self.current.grad_norms = GradNorms([n for n, _ in named], [p for _, p in named], norms)
         return self.current.grad_norms
 

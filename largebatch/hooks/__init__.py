@@ -23,8 +23,8 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from largebatch.config.classes import check_arguments, construct, load_class
 from largebatch.config.frozen import thaw
-from largebatch.config.resolve import check_arguments, construct, load_class
 from largebatch.config.schema import check_argument
 from largebatch.config.sections import CheckpointConfig, EmaConfig, LogConfig
 from largebatch.engine.hook import Hook, parse_priority
@@ -52,11 +52,6 @@ BUILTIN_HOOKS = {
     "preemption": "largebatch.hooks.preemption:PreemptionHook",
 }
 DEFAULT_HOOKS = ("loss", "lr", "throughput", "grad_norm", "logger", "checkpoint", "preemption")
-# Names that were hooks and are now part of every step, with where their settings went.
-NOT_HOOKS = {
-    "nan_guard": "the non-finite check is part of every step: set it with nan_guard=dict(action='stop'|'skip'|'off', max_skips=10)",
-    "clip_grad_norm": "clipping is part of every step: set clip_grad_norm=<max norm>",
-}
 
 
 def _builtin_class(name: str) -> type[Hook]:
@@ -65,7 +60,7 @@ def _builtin_class(name: str) -> type[Hook]:
 
 def load_hook_class(spec: str, key: str, config_path: pathlib.Path | None = None) -> type[Hook]:
     """The class a hook ``type`` names: a built-in name, ``'path/file.py:Class'`` or
-    ``'package.module:Class'`` (``largebatch.config.resolve``).
+    ``'package.module:Class'`` (``largebatch.config.classes``).
 
     Raises:
         ConfigError: unknown name, missing file, module or class, a class that is not a ``Hook``.
@@ -108,12 +103,7 @@ class HookEntry:
     @classmethod
     def read(cls, entries: Sequence[str | Mapping[str, Any]]) -> list[HookEntry]:
         """The config's entries (``'logger'`` or ``dict(type='logger', **arguments)``, as
-        validated) in order.
-
-        Raises:
-            ConfigError: the name of what is no longer a hook (``NOT_HOOKS``), with the
-                setting that replaced it.
-        """
+        validated) in order."""
         read = []
         for i, entry in enumerate(entries):
             key = f"hooks[{i}]"
@@ -121,8 +111,6 @@ class HookEntry:
                 read.append(cls(entry, {}, key))
             else:
                 read.append(cls(entry["type"], {k: thaw(v) for k, v in entry.items() if k != "type"}, key))
-            if read[-1].type in NOT_HOOKS:
-                raise ConfigError(f"{read[-1].type!r} is not a hook; {NOT_HOOKS[read[-1].type]}", key=key)
         return read
 
 
@@ -144,8 +132,7 @@ def build_hooks(
         config_path: the config file (a hook file's path may be relative to its folders).
 
     Raises:
-        ConfigError: an entry that cannot be built (naming ``hooks[i]``), or the name of
-            what is no longer a hook (``NOT_HOOKS``), with the setting that replaced it.
+        ConfigError: an entry that cannot be built (naming ``hooks[i]``).
     """
     defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
     defaults["checkpoint"] = (

@@ -60,11 +60,11 @@ from typing import Any
 
 import torch
 
+from largebatch import dtensors
 from largebatch.dist import all_reduce_sum
 from largebatch.engine.accumulation import micro_loss_weight
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
-from largebatch.optim import sharded
 
 
 class NoiseScaleHook(Hook):
@@ -136,7 +136,7 @@ class NoiseScaleHook(Hook):
         if not grads:
             return
         factor = 1.0 / micro_loss_weight(state.current.window_size)
-        sq = sharded.grad_norms(grads).double().square().sum() * factor**2
+        sq = dtensors.grad_norms(grads).double().square().sum() * factor**2
         scale = getattr(state.run.scaler, "_scale", None) if state.run.scaler is not None else None
         if scale is not None:
             sq = sq / scale.double().square().reshape(())

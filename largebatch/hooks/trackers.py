@@ -223,7 +223,7 @@ class TrackerHook(Hook):
         run_files = [p for p in (run_dir.config, run_dir.metrics) if p.is_file()]
         plots: list[pathlib.Path] = []
         if self.plots and run_dir.metrics.is_file():
-            from largebatch.plot import plot_run
+            from largebatch.run_curves import plot_run
 
             plots = plot_run(run_dir)
         candidates = [run_dir.weights(), run_dir.hub_config, *run_dir.extra_weights()]

@@ -11,9 +11,9 @@ import difflib
 from typing import TYPE_CHECKING, Any
 
 from largebatch import signatures
+from largebatch.config.arguments import Signature, read_signature
 from largebatch.config.frozen import thaw
 from largebatch.config.sections import OptimizerConfig
-from largebatch.config.signature import Signature, read_signature
 from largebatch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -73,9 +73,28 @@ def optimizer_kwargs(section: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def build_optimizer(section: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(
+    section: OptimizerConfig, model: torch.nn.Module, *, fused_lamb: type[torch.optim.Optimizer] | None = None
+) -> torch.optim.Optimizer:
     """The ``optimizer`` section's optimizer over the model's parameter groups (weight-decay
-    exclusion, optional layer-wise lr decay). The learning rate is set by the schedule each step."""
+    exclusion, optional layer-wise lr decay). The learning rate is set by the schedule each step.
+
+    Args:
+        section: the ``optimizer`` section.
+        model: the model (as trained: wrapped or sharded).
+        fused_lamb: a whole LAMB optimizer class the device supplies (``Backend.fused_lamb``:
+            Habana's FusedLamb), run for ``type='lamb'`` in place of largebatch's ``Lamb``
+            where it can take the parameters (none sharded; ``largebatch.optim.lamb_habana``).
+
+    Raises:
+        ConfigError: a key the optimizer does not take.
+        UserError: a setting ``fused_lamb`` cannot reproduce.
+    """
+    if fused_lamb is not None and section.type == "lamb":
+        from largebatch.optim import lamb_habana
+
+        if lamb_habana.applies(model):
+            return lamb_habana.fused_lamb_optimizer(fused_lamb, section, model)
     from largebatch.optim.param_groups import section_param_groups
 
     groups = section_param_groups(section, model)

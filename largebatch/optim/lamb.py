@@ -32,8 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from largebatch import dtensors
 from largebatch.errors import UserError
-from largebatch.optim import lamb_cpu, lamb_habana, lamb_update, sharded
+from largebatch.optim import lamb_cpu, lamb_update
 from largebatch.optim.lamb_update import Kernel, Settings, Tensors
 from largebatch.optim.layerwise import Collected, LayerwiseOptimizer, Stats, in_order
 
@@ -48,22 +49,17 @@ def choose(
     chunk_elements: int | None = None,
     buffers: lamb_cpu.Buffers | None = None,
     sharded: bool = False,
-    habana: type | None = None,
 ) -> Kernel:
     """LAMB's implementation for a bucket ``(params, grads, exp_avgs, exp_avg_sqs)``, decided
     here only: the first that applies of
 
-    1. Habana's FusedLamb (``lamb_habana``), when the HPU backend asks with ``habana``, its
-       bridge's class (``tensors``: the model's parameters);
-    2. the per-tensor reference (``lamb_update.Reference``) when not ``foreach``;
-    3. ``lamb_cpu``'s chunks of ``chunk_elements`` (``None``: ``CPU_CHUNK_ELEMENTS``; 0: off) in
+    1. the per-tensor reference (``lamb_update.Reference``) when not ``foreach``;
+    2. ``lamb_cpu``'s chunks of ``chunk_elements`` (``None``: ``CPU_CHUNK_ELEMENTS``; 0: off) in
        the optimizer's ``buffers``, for whole tensors (not ``sharded`` slices);
-    4. the Triton kernel (``lamb_triton``), then torch's fused Adam kernel (``lamb_update.FusedAdam``);
-    5. plain multi-tensor ops (``lamb_update.MultiTensor``), which take anything (in place on
+    3. the Triton kernel (``lamb_triton``), then torch's fused Adam kernel (``lamb_update.FusedAdam``);
+    4. plain multi-tensor ops (``lamb_update.MultiTensor``), which take anything (in place on
        ``sharded`` slices).
     """
-    if habana is not None and (fused := lamb_habana.FusedLamb(habana)).applies(tensors):
-        return fused
     if not foreach or not tensors[0]:
         return REFERENCE
     from largebatch.optim import lamb_triton  # at the first step, not with the package: Triton takes ~0.15 s to import
@@ -162,8 +158,7 @@ class Lamb(LayerwiseOptimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.__dict__.setdefault("no_decay_adapt", True)
-        self.__dict__.setdefault("_buffers", {})
+        self._buffers = {}  # the CPU kernel's scratch space is not pickled (copy.deepcopy): made anew
 
     def _init_state(self, param: Tensor, state: dict[str, Any]) -> None:
         if not state:
@@ -177,7 +172,7 @@ class Lamb(LayerwiseOptimizer):
         grads = [g for entry in groups for g in entry.grads]
         if self.max_grad_norm is None or not grads:
             return None
-        return (self.max_grad_norm / (torch.linalg.vector_norm(sharded.grad_norms(grads)) + 1e-6)).clamp(max=1.0)
+        return (self.max_grad_norm / (torch.linalg.vector_norm(dtensors.grad_norms(grads)) + 1e-6)).clamp(max=1.0)
 
     def _buckets(self, entry: Collected, record: bool) -> list[tuple[list[int], Settings, Tensors]]:
         """Count a step for each parameter; the group's buckets: indices, settings, tensors."""
@@ -203,10 +198,10 @@ class Lamb(LayerwiseOptimizer):
     def _step_sharded(self, groups: list[Collected], shard_group: Any, context: Tensor | None, record: bool) -> list[Stats | None]:
         """Every bucket begins on this rank's slices; one collective adds up all their sums of
         squares (clipping took another); then every bucket finishes with the whole norms."""
-        reduction, begun = sharded.NormReduction(shard_group), []
+        reduction, begun = dtensors.NormReduction(shard_group), []
         for g, entry in enumerate(groups):
             for idx, settings, tensors in self._buckets(entry, record):
-                local: Tensors = tuple(sharded.locals_of(ts) for ts in tensors)  # type: ignore[assignment]
+                local: Tensors = tuple(dtensors.locals_of(ts) for ts in tensors)  # type: ignore[assignment]
                 pending = choose(local, sharded=True).begin(settings, local, context)
                 handles = [reduction.add_squares(s) for s in pending.squares()] if settings.needs_norms else []
                 begun.append((g, idx, settings, pending, handles))

@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from largebatch import dtensors
 from largebatch.errors import UserError
-from largebatch.optim import sharded
 from largebatch.optim.layerwise import Collected, LayerwiseOptimizer, Stats, in_order
 
 
@@ -109,8 +109,8 @@ class Lars(LayerwiseOptimizer):
     def _step_sharded(self, groups: list[Collected], shard_group: Any, context: Any, record: bool) -> list[Stats | None]:
         """The foreach step on FSDP2-sharded parameters: the weight and gradient norms
         of every group are summed across the shard group in one collective
-        (``largebatch.optim.sharded``), then each rank updates its slices."""
-        reduction = sharded.NormReduction(shard_group)
+        (``largebatch.dtensors``), then each rank updates its slices."""
+        reduction = dtensors.NormReduction(shard_group)
         handles = [
             (reduction.add(e.params), reduction.add(e.grads)) if e.params and (self._adapts(e.group) or record) else None for e in groups
         ]
@@ -126,7 +126,7 @@ class Lars(LayerwiseOptimizer):
                 w_norm, g_norm = reduction.norms(handle[0]), reduction.norms(handle[1])
                 ratio = self._ratios(group, w_norm, g_norm) if self._adapts(group) else torch.ones_like(w_norm)
             ratios = list(ratio.to(params[0].dtype).unbind()) if self._adapts(group) else None
-            self._update_foreach(group, sharded.locals_of(params), sharded.locals_of(grads), ratios, keys=params)
+            self._update_foreach(group, dtensors.locals_of(params), dtensors.locals_of(grads), ratios, keys=params)
             results.append((ratio, w_norm, g_norm))  # type: ignore[arg-type]
         return results
 
@@ -206,15 +206,15 @@ class Lars(LayerwiseOptimizer):
                     self.state[keys[i]]["momentum_buffer"] = updates[i].clone()
                 else:
                     buffer = torch.zeros_like(keys[i])
-                    sharded.local(buffer).copy_(updates[i])
+                    dtensors.local(buffer).copy_(updates[i])
                     self.state[keys[i]]["momentum_buffer"] = buffer
             fresh_set = set(fresh)
             old = [i for i in range(len(params)) if i not in fresh_set]
             if old:
-                bufs = [sharded.local(self.state[keys[i]]["momentum_buffer"]) for i in old]
+                bufs = [dtensors.local(self.state[keys[i]]["momentum_buffer"]) for i in old]
                 torch._foreach_mul_(bufs, momentum)
                 torch._foreach_add_(bufs, [updates[i] for i in old])
-            bufs = [sharded.local(self.state[k]["momentum_buffer"]) for k in keys]
+            bufs = [dtensors.local(self.state[k]["momentum_buffer"]) for k in keys]
             if group["nesterov"]:
                 torch._foreach_add_(updates, bufs, alpha=momentum)
             else:

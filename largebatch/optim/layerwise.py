@@ -2,7 +2,7 @@
 
 Both scale each tensor's step by a trust ratio made of its norms. ``step`` runs the
 closure, collects per group the parameters that have a gradient (refusing sparse ones),
-finds whether they are FSDP2-sharded (``largebatch.optim.sharded``), hands them to the
+finds whether they are FSDP2-sharded (``largebatch.dtensors``), hands them to the
 subclass (``_step_sharded`` for sharded ones on the multi-tensor path, else ``_step_group``
 per group) and files the statistics it returns under the groups' names.
 
@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from largebatch import dtensors
 from largebatch.errors import UserError
-from largebatch.optim import sharded
 
 Stats = tuple[Tensor, Tensor, Tensor]  # per tensor: trust ratio, weight norm, update norm
 
@@ -105,7 +105,7 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
                 loss = closure()
         record, self._stats_requested = self._stats_requested, False
         groups = [self._collect(index, group) for index, group in enumerate(self.param_groups)]
-        shard_group = sharded.reduction_group([p for entry in groups for p in entry.params])
+        shard_group = dtensors.reduction_group([p for entry in groups for p in entry.params])
         context = self._prepare(groups)
         if shard_group is not None and self.foreach:
             results = self._step_sharded(groups, shard_group, context, record)

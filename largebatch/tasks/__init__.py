@@ -5,7 +5,7 @@ config's ``task`` section::
     task = dict(type='tasks/onehot_mse.py:OneHotMSE', scale=2.0)  # a file of yours, with arguments
     task = dict(type='mypackage.tasks:Distill')                 # a class in an importable module
 
-Names are resolved like hooks' (``largebatch.config.resolve``); ``docs/tasks.md`` shows
+Names are resolved like hooks' (``largebatch.config.classes``); ``docs/tasks.md`` shows
 how to write one.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pathlib
 
+from largebatch.config.classes import check_arguments, construct, load_class
 from largebatch.config.frozen import thaw
-from largebatch.config.resolve import check_arguments, construct, load_class
 from largebatch.config.sections import TaskConfig
 from largebatch.tasks.base import Task
 from largebatch.tasks.classification import ClassificationTask

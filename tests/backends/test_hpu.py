@@ -18,10 +18,13 @@ import pytest
 import torch
 
 from largebatch.backends import create_backend, hpu, resolve_device_name
+from largebatch.backends.base import Backend
 from largebatch.config.sections import DistConfig, HpuConfig, OptimizerConfig
 from largebatch.config.typed import section
 from largebatch.dist import DistInfo
 from largebatch.errors import UserError
+from largebatch.optim import build_optimizer
+from largebatch.optim.lamb import Lamb
 from tests.engine.helpers import make_engine
 
 FAKE = pathlib.Path(__file__).parent / "fake_habana"
@@ -212,11 +215,15 @@ def lamb_cfg(**optimizer) -> OptimizerConfig:
     return section("optimizer", values)
 
 
+def hpu_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, backend: Backend | None = None) -> torch.optim.Optimizer:
+    """The optimizer as launch builds it: the optim layer's, with what the backend supplies."""
+    return build_optimizer(cfg, model, fused_lamb=(backend or CpuHpuBackend("bf16")).fused_lamb())
+
+
 def test_fused_lamb_is_chosen_when_present_and_set_up_as_the_papers_lamb(fake_habana):
-    pytest.importorskip("largebatch.optim.param_groups", reason="parameter groups not in this tree yet")
     backend = CpuHpuBackend("bf16")
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    optimizer = backend.build_optimizer(lamb_cfg(betas=[0.9, 0.99]), model)
+    optimizer = hpu_optimizer(lamb_cfg(betas=[0.9, 0.99]), model, backend)
     (name, details), *_ = [e for e in fake_habana.events if e[0] == "FusedLamb"]
     assert details["adam_w_mode"] is True and details["use_lamb"] is True
     assert details["max_grad_norm"] is None  # clipping stays in clip_grad_norm, once per step
@@ -228,22 +235,24 @@ def test_fused_lamb_is_chosen_when_present_and_set_up_as_the_papers_lamb(fake_ha
 
 
 def test_fused_lamb_without_adaptation_of_the_no_decay_group(fake_habana):
-    CpuHpuBackend("bf16").build_optimizer(lamb_cfg(no_decay_adapt=False), torch.nn.Linear(2, 2))
+    hpu_optimizer(lamb_cfg(no_decay_adapt=False), torch.nn.Linear(2, 2))
     (name, details), *_ = [e for e in fake_habana.events if e[0] == "FusedLamb"]
     assert details["use_lamb"] is False
 
 
 def test_fused_lamb_refuses_settings_it_cannot_reproduce(fake_habana):
-    pytest.importorskip("largebatch.optim.param_groups", reason="parameter groups not in this tree yet")
     with pytest.raises(UserError, match="cannot reproduce optimizer.decoupled_weight_decay=True"):
-        CpuHpuBackend("bf16").build_optimizer(lamb_cfg(decoupled_weight_decay=True), torch.nn.Linear(2, 2))
+        hpu_optimizer(lamb_cfg(decoupled_weight_decay=True), torch.nn.Linear(2, 2))
 
 
 def test_other_optimizers_and_the_switch_off_keep_largebatchs_own(fake_habana):
-    pytest.importorskip("largebatch.optim.param_groups", reason="parameter groups not in this tree yet")
     cfg = lamb_cfg(type="adamw")
-    optimizer = CpuHpuBackend("bf16").build_optimizer(cfg, torch.nn.Linear(2, 2))
+    optimizer = hpu_optimizer(cfg, torch.nn.Linear(2, 2))
     assert isinstance(optimizer, torch.optim.AdamW)
+    assert "FusedLamb" not in fake_habana.names()
+    switched_off = CpuHpuBackend("bf16", options=HpuConfig(fused_optimizer=False))
+    assert switched_off.fused_lamb() is None
+    assert isinstance(hpu_optimizer(lamb_cfg(), torch.nn.Linear(2, 2), switched_off), Lamb)
     assert "FusedLamb" not in fake_habana.names()
 
 

@@ -19,8 +19,8 @@ import torch
 from bench import common
 from bench.engine_overhead import BareWorker, TakingTurns, Turns
 from bench.mfu import training_flops_per_image
-from tests.config.test_layering import imported_modules
 from tests.conftest import REPO, clean_env
+from tests.test_layers import imported_modules
 
 # What builds a config its own way (a YAML file written, a dict typed, a run started from
 # it): bench/common.py alone does, from bench/base.yaml and --set overrides.

@@ -195,6 +195,16 @@ def resume_checkpoint_carrying_a_callable(tmp_path):
     return train(config, run_dir, "--resume", str(tmp_path / "step-9.pt")), run_dir
 
 
+def resume_checkpoint_without_its_run_record(tmp_path):
+    """A checkpoint file without the non-finite check's state (as written before the check was part of every step)."""
+    config, run_dir = trained_run(tmp_path)
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    payload = torch.load(checkpoint, weights_only=True)
+    del payload["nan_guard"]
+    torch.save(payload, tmp_path / "step-9.pt")
+    return train(config, run_dir, "--resume", str(tmp_path / "step-9.pt")), run_dir
+
+
 def trained_run_with_a_planted_base(tmp_path: pathlib.Path) -> tuple[str, pathlib.Path]:
     """A finished run whose config.yaml names a ``_base_`` planted beside it (``touch``)."""
     config, run_dir = trained_run(tmp_path)
@@ -626,6 +636,7 @@ CASES = [
     ("branch-from-nothing", branch_from_nothing, ["--branch-from", "no-such-checkpoint", "checkpoint not found"]),
     ("resume-garbage-file", resume_garbage_checkpoint, ["step-9.pt"]),
     ("resume-truncated-file", resume_truncated_checkpoint, ["step-"]),
+    ("resume-without-run-record", resume_checkpoint_without_its_run_record, ["step-9.pt", "has no nan_guard", "model.init_from"]),
     ("resume-changed-model", resume_with_another_model, ["model.embed_dim", "--resume-ignore-config"]),
     ("resume-other-model-ignoring-config", resume_other_model_ignoring_config, ["step-"]),
     ("resume-other-optimizer-ignoring-config", resume_other_optimizer_ignoring_config, ["adamw's state", "lamb"]),

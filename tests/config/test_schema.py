@@ -1,6 +1,6 @@
 import pytest
 
-from largebatch.config import derive, validate
+from largebatch.config import check_config, derive, validate
 from largebatch.config.typed import typed
 from largebatch.errors import ConfigError, UserError
 from tests.conftest import derived_of, tiny_config
@@ -32,7 +32,7 @@ def test_defaults_fill_in_and_ints_become_floats():
 )
 def test_bad_values_name_the_key_and_the_fix(key, value, message):
     with pytest.raises(ConfigError, match=message) as info:
-        validate(tiny_config(**{key: value}))
+        check_config(typed(tiny_config(**{key: value})))
     assert info.value.key is not None
 
 

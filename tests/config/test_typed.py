@@ -16,12 +16,14 @@ import largebatch
 from largebatch import data as data_mod
 from largebatch.batching import BatchPlan
 from largebatch.checkpoint import config_hash
-from largebatch.config import generate, validate
+from largebatch.config import frozen, generate, validate
+from largebatch.config.frozen import field_meta, schema_section
 from largebatch.config.schema import REQUIRED, SCHEMA, Section
 from largebatch.config.typed import FrozenDict, freeze, section, typed
-from tests.config.test_layering import imported_modules
+from largebatch.errors import ConfigError
 from tests.conftest import REPO, load_and_validate, tiny_config
 from tests.data.conftest import unique_shards  # noqa: F401 (a fixture)
+from tests.test_layers import imported_modules
 
 PACKAGE = pathlib.Path(largebatch.__file__).parent
 CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.py") if "_base_" not in p.parts)
@@ -206,6 +208,19 @@ def test_the_scan_sees_re_defaults_and_lookups(tmp_path):
     )
     hits = list(_config_lookups(path, _schema_key_names(), root=tmp_path))
     assert len(hits) == 3 and "num_workers" in hits[0], hits  # cfg['optimizer'] and cfg[...]['lr']
+
+
+def test_a_stale_sections_file_imports_but_types_no_config(monkeypatch):
+    # A sections.py generated from an older schema must import (the generator imports this
+    # package to replace it), and must not type a config with its outdated classes.
+    monkeypatch.setattr(frozen, "STALE", [])
+    assert schema_section("optimizer") is SCHEMA.fields["optimizer"] and not frozen.STALE
+    assert schema_section("removed_section").fields == {} and field_meta("optimizer.removed_key") == {}
+    with pytest.raises(
+        ConfigError,
+        match=r"sections.py is stale: the schema has no removed_section, optimizer.removed_key; run `python -m largebatch.config.generate`",
+    ):
+        typed(tiny_config())
 
 
 def test_the_section_classes_are_the_ones_the_schema_generates():

@@ -178,16 +178,3 @@ def test_a_bad_action_is_a_clear_error():
     with pytest.raises(ConfigError, match=r"got 'halt'; allowed: 'stop', 'skip', 'off'") as info:
         validate(tiny_config(**{"nan_guard.action": "halt"}))
     assert info.value.key == "nan_guard.action"
-
-
-def test_the_guard_and_clipping_are_no_longer_hooks_and_say_where_their_settings_went():
-    from largebatch.config.typed import typed
-    from largebatch.errors import ConfigError
-    from tests.conftest import tiny_config
-    from tests.support.config_hooks import config_hooks
-
-    with pytest.raises(ConfigError, match=r"'nan_guard' is not a hook; .*nan_guard=dict\(action=") as info:
-        config_hooks(typed(tiny_config(hooks=["csv", {"type": "nan_guard", "action": "skip"}])))
-    assert info.value.key == "hooks[1]"
-    with pytest.raises(ConfigError, match=r"'clip_grad_norm' is not a hook; .*set clip_grad_norm="):
-        config_hooks(typed(tiny_config(hooks=["clip_grad_norm"])))

@@ -24,7 +24,7 @@ from largebatch.hooks.progress import ProgressBar
 from largebatch.hooks.tensorboard import TensorBoardSink
 from largebatch.hooks.throughput import ThroughputHook
 from largebatch.hooks.trust_ratio import TrustRatioHook
-from largebatch.plot import plot_run
+from largebatch.run_curves import plot_run
 from tests.conftest import REPO
 from tests.engine.helpers import ListLoader
 from tests.hooks.common import CLASSES, batches, build
@@ -121,7 +121,7 @@ def test_plot_writes_into_out_and_draws_identical_series_once(tmp_path):
     out = tmp_path / "figures" / "here"
     written = plot_run(tmp_path, out)
     assert {p.parent for p in written} == {out} and not list(tmp_path.glob("*.png"))
-    from largebatch.plot import distinct_curves, read_series
+    from largebatch.run_curves import distinct_curves, read_series
 
     series = read_series(tmp_path / "metrics.jsonl")
     (curve,) = distinct_curves(series, ["lr", "lr/decay", "lr/no_decay"])

@@ -12,7 +12,7 @@ import torch
 from largebatch.config import validate
 from largebatch.config.typed import typed
 from largebatch.errors import ConfigError, UserError
-from largebatch.optim import build_optimizer
+from largebatch.optim import build_optimizer, optimizer_kwargs
 from largebatch.optim.lamb import Lamb
 from tests.conftest import tiny_config
 
@@ -205,6 +205,11 @@ def test_deepcopy_keeps_optimizer_wide_switches():
     for p, g in zip(clone.param_groups[0]["params"], make_grads(1)):
         p.grad = g
     clone.step()
+    chunked = copy.deepcopy(Lamb(make_params(), lr=LR, chunk_elements=16))  # its CPU kernel's buffers are made anew
+    for p, g in zip(chunked.param_groups[0]["params"], make_grads(1)):
+        p.grad = g
+    chunked.step()
+    assert chunked._buffers
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -376,4 +381,4 @@ def test_config_builds_lamb_with_its_options_and_groups():
     assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
     assert groups["decay"]["betas"] == (0.9, 0.99)
     with pytest.raises(ConfigError, match="adamw does not take 'no_decay_adapt'"):
-        validate(tiny_config(**{"optimizer.no_decay_adapt": False}))
+        optimizer_kwargs(validate(tiny_config(**{"optimizer.no_decay_adapt": False}))["optimizer"])

@@ -13,7 +13,7 @@ import torch
 from largebatch.config import validate
 from largebatch.config.typed import typed
 from largebatch.errors import ConfigError, UserError
-from largebatch.optim import build_optimizer
+from largebatch.optim import build_optimizer, optimizer_kwargs
 from largebatch.optim.lars import Lars
 from tests.conftest import tiny_config
 from tests.optim.test_lamb import make_grads, make_params
@@ -164,7 +164,7 @@ def test_config_builds_lars_with_biases_and_norms_excluded():
 def test_unknown_lars_option_names_the_key():
     # timm calls eta trust_coeff: the message lists the names this one takes
     with pytest.raises(ConfigError, match=r"optimizer.trust_coeff: lars does not take 'trust_coeff'; Lars takes: .*eta"):
-        validate(tiny_config(optimizer=dict(type="lars", lr=1.0, trust_coeff=1e-3)))
+        optimizer_kwargs(validate(tiny_config(optimizer=dict(type="lars", lr=1.0, trust_coeff=1e-3)))["optimizer"])
 
 
 @pytest.mark.parametrize(

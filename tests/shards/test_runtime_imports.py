@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.config.test_layering import PACKAGE, imported_modules, module_name
+from tests.test_layers import PACKAGE, imported_modules, module_name
 
 RUNTIME = ("largebatch.config", "largebatch.train_command", "largebatch.start", "largebatch.launch", "largebatch.engine", "largebatch.data")
 OFFLINE = ("largebatch.shards", "largebatch.importers")

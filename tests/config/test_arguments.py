@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from largebatch.config.arguments import check_call
 from largebatch.config.schema import REQUIRED, SCHEMA, describe_keys
-from largebatch.config.signature import check_call
 from largebatch.errors import ConfigError
 
 

@@ -34,7 +34,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from largebatch.config.signature import check_call
+from largebatch.config.arguments import check_call
 from largebatch.errors import ConfigError, UserError
 
 
@@ -162,7 +162,7 @@ def _checked(cls: Any, where: str, key: str, base: type) -> type:
 
 def check_arguments(cls: type, kwargs: dict[str, Any], key: str, *, untyped: tuple[str, ...] = ()) -> None:
     """Whether ``cls(**kwargs)`` binds, and each value fits its parameter's type
-    (``largebatch.config.signature``); ``untyped`` names parameters the caller checks.
+    (``largebatch.config.arguments``); ``untyped`` names parameters the caller checks.
 
     Raises:
         ConfigError: an argument ``cls`` does not take (listing those it does), or a

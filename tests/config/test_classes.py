@@ -1,4 +1,4 @@
-"""Names in a config resolved to classes (``largebatch.config.resolve``), for hooks and
+"""Names in a config resolved to classes (``largebatch.config.classes``), for hooks and
 tasks alike; the tasks' cases are in ``tests/tasks``, the hooks' errors in ``tests/cli``."""
 
 from largebatch.hooks import load_hook_class
