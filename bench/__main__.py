@@ -1,19 +1,8 @@
 """Run the benchmark suite: ``python -m bench`` (or ``make bench``).
 
-Each benchmark (``BENCHES`` below; docs/benchmarks.md says what each compares) sets two
-things side by side in one process and prints a ratio.
-
-The benchmarks run one after another as subprocesses (``OMP_NUM_THREADS=1`` unless
-set), and their tables go into one Markdown file with the machine's description, the
-load before and after each, and each command: ``bench/results/suite.md``, or with
-``--quick`` (small sizes, a smoke run of minutes) ``bench/.cache/suite-quick.md``.
-The critical-batch study, ``largebatch study run studies/fashion-mnist/study.py``, trains
-for hours and is not part of the suite.
+What it compares and how it times: docs/benchmarks.md, "Running them".
 
     python -m bench [--quick] [--only mfu timm_train ...] [--args 'NAME=ARGS' ...] [--out FILE]
-
-With ``--device cuda``, ``--device hpu`` (or the stand-in ``--device cpu``) it runs the
-accelerator suite instead (``bench/accelerator.py``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """The suite for a machine with a GPU or a Gaudi: ``python -m bench --device cuda|hpu``.
 
-Without the device it stops at once with one ``error:`` line and exit status 2. With it,
-each section runs in its own Python process (``bench/accelerator_sections.py``), so a
-section that fails, runs out of memory or leaves the device in a bad state is reported as
-failed and the next one still starts on a clean device; the exit status is then 1.
-
-The sections, a to h (tests, LAMB, training, the loaders alone and in training, ddp
-against fsdp, accuracy, a profile), are described in docs/benchmarks.md (``TITLES`` below).
-
-The report (the machine, each section's command and its table) goes to
-``bench/results/gpu-<device name>.md`` (``hpu-<device name>.md`` on a Gaudi).
-``--device cpu`` is a stand-in that runs the same code at tiny sizes (``--quick``: a
-tiny ViT, a few steps, DALI's CPU pipeline; compile and the distributed section are
-skipped with their reasons); its report goes to ``bench/.cache/``.
-
-With ``--budget SECONDS`` the suite stops starting sections once that much time has
-passed and stops a section that would run past it; such sections are reported as not run
-or stopped, with what they printed so far. ``--log FILE`` appends each section's whole
-output (stdout and stderr, with tracebacks) to one file. ``scripts/gpu-check.sh`` runs the
-suite this way on a bare GPU machine (docs/hardware.md).
+What it compares and how it times: docs/benchmarks.md, "On a GPU or a Gaudi" (the sections a to h, --budget, --log).
 
     python -m bench --device cuda [--quick] [--only train lamb] [--budget S] [--log FILE] [--out FILE]
 """

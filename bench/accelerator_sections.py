@@ -1,23 +1,15 @@
 """The sections of the accelerator suite, one per process (see ``bench/accelerator.py``).
 
-Each prints its Markdown table (or ``skipped: <reason>`` lines) on stdout and exits 0,
-or fails with a traceback. Run one by hand:
+Each prints its Markdown table (or ``skipped: <reason>`` lines) and exits 0, or fails with a
+traceback; what each measures and how: docs/benchmarks.md, "On a GPU or a Gaudi". By hand:
 
     python -m bench.accelerator_sections train --device cuda [--quick]
-
-The device is driven through its largebatch backend (``largebatch.backends``): its
-synchronisation, lazy mode's graph boundaries on a Gaudi, and its memory statistics.
-Timing: a few warm-up steps, then timed steps between two device synchronisations. The
-engine and timm's loop train on the same pre-made micro-batches, already on the device,
-so data generation is not in the measurement (sections d and e measure the loaders).
 """
 
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import contextlib
@@ -66,12 +58,6 @@ QUICK = Sizes("vit_tiny_patch16_224", {"patch_size": 8, "depth": 1}, 32, 8, 1, 2
 
 
 # -- the device, through its backend -------------------------------------------------------
-
-
-def device_backend(device: str) -> Backend:
-    """The device's backend at its own precision (on a Gaudi, Habana's bridge loaded in lazy
-    mode, ``PT_HPU_LAZY_MODE=1`` as the suite sets it, before any tensor goes to ``'hpu'``)."""
-    return create_backend(device)
 
 
 def reset_peak_memory(backend: Backend) -> None:
@@ -244,7 +230,7 @@ def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measur
     from timm.optim import create_optimizer_v2
     from timm.utils import dispatch_clip_grad
 
-    backend = device_backend(device)
+    backend = create_backend(device)
     torch.manual_seed(0)
     model = timm.create_model(sizes.model, num_classes=CLASSES, img_size=sizes.image_size, **sizes.model_kwargs).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
@@ -488,7 +474,7 @@ def section_lamb(device: str, quick: bool) -> None:
     from bench.lamb_step import random_params
 
     sizes = QUICK if quick else FULL
-    backend = device_backend(device)
+    backend = create_backend(device)
 
     def settle() -> None:
         backend.after_optimizer_step()
@@ -546,7 +532,7 @@ def section_distributed(device: str, quick: bool) -> None:
     if device == "cpu":
         print("skipped: the CPU stand-in has no devices to spread over (CPU ranks: bench/sharded_memory.py)")
         return
-    count = device_backend(device).device_count()
+    count = create_backend(device).device_count()
     if count < 2:
         print(f"skipped: one {'GPU' if device == 'cuda' else 'Gaudi'} on this machine; ddp against fsdp needs at least two")
         return
@@ -689,7 +675,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="distributed-worker only: where each rank writes its numbers")
     args = parser.parse_args(argv)
     if args.device == "hpu":
-        device_backend(args.device)  # Habana's bridge loaded before any section touches the Gaudi
+        create_backend(args.device)  # Habana's bridge loaded before any section touches the Gaudi
     if args.section == "distributed-worker":
         distributed_worker(args)
     else:

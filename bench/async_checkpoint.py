@@ -1,25 +1,6 @@
 """Training stall per checkpoint, synchronous against asynchronous (``checkpoint.async_save``).
 
-Not a test: prints a markdown table. Each side is one ``torchrun --nproc_per_node=2``
-job of ``train.py`` on the CPU (gloo): ViT-L/16 (303 M parameters; 32 px images and a
-micro-batch of one, so a step is mostly FSDP's gathers and LAMB's update) sharded with
-``dist.strategy=fsdp``, LAMB, a checkpoint every ``--interval`` steps into a temporary
-run directory (each rank writes its slices: weights and LAMB's two moments, 1.7 GiB a
-rank). The sides, in an order that turns round by round:
-
-- ``sync``: ``checkpoint.async_save=false``;
-- ``async``: ``checkpoint.async_save=true``;
-- ``sync again``: the A/A control, the synchronous side a second time.
-
-The stall is the time rank 0's training loop is held by the checkpoint hook: two hooks
-(``SaveClockHook``, ``SaveStopwatchHook``, below) take the clock just before and just
-after it, at every ``after_step`` and at ``after_train``, so a save's stall holds
-everything the loop waits for: the previous background write, the non-finite check,
-the copy to host memory (async) or the whole write (sync). Reported apart: the first
-save (under ``async_save`` it allocates the host copy, which later saves reuse), the
-later saves (what each save of a long run costs), and the wait for the last write at
-the end of the run. A background write also competes with training for the cores;
-that shows in the median time of the steps that take no save.
+What it compares and how it times: BENCHMARKS.md, "Asynchronous checkpoints".
 
     OMP_NUM_THREADS=1 python bench/async_checkpoint.py [--rounds 3]
 """
@@ -27,9 +8,7 @@ that shows in the median time of the steps that take no save.
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import json

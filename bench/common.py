@@ -1,21 +1,15 @@
 """What every benchmark shares: the machine's description, configs built as a user builds
 them, the rotation that times sides in turn, the ratios read over rounds, and the inputs.
 
-Configs: ``bench/base.yaml`` with ``--set``-style overrides, through the entry a user's
-``largebatch train --config bench/base.yaml --set key=value`` takes (``resolve_config``,
-``build_run``); ``--set`` values are YAML, so each override is written as JSON.
+Configs: ``bench/base.yaml`` with ``--set``-style overrides, through ``resolve_config`` and
+``build_run`` as ``largebatch train --config bench/base.yaml --set key=value`` takes them.
+Timing: sides take turns, one block each per round, the order reversed every other round
+(``in_turn``); a ratio is the median of per-round ratios with its quartiles (``spread``),
+read against an A/A control (one side timed twice, as two).
 
-Timing: the sides of a comparison take turns, one block each per round, the order reversed
-every other round (``in_turn``), so load from other jobs and the effect of whoever ran
-before spread over all of them. A ratio is the median over rounds of each round's ratio,
-with its quartiles (``spread``), and an A/A control (one side timed twice, as two) says
-how far from 1.00 the method reads when nothing differs.
-
-The benchmarks are modules of the ``bench`` package (``python -m bench.x``); run as a
-file (``python bench/x.py``, as BENCHMARKS.md writes the commands), one starts itself
-again as the module, from the same working directory (``run_as_module``).
-
-Light at import (no torch): ``bench/startup.py`` times commands against ``import torch``.
+The benchmarks are modules (``python -m bench.x``); run as a file (``python bench/x.py``,
+as BENCHMARKS.md writes the commands), one starts itself again as the module. Light at
+import (no torch): ``bench/startup.py`` times commands against ``import torch``.
 """
 
 from __future__ import annotations

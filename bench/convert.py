@@ -1,17 +1,6 @@
 """``largebatch data convert`` and ``verify`` with several workers against one.
 
-Three jobs, each timed with one worker and with ``--workers N`` (default: the CPUs this
-process may use), plus an A/A control (one worker again, same placement in the round):
-
-* ``convert folder``: an ImageNet-style folder of generated photo-like JPEGs (stored as
-  they are: reading, header checks, CRCs, writing, as for ImageNet's 1.28M files);
-* ``verify``: the shards it wrote, every JPEG decoded;
-* ``convert fashion-mnist``: Debian's 70,000 images, each encoded as JPEG (skipped when
-  the package is missing).
-
-Rounds take turns through the sides, the order reversed every other round, after one
-warm-up round (files in the page cache from then on); each ratio is the median over
-rounds of that round's ratio, quartiles in brackets.
+What it compares and how it times: BENCHMARKS.md, "Converting and verifying shards".
 
     python bench/convert.py [--images 2000] [--rounds 5] [--workers N] [--jobs folder verify fashion-mnist]
 """
@@ -19,9 +8,7 @@ rounds of that round's ratio, quartiles in brackets.
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import shutil

@@ -1,22 +1,6 @@
 """Engine overhead: images/s of the largebatch engine against a hand-written PyTorch loop.
 
-Both run the same model, micro-batch, accumulation, optimizer, schedule and clipping on
-the same pre-made micro-batches (so data generation is not measured); the engine runs
-with its default hooks (loss and accuracy, throughput with its one FLOP count, gradient
-norms, metrics logger writing metrics.jsonl; checkpoints off) and its non-finite check. Each round
-builds a fresh engine and a fresh model for the bare loop, and the two take turns one
-optimizer step at a time (two threads, only one of them running at any moment), each
-timed only while it runs. Taking turns at every step puts both loops under the same
-load from other jobs on a shared machine: with whole runs in turn, the load moved
-between runs by more than the difference being measured. Reported: the median images/s
-of each over the rounds, each round's ratio engine / bare, and their median (the
-headline ``engine / bare``: a round's two rates share its load, so its ratio is the
-paired measurement).
-
-Each round also runs an A/A control in the same rotation: the bare loop in the engine's
-place (the main thread, taking the engine's turns) against the bare loop on its own
-thread. Its ratio is what the method reads when the two sides do the same work, the bias
-and spread to read ``engine / bare`` against.
+What it compares and how it times: BENCHMARKS.md, "Engine overhead against a hand-written loop".
 
     python bench/engine_overhead.py [--rounds 5] [--steps 8] [--micro 32] [--accumulation 4]
 """
@@ -24,9 +8,7 @@ and spread to read ``engine / bare`` against.
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import pathlib

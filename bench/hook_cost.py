@@ -1,20 +1,6 @@
 """Hook cost: optimizer-step time of the engine with its default hooks against no hooks.
 
-One engine, the default hooks (``DEFAULT_HOOKS``, whatever ``largebatch.hooks.build_hooks``
-gives a config that lists none; checkpoints off, clipping off unless ``--clip``, logging every
-``log.interval`` steps as the schema's default), trains on pre-made micro-batches; of
-each pair of consecutive optimizer steps one fires the hooks and the other fires none
-(which one is drawn at random, so both meet the logging steps equally often). Pairing
-neighbouring steps cancels the drift of a shared machine's load far better than
-separate runs. Each step is timed around the engine's ``_train_step`` (after a device
-sync), and on the steps with hooks each hook call is timed too (the engine's
-``state.hook_times``, as the ``hook_timer`` hook uses; once-per-run events are left out).
-
-Reported: the median over pairs of (step with hooks / step without), its quartiles,
-the median step times, and the time inside each hook per step. ``--hooks`` adds hooks
-to the defaults (e.g. ``--hooks noise_scale trust_ratio``). The A/A control runs the
-same rounds again with no hooks on either step of a pair: its median ratio is the
-bias of the pairing itself (1.0 when there is none).
+What it compares and how it times: BENCHMARKS.md, "Cost of the default hooks".
 
     OMP_NUM_THREADS=1 python bench/hook_cost.py [--rounds 4] [--steps 40] [--clip 1.0] [--hooks noise_scale] [--device cpu]
 """
@@ -22,9 +8,7 @@ bias of the pairing itself (1.0 when there is none).
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import collections

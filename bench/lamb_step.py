@@ -1,30 +1,14 @@
 """Optimizer step time of our LAMB against its peers on ViT-B/16's parameters.
 
-Not a test: prints a markdown table of ms/step (median and min over all timed steps),
-each optimizer's time as a multiple of ours, and for each peer the largest absolute
-difference between its update and ours under matched options, all in one run on the same
-tensors. ``torch.optim.Adam(fused=True)`` runs beside them as a floor: one fused pass
-over the same tensors, without the norms and the second pass LAMB needs.
-
-The optimizers take turns in blocks of ``--steps`` timed steps, one block each per
-round, the order reversed every other round; "per round x ours" is the median over
-rounds of the ratio of an optimizer's block median to ours in the same round (quartiles
-in brackets). The A/A control is a second instance of ours in the rotation, timed in
-exactly the same way: how far its ratio is from 1.00 is the method's noise.
+What it compares and how it times: BENCHMARKS.md, "LAMB step against its peers" (the peers: bench/requirements.txt).
 
     OMP_NUM_THREADS=1 PYTHONPATH=.:.bench-site python bench/lamb_step.py --threads 1 --steps 3 --rounds 10
-
-Peers (see bench/requirements.txt): timm's ``timm.optim.Lamb`` (foreach and per-tensor),
-``torch_optimizer.Lamb`` 0.3.0 and Colossal-AI 0.5.0's ``colossalai.nn.optimizer.lamb``
-(loaded from its file: the package ``__init__`` pulls in GPU-only requirements).
 """
 
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import functools

@@ -1,14 +1,6 @@
 """Optimizer step time of our LARS against timm's ``Lars`` on ViT-B/16's parameters.
 
-Not a test: prints a markdown table. Both optimizers get the same tensors and matched
-options (momentum 0.9, Nesterov, weight decay 5e-4 on the matrices and none on biases and
-norms, eta 1e-3, which timm calls ``trust_coeff``), so their updates agree to float
-rounding: the last column shows the largest difference after ``--compare-steps`` steps.
-
-Timing is paired: each round times a block of ``--steps`` steps of one side, then a
-block of the other (the order alternates between rounds), and keeps the ratio of the two
-block medians. The A/A control pairs ours with a second instance of ours in exactly the
-same way: its ratio shows how far from 1.00 the method reads when nothing differs.
+What it compares and how it times: BENCHMARKS.md, "LARS step against timm's `Lars`".
 
     OMP_NUM_THREADS=1 python bench/lars_step.py --threads 1 --steps 3 --rounds 8
 """
@@ -16,9 +8,7 @@ same way: its ratio shows how far from 1.00 the method reads when nothing differ
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import functools

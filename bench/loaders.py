@@ -1,23 +1,6 @@
 """Loader throughput, side by side on the same JPEGs: native, DALI CPU, ImageFolder + PIL.
 
-Generates ImageNet-like JPEGs (about 500x375, smooth noise with shapes, quality 90, 4:2:0
-chroma like most camera and web JPEGs), writes them both as an image folder and as
-TFRecord shards, then times epochs of 224x224 random-resized-crop + flip + normalise
-batches per loader, with the same number of worker processes / threads for each.
-
-Each round times one epoch of every loader, in an order that rotates between rounds, so
-a busy neighbour on a shared machine slows all of them alike; the first round is a
-warm-up and is not counted. Two measures per epoch: images per wall-clock second, and CPU
-milliseconds per image summed over the process, its threads and its worker processes
-(read from /proc, so live DataLoader workers count), which load from other jobs inflates
-far less than wall time; of that CPU time, the main process's own part is given apart
-(for the native loader, the hand-over and the device stage, which a GPU would run). The
-tables give the median over the counted rounds, and the median of the per-round ratios.
-The last table sets the native loader's CPU time against the full-size decode it cannot
-do without: over all of it, the host side (less the device stage) and the workers'.
-
-The decode-only ceiling is one core's full-size simplejpeg decode rate (CPU time) times
-the worker count: what the workers could deliver if decoding were all they did.
+What it compares and how it times: BENCHMARKS.md, "Loaders".
 
     python bench/loaders.py [--images 512] [--workers 2] [--batch 32] [--rounds 5] [--out FILE]
 """
@@ -25,9 +8,7 @@ the worker count: what the workers could deliver if decoding were all they did.
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import dataclasses

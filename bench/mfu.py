@@ -1,14 +1,6 @@
 """Model-FLOPs utilisation on the CPU: training FLOP/s over a large matmul's FLOP/s.
 
-The numerator is what the largebatch engine achieves: images/s of a training run (same
-pre-made micro-batches as ``engine_overhead.py``, default hooks) times the model's
-training FLOPs per image, counted by ``torch.utils.flop_counter.FlopCounterMode`` over one
-forward and backward (matmuls, convolutions and attention; the optimizer, norms and
-activations are not counted, as in the usual MFU definition of Chowdhery et al. 2022,
-PaLM, appendix B). The denominator is the machine's attainable peak, measured rather than
-taken from a datasheet: FLOP/s of an ``n x n`` fp32 matmul on the same threads. The two
-alternate in rounds within one process; both are timed by this process's CPU time by
-default (``--clock cpu``), so load from other jobs on a shared machine cancels out.
+What it compares and how it times: BENCHMARKS.md, "End-to-end training against timm's `train.py` path, and model-FLOPs utilisation".
 
     python bench/mfu.py [--rounds 3] [--steps 4] [--micro 64] [--matmul 2048]
 """
@@ -16,9 +8,7 @@ default (``--clock cpu``), so load from other jobs on a shared machine cancels o
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import pathlib

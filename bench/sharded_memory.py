@@ -1,15 +1,6 @@
 """Per-rank peak memory of training under ``ddp`` against ``fsdp``, and the estimate's error.
 
-Not a test: prints a markdown table. Each side is one ``torchrun --nproc_per_node=2``
-job on the CPU (gloo) that builds ViT-B/16's parameters (86 M; 32 px images, so the
-activations of a micro-batch of 2 are negligible), shards or wraps them as
-``largebatch.launch`` does, builds LAMB, and takes ``--steps`` optimizer steps of
-``--accumulation`` micro-batches. Measured per rank: the peak resident memory during
-the steps (Linux's VmHWM, reset after the model is built) minus the resident memory
-before the model existed (timm imported). Large allocations are made mmap'ed
-(``MALLOC_MMAP_THRESHOLD_``), so resident memory follows the live tensors. Predicted: ``largebatch.footprint.estimate_memory`` for the
-same run. The A/A control runs the ``ddp`` job a second time: its ratio to the first
-shows the method's noise.
+What it compares and how it times: BENCHMARKS.md, "Sharded training: memory".
 
     OMP_NUM_THREADS=1 python bench/sharded_memory.py
 """
@@ -17,9 +8,7 @@ shows the method's noise.
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import dataclasses

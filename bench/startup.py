@@ -1,17 +1,6 @@
 """Start-up of the commands that do not train, against importing torch and timm.
 
-Each command runs as a fresh ``python -m largebatch ...`` process from the repository
-root, timed from start to exit (wall clock): ``--help``, and ``config show`` on the
-ViT-B/16 config at world size 8. Beside them, in the same rotation, ``python -c "import
-torch, timm"``: what every command paid before they imported lazily, so the ratio
-command / import says how much of that cost a command still carries. An A/A control runs
-``config show`` a second time in the rotation. With ``--against TREE`` the same commands
-run from another checkout (its root as the working directory and first on
-``PYTHONPATH``) too, and each is reported as a ratio against this one's: a before/after
-comparison in one run.
-
-Rounds take turns through every command, the order reversed every other round; the
-ratios are medians over rounds of each round's ratio (quartiles in brackets).
+What it compares and how it times: BENCHMARKS.md, "Start-up of the commands that do not train".
 
     python bench/startup.py [--rounds 7] [--against ../other-checkout]
 """
@@ -19,9 +8,7 @@ ratios are medians over rounds of each round's ratio (quartiles in brackets).
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import os

@@ -1,23 +1,6 @@
 """End-to-end CPU training images/s: largebatch against timm's train.py recipe, same images.
 
-Both sides train the same timm model at the same batch, from the same JPEGs, with the
-same augmentation (random-resized-crop 0.08-1, horizontal flip, normalisation), AdamW,
-per-step cosine schedule, clipping at norm 1.0, fp32, one loader worker; each epoch's
-training time is measured from its first batch request to its last optimizer step,
-evaluation excluded. Rounds alternate the two sides within one process, so load from
-other jobs hits both; the first epoch of each round is a warm-up and not counted.
-
-* largebatch: ``build_run`` from a config, the native TFRecord loader over shards
-  converted from the image folder, the engine with its default hooks.
-* timm: the training loop of timm's ``train.py`` built from the same timm calls it
-  makes: ``create_dataset('')`` (ImageFolder), ``create_loader`` (torch DataLoader,
-  ``use_prefetcher=False``), ``create_optimizer_v2``, ``create_scheduler_v2`` with
-  per-update stepping, and ``train_one_epoch``'s per-batch work (forward, loss,
-  backward, ``dispatch_clip_grad``, step, ``zero_grad``, ``loss.item()`` into an
-  ``AverageMeter``, ``lr_scheduler.step_update``). train.py itself is not in timm's
-  wheel, and it assumes CUDA (prefetcher, ``torch.cuda.synchronize``, AMP setup);
-  this runner is its CPU path with those bits left out. timm's default colour jitter
-  (0.4) is turned off, as largebatch has none; interpolation is bilinear on both sides.
+What it compares and how it times: BENCHMARKS.md, "End-to-end training against timm's `train.py` path, and model-FLOPs utilisation".
 
     python bench/timm_train.py [--images 256] [--batch 32] [--epochs 3] [--rounds 2]
 """
@@ -25,9 +8,7 @@ other jobs hits both; the first epoch of each round is a warm-up and not counted
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
-    from common import run_as_module
-
-    run_as_module(__file__)
+    __import__("common").run_as_module(__file__)
 
 import argparse
 import pathlib
