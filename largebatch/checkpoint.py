@@ -37,6 +37,12 @@ Model weights at the end of a run go to ``model.safetensors`` (timm's ``load_sta
 accepts them). ``read_model_weights`` reads a model's weights from any of these (a run
 directory, an export folder, a ``.safetensors`` file, a checkpoint file or a sharded
 checkpoint's folder) for ``model.init_from``. The files' names are ``largebatch.rundir``'s.
+
+What a checkpoint reads and writes of a run is declared here as protocols (``CheckpointedState``,
+``CheckpointedRun``, ``CheckpointedHook``, ``Stateful``), which the engine's ``TrainState``,
+``Run`` and hooks satisfy: this module is in the runtime layer, below the engine, and imports
+none of it. The counters and the step of the last evaluation go back through the state's own
+transition (``restore``).
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ import os
 import pathlib
 import re
 import shutil
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -58,6 +64,10 @@ from largebatch.config.schema import default_of
 from largebatch.config.sections import Config
 from largebatch.errors import UserError
 from largebatch.rundir import CHECKPOINTS, LATEST, RunDir
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
+    from largebatch.batching import BatchPlan
 
 NAME_PATTERN = re.compile(r"^step-(\d+)(\.pt)?$")  # a file (ddp) or a folder (fsdp/hsdp)
 SHARDED_META = "meta.pt"  # in a sharded checkpoint's folder: everything but the tensors
@@ -81,6 +91,76 @@ RESUME_FREE_KEYS = (
     "nan_guard.",
     "data.max_pixels",
 )
+
+
+class Stateful(Protocol):
+    """What a checkpoint saves and restores the state of: a hook, the non-finite guard, the loader."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class CheckpointedHook(Stateful, Protocol):
+    """A hook as a checkpoint sees it (``largebatch.engine.hook.Hook``): its state under its name."""
+
+    @property
+    def name(self) -> str: ...
+
+    priority: int
+
+
+class CheckpointedRun(Protocol):
+    """What a checkpoint reads of the run (``largebatch.engine.state.Run``): the objects
+    whose tensors and states it saves and restores, and where it writes them."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None: ...
+    @property
+    def guard(self) -> Stateful: ...
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def run_dir(self) -> RunDir: ...
+    @property
+    def plan(self) -> BatchPlan: ...
+    @property
+    def is_main(self) -> bool: ...
+    @property
+    def world_size(self) -> int: ...
+
+
+class Counted(Protocol):
+    """The run's counters as a checkpoint saves them (``largebatch.engine.state.Counters``)."""
+
+    def state_dict(self) -> dict[str, int]: ...
+
+
+class CheckpointedState(Protocol):
+    """What a checkpoint reads and writes of the training state
+    (``largebatch.engine.state.TrainState``): it reads the run, the counters and the step
+    of the last evaluation, and puts the saved ones back with ``restore``."""
+
+    @property
+    def run(self) -> CheckpointedRun: ...
+    @property
+    def counters(self) -> Counted: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def step_in_epoch(self) -> int: ...
+    @property
+    def last_eval_step(self) -> int | None: ...
+
+    def restore(self, counters: dict[str, int], last_eval_step: int | None) -> None: ...
 
 
 def fsync_dir(path: pathlib.Path) -> None:
@@ -215,7 +295,7 @@ def non_finite_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn
     )
 
 
-def check_finite(state: Any) -> None:
+def check_finite(state: CheckpointedState) -> None:
     """Refuse to checkpoint weights (or optimizer state) holding NaN or inf.
 
     Each rank checks what it holds: the whole model, or under fsdp/hsdp its slices, in
@@ -248,7 +328,7 @@ def _remove_stale_temporaries(folder: pathlib.Path) -> None:
         remove_checkpoint(stale)
 
 
-def hook_state_keys(hooks: list[Any]) -> list[str]:
+def hook_state_keys(hooks: Sequence[CheckpointedHook]) -> list[str]:
     """Each hook's key in a checkpoint, in the order of ``hooks``: its name, and ``name#2``,
     ``name#3`` ... for the second and later hooks of one name in firing order (priority,
     then the config's order, as the engine sorts them), so two instances of one hook
@@ -262,11 +342,11 @@ def hook_state_keys(hooks: list[Any]) -> list[str]:
     return keys
 
 
-def hook_states(hooks: list[Any]) -> dict[str, Any]:
+def hook_states(hooks: Sequence[CheckpointedHook]) -> dict[str, Any]:
     return {key: hook.state_dict() for key, hook in zip(hook_state_keys(hooks), hooks)}
 
 
-def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | None:
+def save_checkpoint(state: CheckpointedState, hooks: Sequence[CheckpointedHook], keep: int) -> pathlib.Path | None:
     """Save a checkpoint of the run (collective: every rank must call it).
 
     Returns:
@@ -283,7 +363,9 @@ def save_checkpoint(state: Any, hooks: list[Any], keep: int) -> pathlib.Path | N
 Write = Callable[[], pathlib.Path | None]
 
 
-def prepare_checkpoint(state: Any, hooks: list[Any], keep: int, *, stage: Callable[[Any], Any] | None = None, group: Any = None) -> Write:
+def prepare_checkpoint(
+    state: CheckpointedState, hooks: Sequence[CheckpointedHook], keep: int, *, stage: Callable[[Any], Any] | None = None, group: Any = None
+) -> Write:
     """Everything a save does at the step boundary; returns the writing, to run now or on
     another thread (``largebatch.checkpoint_writer``). Collective under sharding: every
     rank calls it, and every rank runs what it returns.
@@ -331,7 +413,7 @@ def _checkpoint_folder(run_dir: RunDir) -> pathlib.Path:
     return folder
 
 
-def _run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
+def _run_record(state: CheckpointedState, hooks: Sequence[CheckpointedHook]) -> dict[str, Any]:
     """What every checkpoint holds besides the tensors of the model and optimizer: plain
     values only, the config redacted.
 
@@ -478,9 +560,9 @@ def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: pathl
 
 def load_checkpoint(
     path: pathlib.Path,
-    state: Any,
-    hooks: list[Any],
-    train_loader: Any,
+    state: CheckpointedState,
+    hooks: Sequence[CheckpointedHook],
+    train_loader: Stateful,
     *,
     ignore_config: bool = False,
     payload: dict[str, Any] | None = None,
@@ -497,8 +579,7 @@ def load_checkpoint(
         payload = read_checkpoint(path, trust=trust)
     run = state.run
     _load_training_tensors(path, payload, run, check_resumable(path, payload, state, ignore_config=ignore_config), trust=trust)
-    state.counters = type(state.counters).from_state_dict(payload["counters"])
-    state.last_eval_step = payload.get("last_eval_step")
+    state.restore(payload["counters"], payload.get("last_eval_step"))
     run.guard.load_state_dict(payload["nan_guard"])
     for key, hook in zip(hook_state_keys(hooks), hooks):
         if key in payload["hooks"]:
@@ -509,7 +590,7 @@ def load_checkpoint(
     train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * run.plan.accumulation})
 
 
-def _load_training_tensors(path: pathlib.Path, payload: dict[str, Any], run: Any, sharded_file: bool, *, trust: bool) -> None:
+def _load_training_tensors(path: pathlib.Path, payload: dict[str, Any], run: CheckpointedRun, sharded_file: bool, *, trust: bool) -> None:
     """The model's weights, the optimizer's state and the grad scaler's from a checkpoint
     already checked by ``check_resumable``."""
     try:
@@ -528,7 +609,7 @@ def _load_training_tensors(path: pathlib.Path, payload: dict[str, Any], run: Any
         run.scaler.load_state_dict(payload["scaler"])
 
 
-def load_branch_start(path: pathlib.Path, state: Any, *, trust: bool = False) -> int:
+def load_branch_start(path: pathlib.Path, state: CheckpointedState, *, trust: bool = False) -> int:
     """Start a new run from another run's checkpoint (``--branch-from``): its model
     weights, optimizer state and grad scaler, nothing else. The counters stay at zero, so
     the new run's schedule, data order (from its own seed) and hooks start afresh, and
@@ -549,7 +630,7 @@ def load_branch_start(path: pathlib.Path, state: Any, *, trust: bool = False) ->
     return int(payload["counters"]["step"])
 
 
-def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: Any, *, ignore_config: bool = False) -> bool:
+def check_resumable(path: pathlib.Path, payload: dict[str, Any], state: CheckpointedState, *, ignore_config: bool = False) -> bool:
     """Whether the checkpoint's ``payload`` can resume this run: its config (unless
     ``ignore_config``), its format (sharded or not), its weights' shapes and its
     optimizer. Returns whether it is a sharded checkpoint.
@@ -631,7 +712,9 @@ def uses_sharded_format(cfg: Config) -> bool:
     return cfg.dist.strategy != "ddp"
 
 
-def _prepare_sharded(state: Any, hooks: list[Any], keep: int, stage: Callable[[Any], Any], group: Any) -> Write:
+def _prepare_sharded(
+    state: CheckpointedState, hooks: Sequence[CheckpointedHook], keep: int, stage: Callable[[Any], Any], group: Any
+) -> Write:
     """A sharded checkpoint: ``step-<N>/`` holding each rank's slices of the model and
     optimizer state (``torch.distributed.checkpoint``, which can load them at another
     world size) and ``meta.pt`` with everything else (collective: every rank calls it,
@@ -679,7 +762,7 @@ def _prepare_sharded(state: Any, hooks: list[Any], keep: int, stage: Callable[[A
     return write
 
 
-def _agreed_run_record(state: Any, hooks: list[Any]) -> dict[str, Any]:
+def _agreed_run_record(state: CheckpointedState, hooks: Sequence[CheckpointedHook]) -> dict[str, Any]:
     """Rank 0's ``_run_record`` (empty elsewhere), refused on every rank when rank 0
     refuses it, so that no rank is left waiting in the collective save.
 
@@ -732,7 +815,7 @@ def _dcp_metadata(path: pathlib.Path, *, trust: bool = False) -> Any:
         raise UserError(f"cannot read checkpoint ({type(exc).__name__}: {first}); resume from an earlier one", path=str(path)) from exc
 
 
-def load_sharded_tensors(path: pathlib.Path, run: Any, *, trust: bool = False) -> None:
+def load_sharded_tensors(path: pathlib.Path, run: CheckpointedRun, *, trust: bool = False) -> None:
     """Load a sharded checkpoint's model and optimizer state into this run's model,
     sharded or not, at any world size (DCP reads the slices each rank needs), as data
     unless ``trust``."""

@@ -29,9 +29,14 @@ rank its slices), kept in host memory for the rest of the run and reused by ever
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from largebatch.errors import UserError
+
+if TYPE_CHECKING:  # checking a config builds this hook without importing torch
+    from collections.abc import Sequence
+
+    from largebatch.checkpoint import CheckpointedHook, CheckpointedState
 
 
 class CheckpointWriter:
@@ -48,7 +53,7 @@ class CheckpointWriter:
         self._group: Any = None
         self._in_flight: tuple[int, concurrent.futures.Future] | None = None
 
-    def save(self, state: Any, hooks: list[Any], keep: int) -> None:
+    def save(self, state: CheckpointedState, hooks: Sequence[CheckpointedHook], keep: int) -> None:
         """Save the run's checkpoint (collective: every rank calls it).
 
         Raises:
@@ -111,7 +116,7 @@ class CheckpointWriter:
             )
         return self._stager.stage(obj)
 
-    def _save_group(self, state: Any) -> Any:
+    def _save_group(self, state: CheckpointedState) -> Any:
         """The sharded writes' own process group (every rank makes it at the first save)."""
         import torch.distributed as torch_dist
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pathlib
 import random
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,11 +16,14 @@ from largebatch import checkpoint as ckpt
 from largebatch import data as data_mod
 from largebatch import preemption
 from largebatch.backends import create_backend
+from largebatch.backends.base import Backend
 from largebatch.config import Config, Derived, derive, dump_yaml
 from largebatch.config.redact import config_record
+from largebatch.data.base import Loader
 from largebatch.data.mixup import MixupCutmix
-from largebatch.dist import barrier, broadcast_object, destroy_process_group, discover
+from largebatch.dist import DistInfo, barrier, broadcast_object, destroy_process_group, discover
 from largebatch.engine.engine import Engine
+from largebatch.engine.hook import Hook
 from largebatch.engine.state import Run, TrainState
 from largebatch.export import check_timm, write_run_hub_config
 from largebatch.hooks import build_hooks
@@ -41,7 +43,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_run(args: TrainArgs) -> tuple[Engine, list]:
+def build_run(args: TrainArgs) -> tuple[Engine, list[Hook]]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks.
 
     Where the run starts (its folder, config and checkpoint) is decided first, once
@@ -94,7 +96,9 @@ def build_run(args: TrainArgs) -> tuple[Engine, list]:
     return Engine(state, hooks, train_loader, eval_loader, finish=write_final_outputs), hooks
 
 
-def build_training_model(cfg: Config, derived: Derived, info: Any, backend: Any, *, trust_checkpoint: bool = False) -> tuple[Any, Any, Any]:
+def build_training_model(
+    cfg: Config, derived: Derived, info: DistInfo, backend: Backend, *, trust_checkpoint: bool = False
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer]:
     """``(model, train_model, optimizer)``: the model with the same initial weights on
     every rank, sharded or wrapped for the run, compiled if asked, and its optimizer;
     each rank's own randomness is seeded on the way out. A checkpoint ``model.init_from``
@@ -129,7 +133,7 @@ def build_mixup(cfg: Config, rank: int) -> MixupCutmix:
     )
 
 
-def build_loaders(cfg: Config, derived: Derived, hooks: list, info: Any, device: torch.device) -> tuple[Any, Any]:
+def build_loaders(cfg: Config, derived: Derived, hooks: list[Hook], info: DistInfo, device: torch.device) -> tuple[Loader, Loader | None]:
     """The training loader, and the evaluation loader when anything evaluates and the
     evaluation split has samples (else None)."""
     train_loader = data_mod.build_train_loader(cfg.data, derived.plan, rank=info.rank, seed=cfg.seed, device=device)
@@ -147,7 +151,7 @@ def build_loaders(cfg: Config, derived: Derived, hooks: list, info: Any, device:
     return train_loader, eval_loader
 
 
-def resume(plan: StartPlan, args: TrainArgs, state: TrainState, hooks: list, train_loader: Any) -> None:
+def resume(plan: StartPlan, args: TrainArgs, state: TrainState, hooks: list[Hook], train_loader: Loader) -> None:
     """Load the plan's checkpoint (read already) into ``state``, the hooks and the loader.
 
     Raises:

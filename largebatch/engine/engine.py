@@ -188,7 +188,6 @@ class Engine:
         for name, model in state.extra_models.items():
             if name not in state.skip_eval_models:
                 metrics.update(run.task.evaluate(model, self.eval_loader, run.backend, prefix=f"eval_{name}"))
-        state.eval_metrics = metrics
-        state.last_eval_step = state.step
+        state.record_eval(metrics)
         self.fire(Event.AFTER_EVAL)
         return state.eval_metrics

@@ -174,7 +174,9 @@ class Step:
         micro_in_window: the current micro-batch's index.
         batch: the current micro-batch (``MixedBatch``) in micro events.
         outputs / loss: the current micro-batch's outputs (``task.forward``: logits for
-            classification) and mean loss (``after_forward`` on).
+            classification) and mean loss (``after_forward`` on). ``outputs`` is typed
+            ``Any``: what it is depends on the task, and only the task's ``loss`` and
+            metrics read it.
         step_loss: the step's loss so far (mean over the window's micro-batches, detached).
         grad_norms: the per-parameter gradient norms (``GradNorms``), computed at most once
             (``TrainState.compute_grad_norms``), before clipping; ``clip_coef`` set when
@@ -247,14 +249,15 @@ def moved_error(name: str) -> AttributeError:
 @dataclasses.dataclass(eq=False)
 class TrainState:
     """Everything a hook may read, by lifetime (module docstring); hooks write only
-    ``current.metrics``, and ask with ``current.request_skip``, ``request_eval``,
-    ``request_stop``, ``register_model`` and ``request_first_micro_sync``.
+    ``current.metrics`` and, in ``after_eval``, ``add_eval_metrics``, and ask with
+    ``current.request_skip``, ``request_eval``, ``request_stop``, ``register_model`` and
+    ``request_first_micro_sync``.
 
     Attributes:
         run: what lives for the run (``Run``, frozen).
         counters: the counters (``Counters``), also readable one by one (``state.step``);
             advanced by the engine only (``advance_micro_step``, ``advance_step``,
-            ``finish_epoch``) and restored from checkpoints.
+            ``finish_epoch``) and restored from checkpoints (``restore``).
         current: the step being taken (``Step``); the engine starts a fresh one each step.
         hooks: the run's hooks in firing order (set by the engine); checkpoints save and
             restore each one's ``state_dict``.
@@ -266,9 +269,11 @@ class TrainState:
         skip_eval_models: names of ``extra_models`` the evaluation leaves out.
         sync_first_micro: under ``dist.strategy`` fsdp/hsdp, reduce the gradients after
             each window's first micro-batch too (``request_first_micro_sync``).
-        eval_metrics: results of the last evaluation.
-        last_eval_step: the step the last evaluation ran at (None before one; saved in
-            checkpoints, so a resumed run never evaluates one step twice).
+        eval_metrics: results of the last evaluation, set by the engine
+            (``record_eval``); hooks add theirs in ``after_eval`` (``add_eval_metrics``).
+        last_eval_step: the step the last evaluation ran at (None before one; set with
+            ``eval_metrics``, saved in checkpoints and restored with the counters, so a
+            resumed run never evaluates one step twice).
         eval_batch: ``(images, labels, outputs)`` of the current evaluation batch, in
             ``after_eval_batch``; None otherwise.
         eval_requested: set by ``request_eval``; the engine evaluates after the current
@@ -292,7 +297,7 @@ class TrainState:
     sync_first_micro: bool = False
     eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     last_eval_step: int | None = None
-    eval_batch: tuple[Any, Any, Any] | None = None
+    eval_batch: tuple[torch.Tensor, torch.Tensor, Any] | None = None  # outputs: the task's (``Step.outputs``)
     eval_requested: bool = False
     data_wait_seconds: float = 0.0
     hook_times: dict[tuple[str, str], list[float]] | None = None
@@ -321,7 +326,7 @@ class TrainState:
     epoch = property(lambda self: self.counters.epoch)
     step_in_epoch = property(lambda self: self.counters.step_in_epoch)
 
-    # The counters' transitions: the engine's only.
+    # The counters' transitions: the engine's only (``restore``: a resume's).
     def advance_micro_step(self, samples: int) -> None:
         """A forward/backward pass is done: ``samples`` more samples over all ranks."""
         self.counters = dataclasses.replace(
@@ -335,6 +340,23 @@ class TrainState:
     def finish_epoch(self) -> None:
         """An epoch is done: the next one starts at its first step."""
         self.counters = dataclasses.replace(self.counters, epoch=self.counters.epoch + 1, step_in_epoch=0)
+
+    def restore(self, counters: dict[str, int], last_eval_step: int | None) -> None:
+        """Resume where a checkpoint left off: its counters (``Counters.state_dict``) and
+        the step of its last evaluation (``largebatch.checkpoint.load_checkpoint``)."""
+        self.counters = Counters.from_state_dict(counters)
+        self.last_eval_step = last_eval_step
+
+    # The evaluation's transitions.
+    def record_eval(self, metrics: dict[str, float]) -> None:
+        """An evaluation ran at this step (the engine's): its results are ``eval_metrics``."""
+        self.eval_metrics = metrics
+        self.last_eval_step = self.step
+
+    def add_eval_metrics(self, metrics: dict[str, float]) -> None:
+        """Add values to the last evaluation's results (call in ``after_eval``): the hooks
+        after this one (the logger, the sinks) show them with the evaluation's."""
+        self.eval_metrics = {**self.eval_metrics, **metrics}
 
     @property
     def epoch_number(self) -> int:

@@ -176,7 +176,7 @@ class NoiseScaleHook(Hook):
         if self.at_eval_loss is None or self.at_loss is not None or loss is None or not float(loss) <= self.at_eval_loss:
             return
         self.at_loss = {**self.estimates(), "step": float(state.step), "batch_ratio": self._ratio(state)}
-        state.eval_metrics = {**state.eval_metrics, **{f"noise_scale/at_loss/{k}": v for k, v in self.at_loss.items()}}
+        state.add_eval_metrics({f"noise_scale/at_loss/{k}": v for k, v in self.at_loss.items()})
 
     def _ratio(self, state) -> float:
         return float(state.run.plan.accumulation * (1 if self._sharded else state.run.world_size))

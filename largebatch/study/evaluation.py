@@ -201,7 +201,7 @@ class TargetEvalHook(Hook):
     def after_eval(self, state) -> None:
         if "test" in self._loaders:
             test = state.run.task.evaluate(state.run.model, self._loaders["test"], state.run.backend, prefix="test")
-            state.eval_metrics = {**state.eval_metrics, **{k: v for k, v in test.items() if not k.endswith("/samples")}}
+            state.add_eval_metrics({k: v for k, v in test.items() if not k.endswith("/samples")})
         step, close, crossed = state.step, False, False
         for split in self.splits:
             value = float(state.eval_metrics.get(f"{split}/{self.metric}", math.nan))

@@ -28,6 +28,8 @@ from largebatch.dist import all_reduce_sum
 if TYPE_CHECKING:  # torch is imported where tensors are made: checking a config loads the task without it
     import torch
 
+    from largebatch.backends.base import Backend
+    from largebatch.data.base import Loader
     from largebatch.data.mixup import MixedBatch
 
 
@@ -77,8 +79,8 @@ class Task:
     def evaluate(
         self,
         model: torch.nn.Module,
-        loader: Any,
-        backend: Any,
+        loader: Loader,
+        backend: Backend,
         *,
         prefix: str = "eval",
         on_batch: Callable[[torch.Tensor, torch.Tensor, Any], None] | None = None,

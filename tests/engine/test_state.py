@@ -118,6 +118,19 @@ def test_counter_transitions_against_counts_written_out():
     assert state.counters == Counters(step=4, micro_step=12, samples_seen=96, epoch=2, step_in_epoch=0)
 
 
+def test_evaluation_and_resume_transitions_against_values_written_out(state):
+    """``record_eval`` sets the results and their step together, ``add_eval_metrics``
+    adds a hook's values to them, ``restore`` puts back a checkpoint's counters and step."""
+    state.advance_micro_step(8)
+    state.advance_step()
+    state.record_eval({"eval/loss": 2.0, "eval/top1": 0.5})
+    state.add_eval_metrics({"noise_scale/at_loss/step": 1.0, "eval/top1": 0.25})
+    assert (state.eval_metrics, state.last_eval_step) == ({"eval/loss": 2.0, "eval/top1": 0.25, "noise_scale/at_loss/step": 1.0}, 1)
+    saved = Counters(step=7, micro_step=21, samples_seen=168, epoch=3, step_in_epoch=1).state_dict()
+    state.restore(saved, 6)
+    assert (state.counters, state.step, state.step_in_epoch, state.last_eval_step) == (Counters(7, 21, 168, 3, 1), 7, 1, 6)
+
+
 def documented(part: str) -> list[str]:
     """The names docs/hooks.md's state table lists in the row that starts with ``part``."""
     table = (pathlib.Path(__file__).parents[2] / "docs" / "hooks.md").read_text()
