@@ -135,17 +135,8 @@ def build_hooks(
         ConfigError: an entry that cannot be built (naming ``hooks[i]``).
     """
     defaults: dict[str, tuple[dict[str, Any], str]] = {name: ({}, f"hooks ({name}, a default)") for name in DEFAULT_HOOKS}
-    defaults["checkpoint"] = (
-        {
-            "interval_steps": checkpoint.interval_steps,
-            "interval_epochs": checkpoint.interval_epochs,
-            "interval_minutes": checkpoint.interval_minutes,
-            "keep": checkpoint.keep,
-            "at_end": checkpoint.at_end,
-            "async_save": checkpoint.async_save,
-        },
-        "checkpoint",
-    )
+    # every field of the section is one of the hook's arguments (a field added to the schema reaches it)
+    defaults["checkpoint"] = ({f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint)}, "checkpoint")
     defaults["logger"] = ({"console": log.console}, "log")
     ema_args = None if ema.decay is None else ({"decay": ema.decay, "warmup": ema.warmup, "evaluate": ema.eval}, "ema")
     extra = []
