@@ -7,7 +7,11 @@ dealt to the DataLoader workers whole (worker ``w`` decodes micro-batches ``w, w
 and come back in order. Each record is fetched with one ``pread`` at the offset its
 index gives, CRC-checked, its Example parsed, its JPEG decoded at reduced DCT scale when
 the crop allows (``largebatch.data.decode``), cropped, resized and flipped on the CPU;
-the contiguous uint8 NCHW batch is copied to the device and normalised there.
+the contiguous uint8 NCHW batch is copied to the device and normalised there. With
+``data.decode='device'`` (``'auto'`` on CUDA) the workers stop before decoding: they hand
+over each micro-batch's JPEGs with the crops and flips they drew, and the device decodes,
+crops, resizes and flips the whole micro-batch (``largebatch.data.device_decode``); there
+is no ring then.
 
 With workers, the batches never travel as tensors: the loader makes one ring of
 ``data.prefetch * data.num_workers + 1`` batch-sized uint8 slots in shared memory before
