@@ -26,6 +26,7 @@ probe) and no policy that works on pixels in the workers (``data.auto_augment``,
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple
@@ -155,9 +156,8 @@ def decode_batch(
     jpegs = [data[int(a) : int(b)] for a, b in zip(batch.offsets[:-1], batch.offsets[1:], strict=True)]
     try:
         decoded = _decode_jpegs(jpegs, channels, device)
-    except RuntimeError:
-        _name_undecodable(jpegs, channels, device, batch.records, where)
-        raise
+    except RuntimeError:  # the batched call names no image: one by one
+        decoded = [_decode_one(jpeg, record, channels, device, where) for jpeg, record in zip(jpegs, batch.records.tolist(), strict=True)]
     out = torch.empty((len(jpegs), channels, image_size, image_size), dtype=torch.float32, device=device)
     for j, (image, (top, left, bottom, right)) in enumerate(zip(decoded, batch.crops.tolist(), strict=True)):
         crop = image[:, top:bottom, left:right]
@@ -174,11 +174,31 @@ def decode_batch(
     return out
 
 
-def _name_undecodable(jpegs: list[torch.Tensor], channels: int, device: torch.device, records: np.ndarray, where) -> None:
-    """Raise a ``DataError`` naming the first of ``jpegs`` that does not decode alone (the
-    batched call reports no index); return if each decodes alone."""
-    for jpeg, record in zip(jpegs, records.tolist(), strict=True):
+_fell_back: set[str] = set()  # records decoded on the CPU instead, each named once per process
+
+
+def _decode_one(jpeg: torch.Tensor, record: int, channels: int, device: torch.device, where: Callable[[int], str]) -> torch.Tensor:
+    """One JPEG decoded on ``device``. One the device's decoder refuses but libjpeg-turbo
+    reads (nvJPEG lacks some rare chroma layouts the CPU path decodes) is decoded on the CPU
+    and moved to ``device``, with a warning line naming it; one neither decodes is a
+    ``DataError`` naming its record."""
+    try:
+        return _decode_jpegs([jpeg], channels, device)[0]
+    except RuntimeError as err:
+        refused = err
+    if device.type != "cpu":
         try:
-            _decode_jpegs([jpeg], channels, device)
+            image = _decode_jpegs([jpeg], channels, torch.device("cpu"))[0]
         except RuntimeError as err:
-            raise DataError(f"{where(record)}: {undecodable(jpeg.numpy().tobytes(), ValueError(_torchvision_message(err)))}") from err
+            refused = err
+        else:
+            if where(record) not in _fell_back:
+                _fell_back.add(where(record))
+                reason = _torchvision_message(refused)
+                print(
+                    f"largebatch: warning: {where(record)}: {device.type}'s JPEG decoder refuses it ({reason}); decoded on the CPU",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return image.to(device)
+    raise DataError(f"{where(record)}: {undecodable(jpeg.numpy().tobytes(), ValueError(_torchvision_message(refused)))}") from refused

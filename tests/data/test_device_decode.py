@@ -276,3 +276,26 @@ def test_on_a_gpu_a_cut_jpeg_is_named_not_decoded(small_shards):
     """nvJPEG must refuse a JPEG cut in half as libjpeg-turbo does, naming the record."""
     message = cut_jpeg_error(small_shards, torch.device("cuda"), "device")
     assert re.search(r"record 5 at byte offset \d+", message)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_on_a_gpu_a_jpeg_nvjpeg_refuses_is_decoded_on_the_cpu_and_named_once(unique_shards, monkeypatch, capfd):
+    """nvJPEG lacks some chroma layouts libjpeg-turbo reads: such a JPEG (here: record 3,
+    refused by a wrapper around the real decoder) is decoded on the CPU, not a stopped run."""
+    cfg = data_cfg(unique_shards, 48, image_size=64)
+    refused = ShardSet(unique_shards, "train").read(3)  # the payload holds the JPEG's bytes
+    original = device_decode._decode_jpegs
+
+    def nvjpeg_refusing_record_3(jpegs, channels, device):
+        if device.type == "cuda" and any(bytes(j.numpy()) in refused for j in jpegs):
+            raise RuntimeError("Error while decoding JPEG images: Unknown chroma subsampling")
+        return original(jpegs, channels, device)
+
+    monkeypatch.setattr(device_decode, "_decode_jpegs", nvjpeg_refusing_record_3)
+    reference = epochs_of(data_mod.build_train_loader(cfg, plan(), rank=0, seed=SEED, device=CPU))
+    loader = data_mod.build_train_loader(dataclasses.replace(cfg, decode="device"), plan(), rank=0, seed=SEED, device=torch.device("cuda"))
+    diff = difference(cfg, reference, epochs_of(loader))
+    assert float(diff.mean()) < 2.0
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "decoded on the CPU" in line]
+    assert len(warnings) == 1 and "record 3 at byte offset" in warnings[0] and "Unknown chroma subsampling" in warnings[0]
