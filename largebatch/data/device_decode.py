@@ -159,19 +159,15 @@ def decode_batch(
     except RuntimeError:  # the batched call names no image: one by one
         decoded = [_decode_one(jpeg, record, channels, device, where) for jpeg, record in zip(jpegs, batch.records.tolist(), strict=True)]
     out = torch.empty((len(jpegs), channels, image_size, image_size), dtype=torch.float32, device=device)
-    for j, (image, (top, left, bottom, right)) in enumerate(zip(decoded, batch.crops.tolist(), strict=True)):
+    crops, flips = batch.crops.tolist(), batch.flips.tolist()
+    for j, (image, (top, left, bottom, right), flip) in enumerate(zip(decoded, crops, flips, strict=True)):
         crop = image[:, top:bottom, left:right]
-        if crop.shape[1:] == (image_size, image_size):
-            out[j].copy_(crop)
-        else:
+        if crop.shape[1:] != (image_size, image_size):
             # float, as torch's antialiased filters on CUDA take no uint8; rounded below as the CPU path's uint8 resize rounds
-            out[j] = F.interpolate(crop.unsqueeze(0).float(), size=(image_size, image_size), mode=mode, antialias=True)[0]
-    out.round_().clamp_(0, 255)
-    flipped = np.flatnonzero(batch.flips)
-    if len(flipped):
-        rows = torch.from_numpy(flipped).to(device)
-        out[rows] = out[rows].flip(-1)
-    return out
+            crop = F.interpolate(crop.unsqueeze(0).float(), size=(image_size, image_size), mode=mode, antialias=True)[0]
+        # flipped image by image: a batch-wide index would be a host-to-device copy that waits for the decode
+        out[j] = crop.flip(-1) if flip else crop
+    return out.round_().clamp_(0, 255)
 
 
 _fell_back: set[str] = set()  # records decoded on the CPU instead, each named once per process
