@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -366,6 +367,9 @@ def fallback_note(device: str, sizes: Sizes, data: dict) -> str:
     return f" (the media pipeline cannot run: {reason}; largebatch falls back to the native loader)" if reason else ""
 
 
+DEVICE_DECODE = "native loader, data.decode='device' (workers read; the device decodes, crops and resizes whole micro-batches)"
+
+
 def section_loader_train(device: str, quick: bool) -> None:
     sizes = QUICK if quick else FULL
     rows, skipped = [], []
@@ -377,8 +381,12 @@ def section_loader_train(device: str, quick: bool) -> None:
                 skipped.append(f"- {label}: skipped: {missing}")
                 continue
             data = loader_data(sizes, loader)
-            m = engine_run(overrides(device, sizes, data=data), work / f"shards{i}", sizes, fixed=False)
-            rows.append((label + fallback_note(device, sizes, data), m))
+            # the native loader with each data.decode (the device one on CUDA and the CPU stand-in), side by side
+            for decode in ("cpu", "device") if loader == "native" and device != "hpu" else ("",):
+                name = {"": label, "cpu": f"{label}, data.decode='cpu'", "device": DEVICE_DECODE}[decode]
+                data = {**data, "decode": decode} if decode else data
+                m = engine_run(overrides(device, sizes, data=data), work / f"shards{i}{decode}", sizes, fixed=False)
+                rows.append((name + fallback_note(device, sizes, data), m))
     print(
         f"model {sizes.model}, {sizes.image_size} px, micro-batch {sizes.micro}, bf16; {sizes.images} JPEGs (about 500x375) "
         f"in 4 TFRecord shards, random-resized-crop + flip, {loader_data(sizes, 'native')['num_workers']} workers; "
@@ -393,14 +401,17 @@ def section_loader_train(device: str, quick: bool) -> None:
     if skipped:
         print("\n" + "\n".join(skipped))
     print(f"\nloader / synthetic = {rows[0][1].images_per_s / synthetic.images_per_s:.3f} (the native loader)")
+    if device != "hpu":
+        print(f"loader / synthetic = {rows[1][1].images_per_s / synthetic.images_per_s:.3f} (the native loader, data.decode='device')")
 
 
-def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, workers: int) -> tuple[list[float], int]:
+def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, workers: int, decode: str = "cpu") -> tuple[list[float], int]:
     """images/s of each epoch after a warm-up epoch, iterating the loader without training."""
     from largebatch import data as data_mod
     from largebatch.config import derive
 
-    cfg = config(overrides(device, sizes, data=loader_data(sizes, loader_kind, workers)))
+    data = loader_data(sizes, loader_kind, workers)
+    cfg = config(overrides(device, sizes, data=data if loader_kind != "native" else {**data, "decode": decode}))
     backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
     plan = derive(cfg, 1, data_mod.count_samples(cfg.data, "train")).plan
     loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
@@ -440,6 +451,49 @@ def section_loader_alone(device: str, quick: bool) -> None:
     print(table("loader | workers / threads: | images/s (median epoch): | epochs", rows))
     if skipped:
         print("\n" + "\n".join(skipped))
+    decode_side_by_side(device, sizes, epochs)
+
+
+def decode_side_by_side(device: str, sizes: Sizes, epochs: int) -> None:
+    """The native loader with ``data.decode`` 'cpu' (workers decode), 'device' (workers read,
+    the device decodes whole micro-batches) and 'cpu' again (the A/A control), and the pixel
+    difference between the two paths' first micro-batches (same samples, crops and flips)."""
+    if device == "hpu":
+        print("\n- data.decode='device': skipped: torchvision decodes JPEGs on CUDA and the CPU, not on a Gaudi")
+        return
+    workers = default_workers(sizes)
+    runs = [
+        (decode, statistics.median(loader_rates(device, sizes, "native", epochs, workers, decode)[0]))
+        for decode in ("cpu", "device", "cpu")
+    ]
+    largest, mean = decode_difference(device, sizes)
+    print(
+        f"\nthe native loader's decoding, side by side ({workers} workers; 'cpu' twice, before and after, as the A/A control); "
+        f"device / cpu = {runs[1][1] / runs[0][1]:.2f} (against the second cpu run {runs[1][1] / runs[2][1]:.2f}), "
+        f"A/A {runs[2][1] / runs[0][1]:.2f}; pixels, device against cpu decode: max {largest:.0f}, mean {mean:.2f} grey levels\n"
+    )
+    print(
+        table("data.decode | images/s (median epoch): | / first cpu run:", [f"| {d} | {r:.0f} | {r / runs[0][1]:.3f} |" for d, r in runs])
+    )
+
+
+def decode_difference(device: str, sizes: Sizes, batches: int = 4) -> tuple[float, float]:
+    """Max and mean absolute difference in grey levels between the native loader's first
+    ``batches`` micro-batches decoded on the CPU and on the device (no workers)."""
+    from largebatch import data as data_mod
+    from largebatch.config import derive
+
+    images = []
+    for decode in ("cpu", "device"):
+        cfg = config(overrides(device, sizes, data={**loader_data(sizes, "native", 1), "num_workers": 0, "decode": decode}))
+        backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
+        plan = derive(cfg, 1, data_mod.count_samples(cfg.data, "train")).plan
+        loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
+        std = torch.tensor(cfg.data.std, device=backend.device).view(1, -1, 1, 1) * 255
+        images.append(torch.cat([(x * std).cpu() for x, _ in itertools.islice(loader, batches)]))
+        loader.close()
+    difference = (images[0] - images[1]).abs()
+    return float(difference.max()), float(difference.mean())
 
 
 # -- b. LAMB ----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Exact resume on every loader: a stopped and resumed run ends with the bytes of one that
 was never stopped.
 
-The matrix: loader {synthetic, native with 0 and 2 workers, DALI} x {dropout and
+The matrix: loader {synthetic, native with 0 and 2 workers, native decoding on the device
+(``data.decode='device'``, the CPU standing in for the GPU), DALI} x {dropout and
 drop-path on, off} x stop point {mid-epoch, at an epoch boundary, a real SIGUSR1 in the
 middle of an accumulation window}. Every cell compares ``model.safetensors`` byte for byte
 with the uninterrupted run of the same loader; mixup and LAMB with clipping are on
@@ -30,6 +31,7 @@ LOADERS = {
     "synthetic": {"data.loader": "synthetic"},
     "native-0": {"data.loader": "native", "data.num_workers": 0},
     "native-2": {"data.loader": "native", "data.num_workers": 2},
+    "native-device": {"data.loader": "native", "data.num_workers": 0, "data.decode": "device"},
     "dali": {"data.loader": "dali", "data.num_workers": 1},
 }
 DROPOUT = {
@@ -56,7 +58,7 @@ def loader_param(name: str):
     marks = []
     if name == "dali":
         marks = [pytest.mark.dali, pytest.mark.slow, pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed")]
-    elif name == "native-2":
+    elif name in ("native-2", "native-device"):
         marks = [pytest.mark.slow]
     return pytest.param(name, marks=marks)
 
@@ -139,16 +141,24 @@ def test_dropout_changes_the_result(references):
 
 
 @pytest.mark.slow
+def test_the_device_decoding_cells_decode_on_the_device(references):
+    """The native-device cells take the device path: its pixels differ from the CPU path's
+    by the DCT scale (docs/data.md), so the weights differ from native-0's."""
+    assert references("native-device", "no-dropout") != references("native-0", "no-dropout")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout", list(DROPOUT))
 def test_native_loader_result_does_not_depend_on_the_worker_count(references, dropout):
     assert references("native-0", dropout) == references("native-2", dropout)
 
 
-def device_cell(tmp_path: pathlib.Path, shards: pathlib.Path, device: str, precision: str, loader: str) -> None:
+def device_cell(tmp_path: pathlib.Path, shards: pathlib.Path, device: str, precision: str, loader: str, decode: str = "auto") -> None:
     """A precision's cell on ``device``: autocast (fp16 with its grad scaler, whose state must
     resume too), LAMB with clipping, mixup, dropout; stopped at step 3 and resumed."""
     cfg = matrix_config(shards, loader, "dropout")
     cfg.update(device=device, precision=precision)
+    cfg["data"]["decode"] = decode
     if device == "cuda":  # attention through plain matmuls: the fused kernels' backward need not be bitwise repeatable
         cfg["cuda"] = {"fused_attention": False}
     reference = run(tmp_path, cfg, tmp_path / "reference")
@@ -169,7 +179,9 @@ def test_the_device_cell_on_the_cpu_in_bf16(tmp_path, shards):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("decode", ["cpu", "device"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_on_a_gpu_a_resumed_run_ends_with_the_uninterrupted_runs_bytes(tmp_path, shards, precision):
-    """LAMB's Triton path and the native loader's pinned hand-over with 2 workers on a GPU."""
-    device_cell(tmp_path, shards, "cuda", precision, "native-2")
+def test_on_a_gpu_a_resumed_run_ends_with_the_uninterrupted_runs_bytes(tmp_path, shards, precision, decode):
+    """LAMB's Triton path and the native loader with 2 workers on a GPU: the pinned hand-over
+    of the workers' pixels (``data.decode='cpu'``), and nvJPEG decoding of the workers' JPEGs."""
+    device_cell(tmp_path, shards, "cuda", precision, "native-2", decode)

@@ -204,6 +204,14 @@ SCHEMA = Section(
                     "native loader: keep every image's decoded full-size pixels in memory after its first decode (per loader "
                     "process; for small data sets such as Fashion-MNIST, 47 MB); batches are the same bytes as without it",
                 ),
+                "decode": Field(
+                    str,
+                    "auto",
+                    "native: where JPEGs are decoded: 'cpu' (loader workers, at a reduced DCT scale where the crop allows), "
+                    "'device' (workers read and draw crops; the run's device decodes whole micro-batches, nvJPEG on CUDA), "
+                    "'auto' ('device' on CUDA when torchvision decodes there and no CPU-only policy is on, else 'cpu')",
+                    choices=("auto", "cpu", "device"),
+                ),
                 "max_pixels": Field(
                     int,
                     50_000_000,
@@ -574,6 +582,8 @@ def _check_data_rules(cfg: dict[str, Any]) -> None:
             )
     if data["loader"] != "synthetic" and not data["root"]:
         raise ConfigError(f"loader {data['loader']!r} reads TFRecord shards; set data.root to their folder", key="data.root")
+    if data["decode"] != "auto":
+        _check_decode(data)
     model = cfg["model"]
     for model_key, data_key in (("num_classes", "num_classes"), ("img_size", "image_size"), ("in_chans", "channels")):
         if model_key in model and model[model_key] != data[data_key]:
@@ -584,3 +594,21 @@ def _check_data_rules(cfg: dict[str, Any]) -> None:
     mix = cfg["mixup"]
     if mix["cutmix_alpha"] > 0 and data["image_size"] < 2:
         raise ConfigError("CutMix needs images of at least 2 pixels", key="mixup.cutmix_alpha")
+
+
+def _check_decode(data: dict[str, Any]) -> None:
+    """An explicit ``data.decode``: the native loader's, and without the policies that need pixels in the workers."""
+    if data["loader"] != "native":
+        raise ConfigError(
+            f"is {data['decode']!r}, but data.decode applies to data.loader='native' only; data.loader={data['loader']!r} "
+            "decodes its own way (DALI with nvJPEG on CUDA, the media pipeline on the Gaudi); leave data.decode at 'auto'",
+            key="data.decode",
+        )
+    if data["decode"] == "device":
+        for key in ("auto_augment", "color_jitter", "cache_decoded"):
+            if data[key]:
+                raise ConfigError(
+                    f"is 'device', but data.{key} works on pixels in the loader workers, which decode='device' leaves "
+                    f"undecoded; set data.decode to 'cpu' (or 'auto') or unset data.{key}",
+                    key="data.decode",
+                )

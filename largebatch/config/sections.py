@@ -93,6 +93,7 @@ class DataConfig(ConfigSection):
     eval_crop_ratio: float = dataclasses.field(default=0.875, metadata=field_meta("data.eval_crop_ratio"))
     verify_crc: bool = dataclasses.field(default=True, metadata=field_meta("data.verify_crc"))
     cache_decoded: bool = dataclasses.field(default=False, metadata=field_meta("data.cache_decoded"))
+    decode: str = dataclasses.field(default="auto", metadata=field_meta("data.decode"))
     max_pixels: int = dataclasses.field(default=50000000, metadata=field_meta("data.max_pixels"))
     train_samples: int = dataclasses.field(default=50000, metadata=field_meta("data.train_samples"))
     eval_samples: int = dataclasses.field(default=10000, metadata=field_meta("data.eval_samples"))

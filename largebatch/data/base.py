@@ -24,6 +24,7 @@ from largebatch.batching import BatchPlan
 from largebatch.config.sections import DataConfig
 from largebatch.data.example import IMAGE, LABEL, ExampleDecodeError, class_number, decode_example, image_and_label
 from largebatch.data.sharding import rank_eval_indices, rank_train_indices
+from largebatch.data.size_limit import checked_size, undecodable
 from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import DataError, UserError
 from largebatch.randomness import augmentation_seeds, augmentation_uniforms
@@ -237,6 +238,21 @@ def labelled_jpeg(shards: ShardSet, index: int, label_offset: int, num_classes: 
     except ExampleDecodeError as err:
         raise DataError(f"{shards.where(index)}: not an ImageNet-schema Example ({err})") from err
     return jpeg, class_number(raw_label, num_classes=num_classes, label_offset=label_offset, where=shards.where(index))
+
+
+def checked_jpeg(shards: ShardSet, index: int, label_offset: int, num_classes: int, max_pixels: int) -> tuple[bytes, int, tuple[int, int]]:
+    """``labelled_jpeg``, and the JPEG's ``(height, width)`` from its header, checked against
+    ``max_pixels`` before any decoder sees the bytes.
+
+    Raises:
+        DataError: as ``labelled_jpeg``; the bytes are not a JPEG or its header does not
+            parse; the image is larger than ``max_pixels`` (each naming the record).
+    """
+    jpeg, label = labelled_jpeg(shards, index, label_offset, num_classes)
+    try:
+        return jpeg, label, checked_size(jpeg, max_pixels, lambda: shards.where(index))
+    except ValueError as err:
+        raise DataError(f"{shards.where(index)}: {undecodable(jpeg, err)}") from err
 
 
 def build_loader(

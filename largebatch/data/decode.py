@@ -147,6 +147,20 @@ def decode_crop_resize(
     return crop_resize(pixels, (height, width), box, image_size, flip, out, mode)
 
 
+def crop_bounds(decoded: tuple[int, int], header: tuple[int, int], box: Box) -> tuple[int, int, int, int]:
+    """``(top, left, bottom, right)``: the whole pixels of an image decoded at size
+    ``decoded`` (any DCT scale of the full size ``header``) that ``box`` covers, at least one."""
+    (rows, cols), (height, width) = decoded, header
+    # The decoded size is ceil(full / k); map the box through the actual ratio.
+    sy, sx = rows / height, cols / width
+    left, top, crop_w, crop_h = box
+    x0 = min(round(left * sx), cols - 1)
+    y0 = min(round(top * sy), rows - 1)
+    x1 = min(max(round((left + crop_w) * sx), x0 + 1), cols)
+    y1 = min(max(round((top + crop_h) * sy), y0 + 1), rows)
+    return y0, x0, y1, x1
+
+
 def crop_resize(
     pixels: np.ndarray,
     header: tuple[int, int],
@@ -159,14 +173,7 @@ def crop_resize(
     """Crop ``box`` from ``pixels``, an image of full size ``header`` decoded at any DCT
     scale, resize to ``image_size``, flip; the rest as ``decode_crop_resize`` (``pixels``
     is only read)."""
-    height, width = header
-    # The decoded size is ceil(full / k); map the box through the actual ratio.
-    sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
-    left, top, crop_w, crop_h = box
-    x0 = min(round(left * sx), pixels.shape[1] - 1)
-    y0 = min(round(top * sy), pixels.shape[0] - 1)
-    x1 = min(max(round((left + crop_w) * sx), x0 + 1), pixels.shape[1])
-    y1 = min(max(round((top + crop_h) * sy), y0 + 1), pixels.shape[0])
+    y0, x0, y1, x1 = crop_bounds(pixels.shape[:2], header, box)
     crop = pixels[y0:y1, x0:x1]
     if crop.shape[:2] == (image_size, image_size):
         resized = crop[:, ::-1] if flip else crop

@@ -49,10 +49,8 @@ import torch
 
 from largebatch.config.sections import DataConfig
 from largebatch.data import native
-from largebatch.data.base import MicroBatches, RecordLoader, ShardLoader, labelled_jpeg
-from largebatch.data.size_limit import checked_size, undecodable
+from largebatch.data.base import MicroBatches, RecordLoader, ShardLoader, checked_jpeg
 from largebatch.data.tfrecord import ShardSet
-from largebatch.errors import DataError
 
 __all__ = ["MediaPipeLoader", "unavailable_reason"]
 
@@ -122,11 +120,7 @@ class _RecordSource:
         jpegs = np.empty(self.batch_size, dtype=object)
         labels = np.empty(self.batch_size, dtype=np.int32)
         for j, index in enumerate(indices):
-            jpeg, label = labelled_jpeg(self.records, index, self.label_offset, self.num_classes)
-            try:
-                checked_size(jpeg, self.max_pixels, lambda: self.records.where(index))  # noqa: B023 - called at once
-            except ValueError as err:
-                raise DataError(f"{self.records.where(index)}: {undecodable(jpeg, err)}") from err
+            jpeg, label, _ = checked_jpeg(self.records, index, self.label_offset, self.num_classes, self.max_pixels)
             buffer = np.frombuffer(jpeg, dtype=np.uint8)
             # The decoder reads whole 64-byte blocks; trailing zeros after the JPEG's end are ignored.
             jpegs[j] = np.pad(buffer, (0, -len(buffer) % 64))

@@ -7,7 +7,11 @@ dealt to the DataLoader workers whole (worker ``w`` decodes micro-batches ``w, w
 and come back in order. Each record is fetched with one ``pread`` at the offset its
 index gives, CRC-checked, its Example parsed, its JPEG decoded at reduced DCT scale when
 the crop allows (``largebatch.data.decode``), cropped, resized and flipped on the CPU;
-the contiguous uint8 NCHW batch is copied to the device and normalised there.
+the contiguous uint8 NCHW batch is copied to the device and normalised there. With
+``data.decode='device'`` (``'auto'`` on CUDA) the workers stop before decoding: they hand
+over each micro-batch's JPEGs with the crops and flips they drew, and the device decodes,
+crops, resizes and flips the whole micro-batch (``largebatch.data.device_decode``); there
+is no ring then.
 
 With workers, the batches never travel as tensors: the loader makes one ring of
 ``data.prefetch * data.num_workers + 1`` batch-sized uint8 slots in shared memory before
@@ -41,16 +45,19 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from largebatch.config.sections import DataConfig
-from largebatch.data.base import MicroBatches, ShardLoader, labelled_jpeg
+from largebatch.data.base import MicroBatches, ShardLoader, checked_jpeg, labelled_jpeg
 from largebatch.data.decode import (
+    Box,
     center_crop_box,
+    crop_bounds,
     crop_resize,
     dct_scale,
     decode_at_scale,
     random_resized_crop_box,
 )
+from largebatch.data.device_decode import EncodedBatch, decode_batch, decode_on_device, encode_batch
 from largebatch.data.policies import apply_policy, erase, image_policy, random_eraser
-from largebatch.data.size_limit import checked_size, undecodable
+from largebatch.data.size_limit import undecodable
 from largebatch.data.tfrecord import ShardSet
 from largebatch.errors import DataError
 from largebatch.randomness import AUGMENTATION_DRAWS, worker_generator
@@ -59,15 +66,19 @@ __all__ = ["NativeLoader"]
 
 
 class _MicroBatchDataset(Dataset):
-    """Item ``(epoch, b)`` is micro-batch ``b`` of ``epoch``: contiguous uint8 NCHW images, labels.
+    """Item ``(epoch, b)`` is micro-batch ``b`` of ``epoch``: contiguous uint8 NCHW images, labels;
+    with ``encoded`` (``data.decode='device'``) an ``EncodedBatch`` instead, nothing decoded.
 
     Decoding errors are returned, not raised, so the main process can raise one clean
     ``DataError`` (a worker's exception would arrive wrapped in a traceback dump).
     """
 
-    def __init__(self, shards: ShardSet, batches: MicroBatches, cfg: DataConfig, ring: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, shards: ShardSet, batches: MicroBatches, cfg: DataConfig, ring: torch.Tensor | None = None, encoded: bool = False
+    ) -> None:
         self.shards = shards
         self.ring = ring
+        self.encoded = encoded
         self.batches = batches
         self.size = cfg.image_size
         self.channels = cfg.channels
@@ -88,6 +99,28 @@ class _MicroBatchDataset(Dataset):
     def __len__(self) -> int:  # pragma: no cover - the sampler drives indexing
         return len(self._batches)
 
+    def _box(self, height: int, width: int, draws: np.ndarray | None) -> tuple[Box, bool]:
+        """The crop box and flip of an image of ``height`` x ``width``: drawn from ``draws``
+        for training, the centre crop (unflipped) for evaluation."""
+        if draws is None:
+            return center_crop_box(height, width, self.size, self.crop_ratio), False
+        box = random_resized_crop_box(height, width, draws, self.scale, self.ratio)
+        return box, bool(draws[AUGMENTATION_DRAWS - 1] < self.hflip)
+
+    def _encoded(self, indices: np.ndarray, draws: np.ndarray | None, seeds: np.ndarray | None) -> EncodedBatch:
+        """The micro-batch ``indices`` read, checked and its crops and flips drawn, undecoded."""
+        records = indices % len(self.shards)  # a repeated sample reads its record
+        crops = np.empty((len(indices), 4), dtype=np.int64)
+        flips = np.zeros(len(indices), dtype=bool)
+        labels = np.empty(len(indices), dtype=np.int64)
+        jpegs = []
+        for j, index in enumerate(records.tolist()):
+            jpeg, labels[j], header = checked_jpeg(self.shards, index, self.label_offset, self.num_classes, self.max_pixels)
+            box, flips[j] = self._box(*header, None if draws is None else draws[j])
+            crops[j] = crop_bounds(header, header, box)
+            jpegs.append(jpeg)
+        return encode_batch(jpegs, crops, flips, labels, seeds, records)
+
     def _load(self, index: int, draws: np.ndarray | None, out: np.ndarray) -> int:
         """Decode sample ``index`` (a virtual index under repeated augmentation) into
         ``out`` (uint8 CHW) and return its label. With ``data.cache_decoded``, a record's
@@ -96,19 +129,13 @@ class _MicroBatchDataset(Dataset):
         index %= len(self.shards)  # a repeated sample reads its record
         cached = None if self.decoded is None else self.decoded.get(index)
         jpeg = None
+        if cached is None:
+            jpeg, label, (height, width) = checked_jpeg(self.shards, index, self.label_offset, self.num_classes, self.max_pixels)
+        else:
+            pixels, label = cached
+            height, width = pixels.shape[:2]
+        box, flip = self._box(height, width, draws)
         try:
-            if cached is None:
-                jpeg, label = labelled_jpeg(self.shards, index, self.label_offset, self.num_classes)
-                height, width = checked_size(jpeg, self.max_pixels, lambda: self.shards.where(index))
-            else:
-                pixels, label = cached
-                height, width = pixels.shape[:2]
-            flip = False
-            if draws is not None:
-                box = random_resized_crop_box(height, width, draws, self.scale, self.ratio)
-                flip = bool(draws[AUGMENTATION_DRAWS - 1] < self.hflip)
-            else:
-                box = center_crop_box(height, width, self.size, self.crop_ratio)
             k = dct_scale(box, self.size)
             if cached is None or k != 1:
                 if jpeg is None:
@@ -130,6 +157,12 @@ class _MicroBatchDataset(Dataset):
             self._epoch = epoch
             self._batches = self.batches(epoch)
         indices = self._batches[number]
+        draws, seeds = self.batches.draws(epoch, indices), self.batches.seeds(epoch, indices)
+        if self.encoded:
+            try:
+                return self._encoded(indices, draws, seeds)
+            except DataError as err:
+                return err.render()
         # Contiguous NCHW, not a channels-last view: float conversion keeps the layout,
         # and channels-last inputs make DDP's gradient buckets mismatch the grad strides.
         if self.ring is not None:
@@ -137,7 +170,6 @@ class _MicroBatchDataset(Dataset):
         else:
             images = torch.empty((len(indices), self.channels, self.size, self.size), dtype=torch.uint8)
         labels = np.empty(len(indices), dtype=np.int64)
-        draws, seeds = self.batches.draws(epoch, indices), self.batches.seeds(epoch, indices)
         slots = images.numpy()
         try:
             for j, index in enumerate(indices.tolist()):
@@ -197,14 +229,16 @@ class NativeLoader(ShardLoader):
         self._mean = torch.tensor([m * 255 for m in data_cfg.mean], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._std = torch.tensor([s * 255 for s in data_cfg.std], dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._eraser = random_eraser(data_cfg, self.device) if batches.train else None
+        self.decodes_on_device = decode_on_device(data_cfg, self.device)
         workers = data_cfg.num_workers
         kwargs, self._ring = {}, None
         if workers > 0:
             kwargs = {"prefetch_factor": data_cfg.prefetch, "persistent_workers": True}
+        if workers > 0 and not self.decodes_on_device:
             slots = data_cfg.prefetch * workers + 1  # see the module docstring
             self._ring = shared_ring(slots, batches.batch_size, data_cfg.channels, data_cfg.image_size)
         self._loader = DataLoader(
-            _MicroBatchDataset(self.records, batches, data_cfg, self._ring),
+            _MicroBatchDataset(self.records, batches, data_cfg, self._ring, encoded=self.decodes_on_device),
             batch_size=None,
             sampler=_EpochSampler(self, 0 if self._ring is None else self._ring.shape[0]),
             collate_fn=_as_is,  # not default_convert: NumPy labels cross as bytes, not as shared tensors
@@ -224,14 +258,21 @@ class NativeLoader(ShardLoader):
     def _to_device(self, batch):
         if isinstance(batch, str):
             raise DataError(batch)
-        images, labels, seeds = batch
-        if self._ring is not None:  # the slot is reused once the next batch is asked for
-            images = self._ring[images, : len(labels)]
-        labels = torch.from_numpy(labels)
         non_blocking = self.device.type == "cuda"
-        if non_blocking:  # done reading the slot on return; the copies to the GPU overlap
-            images, labels = images.pin_memory(), labels.pin_memory()
-        images = images.to(self.device, non_blocking=non_blocking).float()
+        if isinstance(batch, EncodedBatch):
+            cfg = self.data_cfg
+            images = decode_batch(batch, cfg.image_size, cfg.channels, self.device, cfg.interpolation, self.records.where)
+            labels, seeds = torch.from_numpy(batch.labels), batch.seeds
+        else:
+            images, labels, seeds = batch
+            if self._ring is not None:  # the slot is reused once the next batch is asked for
+                images = self._ring[images, : len(labels)]
+            labels = torch.from_numpy(labels)
+            if non_blocking:  # done reading the slot on return; the copies to the GPU overlap
+                images = images.pin_memory()
+            images = images.to(self.device, non_blocking=non_blocking).float()
+        if non_blocking:
+            labels = labels.pin_memory()
         labels = labels.to(self.device, non_blocking=non_blocking)
         images.sub_(self._mean).div_(self._std)
         if self._eraser is not None:

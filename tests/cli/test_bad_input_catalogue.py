@@ -22,7 +22,7 @@ import torch
 
 from largebatch import cli, train_command
 from tests.conftest import tiny_config, write_config
-from tests.data.conftest import header_claiming, rewrite_record, write_unique_label_shards
+from tests.data.conftest import header_claiming, noise_jpeg, rewrite_record, write_unique_label_shards
 from tests.importers.colossalai import shapes
 
 TRAIN = "train.py"  # train_main's argv; anything else goes to ``largebatch``'s main
@@ -50,9 +50,9 @@ def config_with(tmp_path: pathlib.Path, **overrides) -> str:
     return str(write_config(tmp_path, tiny_config(**overrides)))
 
 
-def native_config(tmp_path: pathlib.Path, splits=("train",), replace=None, **overrides) -> str:
+def native_config(tmp_path: pathlib.Path, splits=("train",), replace=None, data_overrides=None, **overrides) -> str:
     """The tiny model over real TFRecord shards (16 records a split, label = record + 1;
-    ``replace``: some records' JPEG bytes)."""
+    ``replace``: some records' JPEG bytes; ``data_overrides``: other ``data`` keys)."""
     root = write_unique_label_shards(tmp_path / "shards", dict.fromkeys(splits, 16), dict.fromkeys(splits, 2), replace=replace)
     data = {
         "loader": "native",
@@ -64,6 +64,7 @@ def native_config(tmp_path: pathlib.Path, splits=("train",), replace=None, **ove
         "mean": [0.5, 0.5, 0.5],
         "std": [0.25, 0.25, 0.25],
         "num_workers": 0,
+        **(data_overrides or {}),
     }
     return str(write_config(tmp_path, tiny_config(data=data, global_batch_size=8, micro_batch_size=4, **overrides)))
 
@@ -349,6 +350,14 @@ def native_oversized_jpeg_header(tmp_path):
     """Record 3's header claims 20000 x 15000 pixels (its data holds 64 x 64)."""
     small = simplejpeg.encode_jpeg(np.full((64, 64, 3), 90, dtype=np.uint8))
     config = native_config(tmp_path, splits=("train", "validation"), replace={3: header_claiming(small, 15000, 20000)})
+    return train(config, tmp_path / "run"), tmp_path / "run"
+
+
+def native_cut_jpeg_decoded_on_the_device(tmp_path):
+    """Record 3's JPEG is cut in half (its header parses); the device decodes it (the CPU standing in)."""
+    whole = noise_jpeg(np.random.default_rng(3), 64, 64)
+    cut = whole[: len(whole) * 3 // 4]
+    config = native_config(tmp_path, splits=("train", "validation"), replace={3: cut}, data_overrides={"decode": "device"})
     return train(config, tmp_path / "run"), tmp_path / "run"
 
 
@@ -670,6 +679,17 @@ CASES = [
     ("labels-beyond-num-classes", native_labels_beyond_num_classes, ["data.num_classes"]),
     ("corrupt-record", native_corrupt_record, ["train-", "record", "offset"]),
     ("oversized-jpeg-header", native_oversized_jpeg_header, ["train-", "record", "offset", "20000x15000 pixels", "data.max_pixels"]),
+    ("jpeg-cut-decoded-on-the-device", native_cut_jpeg_decoded_on_the_device, ["train-", "record", "offset", "JPEG does not decode"]),
+    (
+        "decode-device-with-dali",
+        case_config(**{"data.loader": "dali", "data.root": "shards", "data.decode": "device"}),
+        ["data.decode", "data.loader='native' only", "leave data.decode at 'auto'"],
+    ),
+    (
+        "decode-device-with-a-pixel-policy",
+        case_config(**{"data.loader": "native", "data.root": "shards", "data.decode": "device", "data.auto_augment": "rand-m9"}),
+        ["data.decode", "data.auto_augment", "set data.decode to 'cpu'"],
+    ),
     ("label-float", native_record_with({"image/class/label": [1.5]}), ["train-", "record 2", "holds 1 float value (1.5)", "int64"]),
     ("label-bytes", native_record_with({"image/class/label": [b"3"]}), ["train-", "record 2", "holds 1 bytes value", "int64"]),
     ("image-int64", native_record_with({"image/encoded": [7]}), ["train-", "record 2", "image/encoded holds 1 int64 value"]),

@@ -29,9 +29,9 @@ def shards(tmp_path) -> Path:
     return write_unique_label_shards(tmp_path / "shards", {"train": 16}, {"train": 2})
 
 
-def load_all(root: Path, num_classes: int = 16) -> None:
+def load_all(root: Path, num_classes: int = 16, decode: str = "auto") -> None:
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
-    loader = data_mod.build_train_loader(data_cfg(root, num_classes), plan, rank=0, seed=0, device=torch.device("cpu"))
+    loader = data_mod.build_train_loader(data_cfg(root, num_classes, decode=decode), plan, rank=0, seed=0, device=torch.device("cpu"))
     for _ in loader:
         pass
 
@@ -130,12 +130,13 @@ def _rewrite_shard(root: Path, bad: int, *, jpeg: bytes | None = None, label: in
         (tmp / name).replace(root / name)
 
 
-def test_undecodable_jpeg(shards, capsys):
+@pytest.mark.parametrize("decode", ["cpu", "device"])
+def test_undecodable_jpeg(shards, capsys, decode):
     _rewrite_shard(shards, 5, jpeg=b"\xff\xd8\xff\xe0 this is not a jpeg")
     offset = record_offset(shards, 5)
     message = f"{SHARD} record 5 at byte offset {offset}: JPEG does not decode"
     with pytest.raises(DataError, match=message):
-        load_all(shards)
+        load_all(shards, decode=decode)
     assert f"record 5 at byte offset {offset}: JPEG does not decode" in verify(shards, capsys)
 
 
@@ -144,7 +145,9 @@ def oversized(height: int = 15000, width: int = 20000) -> bytes:
     return header_claiming(simplejpeg.encode_jpeg(np.full((64, 64, 3), 90, dtype=np.uint8)), height, width)
 
 
-def test_oversized_jpeg_header(shards, capsys):
+@pytest.mark.parametrize("decode", ["cpu", "device"])
+def test_oversized_jpeg_header(shards, capsys, decode):
+    """Refused the same way whether the loader's workers decode or the device does."""
     from largebatch.data.example import decode_example
     from largebatch.data.tfrecord import ShardSet
 
@@ -154,8 +157,9 @@ def test_oversized_jpeg_header(shards, capsys):
     largest = max(range(len(sizes)), key=lambda i: sizes[i][0] * sizes[i][1])
     height, width = sizes[largest]
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
-    assert len(list(data_mod.build_train_loader(data_cfg(shards, 16, max_pixels=height * width), plan, rank=0, seed=0, device=CPU))) == 2
-    below = data_cfg(shards, 16, max_pixels=height * width - 1)
+    at_limit = data_cfg(shards, 16, max_pixels=height * width, decode=decode)
+    assert len(list(data_mod.build_train_loader(at_limit, plan, rank=0, seed=0, device=CPU))) == 2
+    below = data_cfg(shards, 16, max_pixels=height * width - 1, decode=decode)
     with pytest.raises(DataError, match=re.escape(f"{records.where(largest)}: the image header says {width}x{height} pixels")):
         list(data_mod.build_train_loader(below, plan, rank=0, seed=0, device=CPU))
 
@@ -166,8 +170,10 @@ def test_oversized_jpeg_header(shards, capsys):
         "data.max_pixels 50000000 (50 megapixels)"
     )
     with pytest.raises(DataError, match=re.escape(message)):
-        load_all(shards)
-    evaluation = data_mod.build_eval_loader(data_cfg(shards, 16, eval_split="train"), batch_size=8, rank=0, world_size=1, device=CPU)
+        load_all(shards, decode=decode)
+    evaluation = data_mod.build_eval_loader(
+        data_cfg(shards, 16, eval_split="train", decode=decode), batch_size=8, rank=0, world_size=1, device=CPU
+    )
     with pytest.raises(DataError, match=re.escape(message)):
         list(evaluation)
     for decode in ([], ["--no-decode"]):  # the header is checked without decoding too

@@ -277,7 +277,8 @@ def test_on_a_gpu_the_pinned_hand_over_delivers_the_cpu_loaders_batches(unique_s
     _slow_first_worker(monkeypatch)
     cuda = torch.device("cuda")
     reference = data_mod.build_train_loader(data_cfg(unique_shards, 48), p, rank=1, seed=SEED, device=CPU)
-    on_gpu = data_mod.build_train_loader(data_cfg(unique_shards, 48, num_workers=2, prefetch=1), p, rank=1, seed=SEED, device=cuda)
+    workers_decode = data_cfg(unique_shards, 48, num_workers=2, prefetch=1, decode="cpu")  # 'auto' decodes on the GPU
+    on_gpu = data_mod.build_train_loader(workers_decode, p, rank=1, seed=SEED, device=cuda)
     for epoch in (0, 1):
         reference.set_epoch(epoch)
         on_gpu.set_epoch(epoch)
