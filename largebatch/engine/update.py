@@ -119,7 +119,9 @@ def defers(guard_action: str, run: Run) -> bool:
 
 
 class NonFiniteGuard:
-    """The ``nan_guard`` policy and its counts (saved in checkpoints).
+    """The ``nan_guard`` policy and its counts (saved in checkpoints). With a deferred check
+    pending, the counts lack that step until ``settle`` reads it (``publish`` and
+    ``state_dict`` settle first).
 
     Args:
         section: the config's ``nan_guard`` section.
