@@ -193,3 +193,40 @@ def test_on_a_gpu_the_deferred_check_clip_and_step_do_not_sync(tmp_path, fused):
     finally:
         torch.cuda.set_sync_debug_mode("default")
         engine.close()
+
+
+class StateAtEachStep(Hook):
+    """The parameters and the optimizer's state at each ``before_step``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: dict[int, dict] = {}
+
+    def before_step(self, state) -> None:
+        optimizer = state.run.optimizer.state_dict()["state"]
+        self.at[state.step] = {
+            "weights": {k: v.clone() for k, v in state.run.model.state_dict().items()},
+            "optimizer": {(i, k): v.clone() for i, entry in optimizer.items() for k, v in entry.items()},
+        }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_deferred_skip_changes_nothing(tmp_path):
+    from bench.common import build_engine
+    from largebatch.engine.engine import Engine
+
+    cfg = {"device": "cuda", "precision": "bf16", "max_steps": POISON_STEP + 3, "optimizer.fused": True, "nan_guard.action": "skip"}
+    built = build_engine({**cfg, "model": {"name": "vit_tiny_patch16_224", "patch_size": 8, "depth": 1}}, tmp_path / "run")
+    assert defers(built.state.run.guard.action, built.state.run)
+    states = StateAtEachStep()
+    engine = Engine(built.state, [*built.hooks, PoisonGrad("head.weight"), states], built.train_loader)
+    try:
+        engine.run()  # the flag read through pinned memory after a CUDA event
+    finally:
+        engine.close()
+    assert engine.state.run.guard.state_dict() == {"skipped": 1, "overflows": 0, "in_a_row": 0}
+    before, after = states.at[POISON_STEP], states.at[POISON_STEP + 1]  # the skipped step changed nothing
+    for part in ("weights", "optimizer"):
+        assert all(torch.equal(after[part][key], value) for key, value in before[part].items()), part
+    assert not torch.equal(states.at[POISON_STEP - 1]["weights"]["head.weight"], before["weights"]["head.weight"])
