@@ -199,6 +199,9 @@ def section_tests(device: str, quick: bool) -> None:
 # -- c. training throughput -------------------------------------------------------------
 
 
+MAX_AUTOTUNE = "LARGEBATCH_BENCH_MAX_AUTOTUNE"  # =1: section c measures compile's max-autotune mode too
+
+
 def engine_variants(device: str) -> list[tuple[str, dict | None, str]]:
     """(label, ``overrides`` changes or None when skipped, why skipped); after bf16 (the base
     of the ratios, measured first), and compile last: its build is the slowest and least certain."""
@@ -207,14 +210,39 @@ def engine_variants(device: str) -> list[tuple[str, dict | None, str]]:
         "cpu": "torch.compile is measured on accelerators only: on the CPU stand-in its build time would be the whole run",
     }
     cuda = device == "cuda"
+    fused = {"optimizer.fused": True} if device != "hpu" else None  # Habana's fused AdamW is its own class
+    compiled = [  # torch.compile's modes (cuda.compile_mode), the default twice: its A/A control
+        ("bf16 + compile, default mode", {}),
+        ("bf16 + compile, default mode again (A/A control)", {}),
+        ("bf16 + compile, mode reduce-overhead", {"cuda.compile_mode": "reduce-overhead"}),
+    ]
+    autotune = {"compile": True, "cuda.compile_mode": "max-autotune"} if cuda and os.environ.get(MAX_AUTOTUNE) == "1" else None
     return [
         # the non-finite check reads one flag per step on the host: off, the step has no host sync
         ("bf16, nan_guard off", {"nan_guard.action": "off"}, ""),
+        # with fused AdamW the check's flag is read a step late (no host sync per step): on vs off
+        ("bf16, fused AdamW (nan_guard read a step late)", fused, "no torch fused AdamW on a Gaudi"),
+        ("bf16, fused AdamW, nan_guard off", fused and {**fused, "nan_guard.action": "off"}, "no torch fused AdamW on a Gaudi"),
         ("fp32, TF32 off", {"precision": "fp32", **({"cuda.tf32": False} if cuda else {})}, ""),
         ("fp32 with TF32", {"precision": "fp32"} if cuda else None, "TF32 is a mode of NVIDIA tensor cores; no such switch on this device"),
         ("fp16 with the grad scaler", {"precision": "fp16"} if cuda else None, "fp16 with a grad scaler is the CUDA recipe"),
-        ("bf16 + compile=True", {"compile": True} if cuda else None, compile_reason.get(device, "")),
+        *[(label, {"compile": True, **mode} if cuda else None, compile_reason.get(device, "")) for label, mode in compiled],
+        (
+            "bf16 + compile, mode max-autotune",
+            autotune,
+            compile_reason.get(device, f"its autotuning takes minutes, past the suite's budget: {MAX_AUTOTUNE}=1 adds it"),
+        ),
     ]
+
+
+def attention_line(device: str, sizes: Sizes, work: pathlib.Path) -> str:
+    """Whether the engine's bf16 model runs the flash attention kernel (``largebatch.backends.attention``)."""
+    from largebatch.backends.attention import check_flash_attention
+
+    engine = build_engine(overrides(device, sizes), work / "attention")
+    images, _ = first_batches(engine.train_loader, 1)[0]
+    with engine.state.run.backend.autocast():
+        return check_flash_attention(engine.state.run.model, images).describe()
 
 
 def engine_batches(device: str, sizes: Sizes, work: pathlib.Path) -> list:
@@ -290,6 +318,7 @@ def section_train(device: str, quick: bool) -> None:
         # allocator's growth, which put 15% between two bf16 runs on an H200.
         attempt("warm-up run", engine_run, overrides(device, sizes), work / "warm-up", sizes, fixed=True)
         measure("bf16", {}, "bf16")
+        attention = attempt("flash attention check", attention_line, device, sizes, work)
         batches = engine_batches(device, sizes, work)
         timm_rate = attempt("timm train.py loop", timm_loop, device, sizes, batches)
         del batches
@@ -303,6 +332,18 @@ def section_train(device: str, quick: bool) -> None:
                 measure(label, changes, f"v{i}")
     if skipped:
         print("\n" + "\n".join(skipped))
+    if attention:
+        print(f"\n{attention}")
+    for label, first, second in (
+        ("fused AdamW: nan_guard on / off", "bf16, fused AdamW (nan_guard read a step late)", "bf16, fused AdamW, nan_guard off"),
+        (
+            "compile A/A control: default mode second run / first",
+            "bf16 + compile, default mode again (A/A control)",
+            "bf16 + compile, default mode",
+        ),
+    ):
+        if first in results and second in results:
+            print(f"{label} = {results[first].images_per_s / results[second].images_per_s:.3f}")
     base, again = results.get("bf16"), results.get("bf16 again (A/A control)")
     if base and again and timm_rate:
         first, second = base.images_per_s / timm_rate.images_per_s, again.images_per_s / timm_rate.images_per_s

@@ -56,6 +56,9 @@ class Section:
     open: bool = False
 
 
+# ``torch.compile``'s modes (``torch._inductor.list_mode_options``), for ``cuda.compile_mode``.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
 # Parameter names that get no weight decay (``largebatch.optim.param_groups``): biases,
 # normalisation weights, position embeddings and class tokens.
 DEFAULT_NO_WEIGHT_DECAY: tuple[str, ...] = (
@@ -277,7 +280,8 @@ SCHEMA = Section(
                     str,
                     "stop",
                     "a step whose loss or gradients hold NaN or inf: stop (an error line naming the step and the first "
-                    "parameter), skip (no update that step), or off (no check, no host sync)",
+                    "parameter), skip (no update that step), or off (no check); one host sync per step, none with a fused "
+                    "optimizer (its read waits a step, largebatch.engine.update)",
                     choices=("stop", "skip", "off"),
                 ),
                 "max_skips": Field(int, 10, "skip: stop after this many skipped steps in a row", low=1),
@@ -342,7 +346,14 @@ SCHEMA = Section(
             {
                 "tf32": Field(bool, True, "TF32 tensor-core matmuls and convolutions for fp32 math"),
                 "fused_attention": Field(bool, True, "timm attention through F.scaled_dot_product_attention (overrides TIMM_FUSED_ATTN)"),
-                "compile_mode": Field(str, None, "torch.compile mode when compile is on (e.g. 'max-autotune')", nullable=True),
+                "compile_mode": Field(
+                    str,
+                    None,
+                    "torch.compile's mode when compile is on (null: torch's default); the suite's training section measures "
+                    "each (bench/accelerator_sections.py)",
+                    choices=COMPILE_MODES,
+                    nullable=True,
+                ),
             },
             "settings of the cuda backend",
         ),

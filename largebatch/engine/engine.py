@@ -19,7 +19,7 @@ from largebatch.engine.accumulation import micro_loss_weight, sync_context
 from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
 from largebatch.engine.state import Step, TrainState
-from largebatch.engine.update import take_update
+from largebatch.engine.update import NonFiniteError, take_update
 
 
 class Engine:
@@ -59,6 +59,8 @@ class Engine:
             start = time.perf_counter() if times is not None else 0.0
             try:
                 getattr(hook, event.value)(self.state)
+            except NonFiniteError:
+                raise  # the guard's, settled where the hook asked for the step's outcome: not the hook's fault
             except Exception as exc:
                 raise HookError(hook, event, exc) from exc
             if times is not None:
@@ -85,6 +87,7 @@ class Engine:
                 if interval > 0 and state.epoch % interval == 0:
                     state.request_eval()
                 self._eval_if_requested()
+            run.guard.settle()  # the last step's deferred non-finite check
             if run.config.eval.at_end and state.last_eval_step != state.step and not state.interrupted:
                 self.evaluate()
             self.fire(Event.AFTER_TRAIN)
@@ -175,6 +178,7 @@ class Engine:
         state, run = self.state, self.state.run
         if self.eval_loader is None:
             return {}
+        run.guard.settle()  # a step that stops the run is not evaluated
         self.fire(Event.BEFORE_EVAL)
 
         def after_batch(images: torch.Tensor, labels: torch.Tensor, outputs: Any) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -183,6 +184,8 @@ class Step:
             the engine clipped.
         skip_reason: why the optimizer update is skipped, when a hook asked
             (``request_skip``) or the non-finite policy did; None: the update is taken.
+        settle: while this step's non-finite check is deferred (``largebatch.engine.update``),
+            what reads its outcome; ``skipped`` calls it (a host sync) before answering.
         metrics: values hooks publish for the logger this step; tensors are averaged over
             ranks when logged.
         log_record: at a logging step's ``after_step``, the record the logger wrote
@@ -198,12 +201,16 @@ class Step:
     step_loss: torch.Tensor | None = None
     grad_norms: GradNorms | None = None
     skip_reason: str | None = None
+    settle: Callable[[], None] | None = None
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     log_record: dict[str, Any] | None = None
 
     @property
     def skipped(self) -> bool:
-        """Whether this step's optimizer update is skipped."""
+        """Whether this step's optimizer update is skipped (settling a deferred non-finite
+        check first: a host sync, on the steps where a hook asks)."""
+        if self.settle is not None:
+            self.settle()
         return self.skip_reason is not None
 
     def request_skip(self, reason: str) -> None:

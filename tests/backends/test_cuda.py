@@ -124,3 +124,25 @@ def test_gpu_options_tf32_ddp_and_auto():
     assert model.blocks[0].attn.fused_attn  # SDPA (flash / memory-efficient kernels)
     if importlib.util.find_spec("habana_frameworks") is None:
         assert create_backend("auto").name == "cuda"
+
+
+def test_the_compile_modes_offered_are_torchs():
+    import torch._inductor
+
+    from largebatch.config.schema import COMPILE_MODES
+
+    assert set(COMPILE_MODES) <= set(torch._inductor.list_mode_options())
+
+
+@pytest.mark.gpu
+@gpu
+def test_vit_attention_runs_the_flash_kernel_in_bf16_on_a_gpu():
+    from largebatch.backends.attention import check_flash_attention
+
+    backend = CudaBackend("bf16")
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2).to(backend.device).eval()
+    with backend.autocast():
+        found = check_flash_attention(model, torch.randn(4, 3, 32, 32, device=backend.device))
+    assert found.ok, found.describe()
+    with torch.autocast("cuda", enabled=False):  # the reference: fp32, which the flash kernel does not take
+        assert not check_flash_attention(model, torch.randn(4, 3, 32, 32, device=backend.device)).ok

@@ -608,6 +608,7 @@ CASES = [
     ("model-argument-misspelt", case_config(**{"model.drop_rte": 0.1}), ["model.drop_rte", "did you mean 'model.drop_rate'"]),
     ("precision-unknown", case_config(precision="fp8"), ["precision", "fp8"]),
     ("device-unknown", case_config(device="tpu"), ["device", "tpu"]),
+    ("compile-mode-misspelt", case_config(**{"cuda.compile_mode": "max_autotune"}), ["cuda.compile_mode", "did you mean 'max-autotune'"]),
     ("loader-unknown", case_config(**{"data.loader": "webdataset"}), ["data.loader", "webdataset"]),
     ("image-size-word", case_config(**{"data.image_size": "large"}), ["data.image_size", "expected an integer"]),
     ("seed-negative", case_config(seed=-1), ["seed", ">= 0"]),

@@ -74,6 +74,8 @@ def build(
         from largebatch.optim.lars import Lars
 
         opt = Lars(groups, lr=1.0, weight_decay=0.1, eta=1e-3)
+    elif optimizer == "adamw":  # fused: it skips an update on a device flag (the deferred non-finite check)
+        opt = torch.optim.AdamW(groups, lr=0.05, weight_decay=0.1, fused=True)
     else:
         opt = torch.optim.SGD(groups, lr=0.1)
     records = Records()
