@@ -14,34 +14,17 @@ import sys
 
 from bench.common import REPO, load, repo_env, run_child, table, write_report
 
-# name: (module, arguments for the full run, arguments for --quick)
-BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
-    "engine_overhead": (
-        "bench.engine_overhead",
-        ["--rounds", "5", "--steps", "8"],
-        ["--rounds", "1", "--steps", "2", "--micro", "8", "--accumulation", "2", "--depth", "1"],
-    ),
-    "timm_train": (
-        "bench.timm_train",
-        ["--images", "256", "--batch", "32", "--epochs", "3", "--rounds", "2"],
-        ["--images", "32", "--batch", "8", "--epochs", "2", "--rounds", "1", "--depth", "1", "--image-size", "32"],
-    ),
-    "mfu": (
-        "bench.mfu",
-        ["--rounds", "3", "--steps", "4"],
-        ["--rounds", "1", "--steps", "1", "--micro", "8", "--accumulation", "1", "--depth", "1", "--matmul", "256"],
-    ),
-    "lamb_step": ("bench.lamb_step", ["--steps", "5", "--rounds", "2"], ["--steps", "1", "--rounds", "1", "--compare-steps", "1"]),
-    "lars_step": ("bench.lars_step", ["--steps", "3", "--rounds", "8"], ["--steps", "1", "--rounds", "2", "--compare-steps", "1"]),
-    "loaders": ("bench.loaders", ["--images", "512"], ["--images", "32", "--rounds", "1", "--batch", "8"]),
-    "startup": ("bench.startup", ["--rounds", "7"], ["--rounds", "1"]),
-    "convert": ("bench.convert", ["--images", "2000", "--rounds", "5"], ["--images", "64", "--rounds", "1"]),
+# name (the module bench.NAME): "arguments for the full run | arguments for --quick"
+BENCHES = {
+    "engine_overhead": "--rounds 5 --steps 8 | --rounds 1 --steps 2 --micro 8 --accumulation 2 --depth 1",
+    "timm_train": "--images 256 --batch 32 --epochs 3 --rounds 2 | --images 32 --batch 8 --epochs 2 --rounds 1 --depth 1 --image-size 32",
+    "mfu": "--rounds 3 --steps 4 | --rounds 1 --steps 1 --micro 8 --accumulation 1 --depth 1 --matmul 256",
+    "lamb_step": "--steps 5 --rounds 2 | --steps 1 --rounds 1 --compare-steps 1",
+    "lars_step": "--steps 3 --rounds 8 | --steps 1 --rounds 2 --compare-steps 1",
+    "loaders": "--images 512 | --images 32 --rounds 1 --batch 8",
+    "startup": "--rounds 7 | --rounds 1",
+    "convert": "--images 2000 --rounds 5 | --images 64 --rounds 1",
 }
-
-
-def ratio_lines(output: str) -> list[str]:
-    """The lines that state a comparison (``a / b = x``, ``MFU = ...``)."""
-    return [line for line in output.splitlines() if " = " in line and "/" in line]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,13 +44,8 @@ def cpu_suite(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: checks that every benchmark runs")
     parser.add_argument("--only", nargs="+", choices=list(BENCHES), help="run only these")
     parser.add_argument("--out", type=pathlib.Path, help="the Markdown report (default: bench/results/suite.md)")
-    parser.add_argument(
-        "--args",
-        action="append",
-        default=[],
-        metavar="NAME=ARGS",
-        help="run benchmark NAME with these arguments instead, e.g. --args 'mfu=--rounds 2 --depth 4' (repeatable)",
-    )
+    example = "run NAME with ARGS instead (repeatable), e.g. --args 'mfu=--rounds 2 --depth 4'"
+    parser.add_argument("--args", action="append", default=[], metavar="NAME=ARGS", help=example)
     args = parser.parse_args(argv)
     overrides = {}
     for item in args.args:
@@ -83,15 +61,15 @@ def cpu_suite(argv: list[str]) -> int:
     for name in names:
         before = load()
         print(f"bench: {name} ...", flush=True)
-        module, full, small = BENCHES[name]
-        chosen = shlex.split(overrides[name]) if name in overrides else small if args.quick else full
-        command, status, output, seconds = run_child(["-m", module, *chosen], env)
+        chosen = overrides.get(name, BENCHES[name].split(" | ")[1 if args.quick else 0])
+        command, status, output, seconds = run_child(["-m", f"bench.{name}", *shlex.split(chosen)], env)
         after = load()
         if status:
             failed.append(name)
             summary.append(f"| {name} | failed, status {status} |")
         else:
-            summary += [f"| {name} | {line.strip()} |" for line in ratio_lines(output)] or [f"| {name} | the table below |"]
+            ratios = [line for line in output.splitlines() if " = " in line and "/" in line]  # a / b = x, MFU = ...
+            summary += [f"| {name} | {line.strip()} |" for line in ratios] or [f"| {name} | the table below |"]
         note = f"; **failed, status {status}**" if status else ""
         sections += [f"## {name}", "", f"`{command}` ({seconds:.0f} s; {before} before, {after} after){note}", "", output, ""]
         print(output if status == 0 else f"bench: {name} failed (status {status})\n{output}", flush=True)

@@ -19,8 +19,8 @@ import time
 
 from bench.common import REPO, TIMED_OUT, repo_env, run_child, table, write_report
 
-# In order of importance, so a --budget that runs out drops the least important last.
-SECTIONS = ["tests", "lamb", "train", "loader_alone", "loader_train", "distributed", "accuracy", "profile"]
+# In order of importance, so a --budget that runs out drops the least important last
+# (each runs as ``section_<name>`` in bench/accelerator_sections.py).
 TITLES = {
     "tests": "a. Tests marked for the device",
     "lamb": "b. LAMB step time",
@@ -31,16 +31,8 @@ TITLES = {
     "accuracy": "g. Accuracy smoke: the Fashion-MNIST demo",
     "profile": "h. Where the step time goes: the engine and timm's loop under torch.profiler",
 }
+SECTIONS = list(TITLES)
 SECTION_TIMEOUT_S = 3600
-
-
-def cuda_error() -> str | None:
-    import torch
-
-    if torch.cuda.is_available():
-        return None
-    cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-    return f"no GPU found: torch.cuda.is_available() is False (torch {torch.__version__}, {cuda})"
 
 
 def habana_probe() -> tuple[bool, str]:
@@ -57,31 +49,24 @@ def habana_probe() -> tuple[bool, str]:
     except subprocess.TimeoutExpired:
         return False, "habana_frameworks.torch.hpu did not answer within 600 s"
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return False, f"habana_frameworks.torch.hpu does not load: {last}"
+        return False, f"habana_frameworks.torch.hpu does not load: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"
     ok, _, detail = proc.stdout.strip().partition(" ")
     return ok == "True", detail
 
 
 def device_check(device: str) -> tuple[str | None, str]:
     """(the error line's text or None, the device's name)."""
-    if device == "cuda":
-        error = cuda_error()
-        if error:
-            return error, ""
-        import torch
+    import torch
 
-        return None, torch.cuda.get_device_name(0)
+    if device == "cuda" and not torch.cuda.is_available():
+        cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        return f"no GPU found: torch.cuda.is_available() is False (torch {torch.__version__}, {cuda})", ""
+    if device == "hpu" and importlib.util.find_spec("habana_frameworks") is None:
+        return "no Gaudi found: habana_frameworks is not installed", ""
     if device == "hpu":
-        try:
-            found = importlib.util.find_spec("habana_frameworks") is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return "no Gaudi found: habana_frameworks is not installed", ""
         ok, detail = habana_probe()
         return (None, detail) if ok else (f"no Gaudi found: {detail}", "")
-    return None, "CPU (stand-in)"
+    return None, torch.cuda.get_device_name(0) if device == "cuda" else "CPU (stand-in)"
 
 
 def report_path(device: str, name: str) -> pathlib.Path:
@@ -89,13 +74,6 @@ def report_path(device: str, name: str) -> pathlib.Path:
         return REPO / "bench" / ".cache" / "accelerator-cpu.md"
     slug = re.sub(r"[^a-z0-9.-]+", "-", name.lower().replace(" ", "-")).strip("-")
     return REPO / "bench" / "results" / f"{'gpu' if device == 'cuda' else 'hpu'}-{slug}.md"
-
-
-def section_env(device: str) -> dict[str, str]:
-    env = repo_env()
-    if device == "hpu":
-        env["PT_HPU_LAZY_MODE"] = "1"  # the sections run in lazy mode: set before the bridge loads
-    return env
 
 
 NOT_RUN = -1  # a section the budget left no time for
@@ -107,7 +85,8 @@ def run_section(
     """(the command, its exit status, its output, seconds); a section stopped at ``timeout``
     has status 124 and keeps what it printed."""
     args = ["-m", "bench.accelerator_sections", name, "--device", device, *(["--quick"] if quick else [])]
-    return run_child(args, section_env(device), timeout, log, label=name)
+    env = repo_env() | ({"PT_HPU_LAZY_MODE": "1"} if device == "hpu" else {})  # lazy mode: set before the bridge loads
+    return run_child(args, env, timeout, log, label=name)
 
 
 def section_status(status: int, output: str) -> str:
@@ -159,13 +138,12 @@ def main(argv: list[str]) -> int:
         left = SECTION_TIMEOUT_S if deadline is None else min(SECTION_TIMEOUT_S, deadline - time.monotonic())
         if left < 1:
             print(f"bench: {section} not run: the budget of {args.budget:g} s is spent", flush=True)
-            results.append((section, "", NOT_RUN, f"not run: the budget of {args.budget:g} s was spent before it", 0.0))
-            write(out, args, name, results)
-            continue
-        print(f"bench: {section} ...", flush=True)
-        cmd, status, output, seconds = run_section(section, args.device, args.quick, timeout=left, log=args.log)
-        print(output if status == 0 else f"bench: {section} failed (status {status})\n{output}", flush=True)
-        results.append((section, cmd, status, output, seconds))
+            result = "", NOT_RUN, f"not run: the budget of {args.budget:g} s was spent before it", 0.0
+        else:
+            print(f"bench: {section} ...", flush=True)
+            result = run_section(section, args.device, args.quick, timeout=left, log=args.log)
+            print(result[2] if result[1] == 0 else f"bench: {section} failed (status {result[1]})\n{result[2]}", flush=True)
+        results.append((section, *result))
         write(out, args, name, results)  # after each section: a crash later keeps what ran
     failed = [section for section, _, status, _, _ in results if status not in (0, NOT_RUN)]
     not_run = [section for section, _, status, _, _ in results if status == NOT_RUN]

@@ -14,6 +14,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: start again as 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import importlib.util
 import itertools
@@ -32,7 +33,10 @@ import traceback
 
 import torch
 
-from bench.common import CLASSES, REPO, FixedBatches, build_engine, config, image_shards, run_or_fail, shard_data, table, time_blocks
+from bench import common
+from bench.accelerator import SECTIONS
+from bench.common import FixedBatches, build_engine, config, random_batches, table
+from bench.timm_train import timm_model, timm_step
 from largebatch import flops
 from largebatch.backends import Backend, create_backend
 from largebatch.engine.engine import Engine
@@ -49,13 +53,14 @@ class Sizes:
     warmup: int
     timed: int
     images: int  # JPEGs in the shards of sections d and e
-    lamb_model: str
+    workers: int  # their loader workers: all cores but two (at most 14), 2 at the stand-in's sizes
+    loader_epochs: int  # section d's timed epochs
     lamb_steps: int
     lamb_rounds: int
 
 
-FULL = Sizes("vit_base_patch16_224", {}, 224, 128, 5, 20, 1024, "vit_base_patch16_224", 10, 5)
-QUICK = Sizes("vit_tiny_patch16_224", {"patch_size": 8, "depth": 1}, 32, 8, 1, 2, 32, "vit_tiny_patch16_224", 2, 2)
+FULL = Sizes("vit_base_patch16_224", {}, 224, 128, 5, 20, 1024, max(2, min(14, (os.cpu_count() or 4) - 2)), 4, 10, 5)
+QUICK = Sizes("vit_tiny_patch16_224", {"patch_size": 8, "depth": 1}, 32, 8, 1, 2, 32, 2, 2, 2, 2)
 
 
 # -- the device, through its backend -------------------------------------------------------
@@ -111,26 +116,13 @@ def overrides(device: str, sizes: Sizes, changes: dict | None = None, data: dict
     """The base config's overrides for a bf16 run of ``sizes`` on ``device`` (AdamW, clipping
     at 1.0, no evaluation or checkpoints), with ``changes``: synthetic batches, or ``data``."""
     steps = sizes.warmup + sizes.timed
-    synthetic = {"loader": "synthetic", "image_size": sizes.image_size, "num_classes": CLASSES, "train_samples": steps * sizes.micro}
+    synthetic = {"loader": "synthetic", "image_size": sizes.image_size, "num_classes": common.CLASSES, "train_samples": steps * sizes.micro}
     cfg = {"device": device, "precision": "bf16", "max_steps": steps, "global_batch_size": sizes.micro, "micro_batch_size": sizes.micro}
-    cfg |= {
-        "model": {"name": sizes.model, **sizes.model_kwargs},
-        "data": data or synthetic,
-        **({"hpu.mode": "lazy"} if device == "hpu" else {}),
-    }
+    cfg |= {"model": {"name": sizes.model, **sizes.model_kwargs}, "data": data or synthetic}
+    cfg |= {"hpu.mode": "lazy"} if device == "hpu" else {}
     if data is not None:  # enough epochs of the shards for the steps
         cfg["epochs"] = math.ceil(steps * sizes.micro / sizes.images) + 1
     return cfg | (changes or {})
-
-
-def first_batches(loader, count: int) -> list:
-    """The loader's first ``count`` micro-batches (on the device), then the loader closed."""
-    loader.set_epoch(0)
-    batches = iter(loader)
-    out = [next(batches) for _ in range(count)]
-    if hasattr(loader, "close"):
-        loader.close()
-    return out
 
 
 @dataclasses.dataclass
@@ -141,13 +133,14 @@ class Measured:
 
 
 def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool, profiler=None) -> Measured:
-    """Train with the base config and ``cfg`` once; with ``fixed`` on the synthetic loader's
-    first micro-batches, repeated; under ``profiler``, when given."""
+    """Train with the base config and ``cfg`` once; with ``fixed`` on 4 seeded random
+    micro-batches on the device (``random_batches``, as timm's loop), repeated; under
+    ``profiler``, when given."""
     engine = build_engine(cfg, work / "run")
-    loader = FixedBatches(first_batches(engine.train_loader, min(4, sizes.warmup + sizes.timed))) if fixed else engine.train_loader
-    timer = StepTimer(sizes.warmup, profiler)
-    engine = Engine(engine.state, [*engine.hooks, timer], loader, engine.eval_loader)
     state, backend = engine.state, engine.state.run.backend
+    loader = FixedBatches(random_batches(4, sizes.micro, sizes.image_size, backend.device)) if fixed else engine.train_loader
+    timer = StepTimer(sizes.warmup, profiler)
+    engine = Engine(state, [*engine.hooks, timer], loader, engine.eval_loader)
     try:
         reset_peak_memory(backend)
         engine.run()
@@ -163,9 +156,6 @@ def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool, prof
     return Measured(rate, peak, rate * per_sample / (peak_tflops * 1e12) if peak_tflops else None)
 
 
-# -- a. tests ---------------------------------------------------------------------------
-
-
 def pytest_counts(output: str) -> dict[str, int]:
     """Counts from pytest's summary line (``3 passed, 1 skipped, 40 deselected in 2.1s``)."""
     counts = dict.fromkeys(("passed", "failed", "skipped", "deselected", "errors"), 0)
@@ -176,12 +166,12 @@ def pytest_counts(output: str) -> dict[str, int]:
     return counts
 
 
-def section_tests(device: str, quick: bool) -> None:
+def section_tests(device: str, sizes: Sizes) -> None:
     marker = "hpu" if device == "hpu" else "gpu"
     cmd = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-rA", "-p", "no:cacheprovider"]
-    if quick:
+    if sizes is QUICK:
         cmd.append("tests/backends/test_cuda.py")  # the stand-in: one file's gpu-marked tests (skipped without a GPU)
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=common.REPO, capture_output=True, text=True)
     sys.stderr.write(proc.stdout + proc.stderr)  # pytest's whole output: into the suite's --log
     counts = pytest_counts(proc.stdout)
     print(f"command: `{' '.join(['pytest', *cmd[3:]])}` (exit status {proc.returncode})\n")
@@ -194,9 +184,6 @@ def section_tests(device: str, quick: bool) -> None:
     elif proc.returncode != 0:
         print("\n```\n" + proc.stdout[-3000:] + "\n```")
         raise SystemExit(1)
-
-
-# -- c. training throughput -------------------------------------------------------------
 
 
 MAX_AUTOTUNE = "LARGEBATCH_BENCH_MAX_AUTOTUNE"  # =1: section c measures compile's max-autotune mode too
@@ -240,52 +227,30 @@ def attention_line(device: str, sizes: Sizes, work: pathlib.Path) -> str:
     from largebatch.backends.attention import check_flash_attention
 
     engine = build_engine(overrides(device, sizes), work / "attention")
-    images, _ = first_batches(engine.train_loader, 1)[0]
-    with engine.state.run.backend.autocast():
-        return check_flash_attention(engine.state.run.model, images).describe()
+    run = engine.state.run
+    images, _ = random_batches(1, sizes.micro, sizes.image_size, run.backend.device)[0]
+    with run.backend.autocast():
+        return check_flash_attention(run.model, images).describe()
 
 
-def engine_batches(device: str, sizes: Sizes, work: pathlib.Path) -> list:
-    """The first 4 micro-batches the engine's bf16 run trains on (on the device), for timm's loop."""
-    cfg = overrides(device, sizes)
-    cfg["data"]["train_samples"] = 4 * sizes.micro
-    return first_batches(build_engine(cfg, work / "batches").train_loader, 4)
-
-
-def timm_loop(device: str, sizes: Sizes, batches: list, profiler=None) -> Measured:
-    """timm train.py's per-batch work as a plain loop: bf16 autocast, AdamW, backward, clip,
-    step (and ``profiler.step()`` after each, when profiled)."""
-    import timm
-    from timm.optim import create_optimizer_v2
-    from timm.utils import dispatch_clip_grad
-
-    backend = create_backend(device)
-    torch.manual_seed(0)
-    model = timm.create_model(sizes.model, num_classes=CLASSES, img_size=sizes.image_size, **sizes.model_kwargs).to(device)
-    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
-    loss_fn = torch.nn.CrossEntropyLoss()
+def timm_loop(device: str, sizes: Sizes, profiler=None) -> Measured:
+    """timm train.py's per-batch work (``bench.timm_train.timm_step``) in bf16 as a plain
+    loop over the engine's fixed micro-batches (and ``profiler.step()`` after each step)."""
+    backend = create_backend(device, "bf16")
+    batches = random_batches(4, sizes.micro, sizes.image_size, backend.device)
+    model, optimizer = timm_model(sizes.model, common.CLASSES, sizes.image_size, backend.device, **sizes.model_kwargs)
     reset_peak_memory(backend)
     start = 0.0
     for step in range(sizes.warmup + sizes.timed):
         if step == sizes.warmup:
             backend.synchronize()
             start = time.perf_counter()
-        images, target = batches[step % len(batches)]
-        with torch.autocast(device_type=device, dtype=torch.bfloat16):
-            loss = loss_fn(model(images), target)
-        optimizer.zero_grad()
-        loss.backward()
-        backend.after_backward()
-        dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
-        optimizer.step()
-        backend.after_optimizer_step()
+        timm_step(model, optimizer, *batches[step % len(batches)], backend)
         if profiler is not None:
             profiler.step()
     backend.synchronize()
     rate = sizes.timed * sizes.micro / (time.perf_counter() - start)
-    peak = backend.memory_stats().get("peak_allocated")
-    del model, optimizer
-    return Measured(rate, peak, None)
+    return Measured(rate, backend.memory_stats().get("peak_allocated"), None)
 
 
 def measured_row(label: str, m: Measured, base: Measured | None) -> str:
@@ -294,8 +259,7 @@ def measured_row(label: str, m: Measured, base: Measured | None) -> str:
     return f"| {label} | {m.images_per_s:.1f} | {mfu} | {gib(m.peak_bytes)} | {ratio} |"
 
 
-def section_train(device: str, quick: bool) -> None:
-    sizes = QUICK if quick else FULL
+def section_train(device: str, sizes: Sizes) -> None:
     print(
         f"model {sizes.model} {sizes.model_kwargs or ''}, {sizes.image_size} px, micro-batch {sizes.micro}, AdamW, clip 1.0; "
         f"warm-up steps: {sizes.warmup}, then {sizes.timed} timed steps between device synchronisations; "
@@ -303,33 +267,25 @@ def section_train(device: str, quick: bool) -> None:
         "rows in the order they ran\n"
     )
     print(table("configuration | images/s: | MFU: | peak memory GiB: | images/s / engine bf16:"), flush=True)
-    skipped, results = [], {}
     variants = engine_variants(device)
+    # the engine's bf16 runs (overrides' changes), timm's loop (None) between them: the two bf16 runs are the A/A control
+    runs = {"largebatch engine, bf16": {}, "timm train.py loop, bf16 autocast": None, "largebatch engine, bf16 again (A/A control)": {}}
+    runs |= {f"largebatch engine, {label}": changes for label, changes, _ in variants if changes is not None}
+    results: dict[str, Measured] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        work = pathlib.Path(tmp)
-
-        def measure(label: str, changes: dict, name: str) -> None:
-            m = attempt(label, engine_run, overrides(device, sizes, changes), work / name, sizes, fixed=True)
-            if m is not None:
-                results[label] = m
-                print(measured_row(f"largebatch engine, {label}", m, results.get("bf16")), flush=True)
-
         # An untimed run first: the first in a process pays for kernel selection and the
         # allocator's growth, which put 15% between two bf16 runs on an H200.
-        attempt("warm-up run", engine_run, overrides(device, sizes), work / "warm-up", sizes, fixed=True)
-        measure("bf16", {}, "bf16")
-        attention = attempt("flash attention check", attention_line, device, sizes, work)
-        batches = engine_batches(device, sizes, work)
-        timm_rate = attempt("timm train.py loop", timm_loop, device, sizes, batches)
-        del batches
-        if timm_rate is not None:
-            print(measured_row("timm train.py loop, bf16 autocast", timm_rate, results.get("bf16")), flush=True)
-        measure("bf16 again (A/A control)", {}, "again")  # timm's loop between the two
-        for i, (label, changes, reason) in enumerate(variants):
+        attempt("warm-up run", engine_run, overrides(device, sizes), pathlib.Path(tmp, "warm-up"), sizes, fixed=True)
+        attention = attempt("flash attention check", attention_line, device, sizes, pathlib.Path(tmp))
+        for i, (label, changes) in enumerate(runs.items()):
             if changes is None:
-                skipped.append(f"- {label}: skipped: {reason}")
+                m = attempt(label, timm_loop, device, sizes)
             else:
-                measure(label, changes, f"v{i}")
+                m = attempt(label, engine_run, overrides(device, sizes, changes), pathlib.Path(tmp, f"run{i}"), sizes, fixed=True)
+            if m is not None:
+                results[label] = m
+                print(measured_row(label, m, results.get("largebatch engine, bf16")), flush=True)
+    skipped = [f"- {label}: skipped: {reason}" for label, changes, reason in variants if changes is None]
     if skipped:
         print("\n" + "\n".join(skipped))
     if attention:
@@ -342,21 +298,19 @@ def section_train(device: str, quick: bool) -> None:
             "bf16 + compile, default mode",
         ),
     ):
-        if first in results and second in results:
-            print(f"{label} = {results[first].images_per_s / results[second].images_per_s:.3f}")
-    base, again = results.get("bf16"), results.get("bf16 again (A/A control)")
-    if base and again and timm_rate:
-        first, second = base.images_per_s / timm_rate.images_per_s, again.images_per_s / timm_rate.images_per_s
+        first, second = results.get(f"largebatch engine, {first}"), results.get(f"largebatch engine, {second}")
+        if first and second:
+            print(f"{label} = {first.images_per_s / second.images_per_s:.3f}")
+    base, timm, again = (results.get(label) for label in list(runs)[:3])
+    if base and again and timm:
+        first, second = base.images_per_s / timm.images_per_s, again.images_per_s / timm.images_per_s
         print(
             f"\nlargebatch / timm (bf16) = {(first + second) / 2:.3f} (the engine's runs before and after timm's: {first:.3f}, {second:.3f})"
         )
     if base and again:
         print(f"A/A control: engine bf16 second run / first = {again.images_per_s / base.images_per_s:.3f}")
-    if len(results) + len(skipped) < len(variants) + 2 or timm_rate is None:
+    if len(results) < len(runs):
         raise SystemExit("a configuration failed: see its line above and the traceback in the log")
-
-
-# -- d, e. the loaders onto the device ----------------------------------------------------
 
 
 def shards_for(sizes: Sizes) -> pathlib.Path:
@@ -365,37 +319,30 @@ def shards_for(sizes: Sizes) -> pathlib.Path:
     root = pathlib.Path(tempfile.gettempdir()) / f"largebatch-accelerator-shards-{sizes.images}"
     if not (root / "complete").exists():
         shutil.rmtree(root, ignore_errors=True)  # a conversion stopped half-way
-        image_shards(root, sizes.images)
+        common.image_shards(root, sizes.images)
         shutil.rmtree(root / "folder")
         (root / "complete").touch()
     return root / "shards"
 
 
-def default_workers(sizes: Sizes) -> int:
-    """Loader workers: 2 at the stand-in's sizes; else all cores but two (at most 14)."""
-    return 2 if sizes is QUICK else max(2, min(14, (os.cpu_count() or 4) - 2))
-
-
 def loader_data(sizes: Sizes, loader: str, workers: int | None = None) -> dict:
-    return {**shard_data(shards_for(sizes), sizes.image_size, workers or default_workers(sizes)), "loader": loader}
+    return {**common.shard_data(shards_for(sizes), sizes.image_size, workers or sizes.workers), "loader": loader}
 
 
-def device_loaders(device: str) -> list[tuple[str, str, str]]:
-    """(label, data.loader, why it cannot run here or ''): the native loader on every
-    device, and the device's own decoding pipeline beside it."""
+def device_loaders(device: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """The native loader on every device and the device's own decoding pipeline beside it:
+    (label, data.loader) of those that run here, and a ``skipped`` line for one that cannot."""
     native = {
         "cuda": "native loader (CPU workers decode; uint8 pinned hand-over on a side stream; normalised on the GPU)",
         "hpu": "native loader (CPU workers decode; uint8 hand-over; normalised on the Gaudi)",
         "cpu": "native loader (worker processes decode; normalised in the main process)",
     }[device]
     if device == "hpu":
-        return [(native, "native", ""), ("Habana media pipeline", "mediapipe", "")]
+        return [(native, "native"), ("Habana media pipeline", "mediapipe")], []
     dali = "DALI, device='mixed' (nvJPEG)" if device == "cuda" else "DALI CPU pipeline"
-    try:
-        found = importlib.util.find_spec("nvidia.dali") is not None
-    except (ImportError, ValueError):
-        found = False
-    return [(native, "native", ""), (dali, "dali", "" if found else "NVIDIA DALI is not installed in this Python")]
+    if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
+        return [(native, "native"), (dali, "dali")], []
+    return [(native, "native")], [f"- {dali}: skipped: NVIDIA DALI is not installed in this Python"]
 
 
 def fallback_note(device: str, sizes: Sizes, data: dict) -> str:
@@ -411,16 +358,12 @@ def fallback_note(device: str, sizes: Sizes, data: dict) -> str:
 DEVICE_DECODE = "native loader, data.decode='device' (workers read; the device decodes, crops and resizes whole micro-batches)"
 
 
-def section_loader_train(device: str, quick: bool) -> None:
-    sizes = QUICK if quick else FULL
-    rows, skipped = [], []
+def section_loader_train(device: str, sizes: Sizes) -> None:
+    rows, (loaders, skipped) = [], device_loaders(device)
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         synthetic = engine_run(overrides(device, sizes), work / "synthetic", sizes, fixed=True)
-        for i, (label, loader, missing) in enumerate(device_loaders(device)):
-            if missing:
-                skipped.append(f"- {label}: skipped: {missing}")
-                continue
+        for i, (label, loader) in enumerate(loaders):
             data = loader_data(sizes, loader)
             # the native loader with each data.decode (the device one on CUDA and the CPU stand-in), side by side
             for decode in ("cpu", "device") if loader == "native" and device != "hpu" else ("",):
@@ -446,19 +389,15 @@ def section_loader_train(device: str, quick: bool) -> None:
         print(f"loader / synthetic = {rows[1][1].images_per_s / synthetic.images_per_s:.3f} (the native loader, data.decode='device')")
 
 
-def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, workers: int, decode: str = "cpu") -> tuple[list[float], int]:
+def loader_rates(device: str, sizes: Sizes, loader_kind: str, workers: int, decode: str = "cpu") -> tuple[list[float], int]:
     """images/s of each epoch after a warm-up epoch, iterating the loader without training."""
-    from largebatch import data as data_mod
-    from largebatch.config import derive
-
     data = loader_data(sizes, loader_kind, workers)
     cfg = config(overrides(device, sizes, data=data if loader_kind != "native" else {**data, "decode": decode}))
     backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
-    plan = derive(cfg, 1, data_mod.count_samples(cfg.data, "train")).plan
-    loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
+    loader = common.train_loader(cfg, backend.device)
     rates = []
     try:
-        for epoch in range(epochs + 1):  # epoch 0 warms up
+        for epoch in range(sizes.loader_epochs + 1):  # epoch 0 warms up
             loader.set_epoch(epoch)
             backend.synchronize()
             start, count = time.perf_counter(), 0
@@ -472,41 +411,33 @@ def loader_rates(device: str, sizes: Sizes, loader_kind: str, epochs: int, worke
     return rates[1:], cfg.data.num_workers
 
 
-def section_loader_alone(device: str, quick: bool) -> None:
-    sizes = QUICK if quick else FULL
-    epochs = 2 if quick else 4
-    rows, skipped = [], []
-    counts = sorted({default_workers(sizes), 2 if sizes is QUICK else 8})  # the native loader at 8 workers too
-    for label, loader, missing in device_loaders(device):
-        if missing:
-            skipped.append(f"- {label}: skipped: {missing}")
-            continue
+def section_loader_alone(device: str, sizes: Sizes) -> None:
+    rows, (loaders, skipped) = [], device_loaders(device)
+    counts = sorted({sizes.workers, 2 if sizes is QUICK else 8})  # the native loader at 8 workers too
+    for label, loader in loaders:
         for count in counts if loader == "native" else counts[-1:]:
-            rates, workers = loader_rates(device, sizes, loader, epochs, count)
+            rates, workers = loader_rates(device, sizes, loader, count)
             note = fallback_note(device, sizes, loader_data(sizes, loader))
             rows.append(f"| {label}{note} | {workers} | {statistics.median(rates):.0f} | {', '.join(f'{r:.0f}' for r in rates)} |")
     print(
         f"{sizes.images} JPEGs (about 500x375) to {sizes.image_size} px random-resized-crop + flip + normalise, on the "
-        f"device, micro-batch {sizes.micro}; one warm-up epoch, then {epochs} epochs; {os.cpu_count()} CPU cores\n"
+        f"device, micro-batch {sizes.micro}; one warm-up epoch, then {sizes.loader_epochs} epochs; {os.cpu_count()} CPU cores\n"
     )
     print(table("loader | workers / threads: | images/s (median epoch): | epochs", rows))
     if skipped:
         print("\n" + "\n".join(skipped))
-    decode_side_by_side(device, sizes, epochs)
+    decode_side_by_side(device, sizes)
 
 
-def decode_side_by_side(device: str, sizes: Sizes, epochs: int) -> None:
+def decode_side_by_side(device: str, sizes: Sizes) -> None:
     """The native loader with ``data.decode`` 'cpu' (workers decode), 'device' (workers read,
     the device decodes whole micro-batches) and 'cpu' again (the A/A control), and the pixel
     difference between the two paths' first micro-batches (same samples, crops and flips)."""
     if device == "hpu":
         print("\n- data.decode='device': skipped: torchvision decodes JPEGs on CUDA and the CPU, not on a Gaudi")
         return
-    workers = default_workers(sizes)
-    runs = [
-        (decode, statistics.median(loader_rates(device, sizes, "native", epochs, workers, decode)[0]))
-        for decode in ("cpu", "device", "cpu")
-    ]
+    workers = sizes.workers
+    runs = [(decode, statistics.median(loader_rates(device, sizes, "native", workers, decode)[0])) for decode in ("cpu", "device", "cpu")]
     largest, mean = decode_difference(device, sizes)
     print(
         f"\nthe native loader's decoding, side by side ({workers} workers; 'cpu' twice, before and after, as the A/A control); "
@@ -521,15 +452,11 @@ def decode_side_by_side(device: str, sizes: Sizes, epochs: int) -> None:
 def decode_difference(device: str, sizes: Sizes, batches: int = 4) -> tuple[float, float]:
     """Max and mean absolute difference in grey levels between the native loader's first
     ``batches`` micro-batches decoded on the CPU and on the device (no workers)."""
-    from largebatch import data as data_mod
-    from largebatch.config import derive
-
     images = []
     for decode in ("cpu", "device"):
         cfg = config(overrides(device, sizes, data={**loader_data(sizes, "native", 1), "num_workers": 0, "decode": decode}))
         backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
-        plan = derive(cfg, 1, data_mod.count_samples(cfg.data, "train")).plan
-        loader = data_mod.build_train_loader(cfg.data, plan, rank=0, seed=0, device=backend.device)
+        loader = common.train_loader(cfg, backend.device)
         std = torch.tensor(cfg.data.std, device=backend.device).view(1, -1, 1, 1) * 255
         images.append(torch.cat([(x * std).cpu() for x, _ in itertools.islice(loader, batches)]))
         loader.close()
@@ -537,75 +464,59 @@ def decode_difference(device: str, sizes: Sizes, batches: int = 4) -> tuple[floa
     return float(difference.max()), float(difference.mean())
 
 
-# -- b. LAMB ----------------------------------------------------------------------------
-
-
 def lamb_candidates(device: str) -> list[tuple[str, object]]:
-    """(label, factory of an optimizer over a parameter list); the floor last."""
-    from timm.optim import Lamb as TimmLamb
+    """(label, factory of an optimizer over a parameter list): ours first, the A/A control second, the floor last."""
+    from bench.lamb_step import LR, WEIGHT_DECAY, FusedPathOn, ours, timm_lamb
 
-    from bench.lamb_step import FusedPathOn
-    from largebatch.optim.lamb import Lamb
-
-    lr, wd = 1e-3, 0.05
-    out = [
-        ("largebatch Lamb", lambda ps: Lamb(ps, lr=lr, weight_decay=wd)),
-        ("largebatch Lamb, second instance (A/A control)", lambda ps: Lamb(ps, lr=lr, weight_decay=wd)),
-        ("timm Lamb", lambda ps: TimmLamb(ps, lr=lr, weight_decay=wd, max_grad_norm=None, always_adapt=True)),
-    ]
+    found = [("largebatch Lamb", ours), ("largebatch Lamb, second instance (A/A control)", ours), ("timm Lamb", timm_lamb)]
+    adamw = functools.partial(torch.optim.AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
     if device != "hpu":
-        out.append(("largebatch Lamb, fused-Adam-kernel path (Triton path off)", lambda ps: FusedPathOn(ps, ("cuda",), ())))
-        out.append(("largebatch Lamb, plain multi-tensor path (both off)", lambda ps: FusedPathOn(ps, (), ())))
-        return [*out, ("floor: torch.optim.AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd, fused=True))]
+        found.append(("largebatch Lamb, fused-Adam-kernel path (Triton path off)", lambda ps: FusedPathOn(ps, ("cuda",), ())))
+        found.append(("largebatch Lamb, plain multi-tensor path (both off)", lambda ps: FusedPathOn(ps, (), ())))
+        return [*found, ("floor: torch.optim.AdamW(fused=True)", functools.partial(adamw, fused=True))]
     with contextlib.suppress(ImportError, AttributeError):
         from habana_frameworks.torch.hpex.optimizers import FusedAdamW, FusedLamb
 
-        out.append(("Habana FusedLamb", lambda ps: FusedLamb(ps, lr=lr, weight_decay=wd)))
-        return [*out, ("floor: Habana FusedAdamW", lambda ps: FusedAdamW(ps, lr=lr, weight_decay=wd))]
-    return [*out, ("floor: torch.optim.AdamW (foreach; no fused AdamW found)", lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=wd))]
+        found.append(("Habana FusedLamb", functools.partial(FusedLamb, lr=LR, weight_decay=WEIGHT_DECAY)))
+        return [*found, ("floor: Habana FusedAdamW", functools.partial(FusedAdamW, lr=LR, weight_decay=WEIGHT_DECAY))]
+    return [*found, ("floor: torch.optim.AdamW (foreach; no fused AdamW found)", adamw)]
 
 
-def section_lamb(device: str, quick: bool) -> None:
+def section_lamb(device: str, sizes: Sizes) -> None:
     from bench.lamb_step import random_params
 
-    sizes = QUICK if quick else FULL
     backend = create_backend(device)
 
     def settle() -> None:
         backend.after_optimizer_step()
         backend.synchronize()
 
-    def first_step(optimizer) -> bool:
+    def first_step(factory):
+        optimizer = factory(params)
         optimizer.step()
         settle()
-        return True
+        return optimizer
 
-    params = random_params(sizes.lamb_model, device)
-    found, optimizers = [], []
-    for label, factory in lamb_candidates(device):  # one that fails to build or step is left out, said so
-        optimizer = attempt(label, factory, params)
-        if optimizer is not None and attempt(label, first_step, optimizer):
-            found.append(label)
-            optimizers.append(optimizer)
-    if len(optimizers) < 2 or found[-1] != lamb_candidates(device)[-1][0] or found[0] != "largebatch Lamb":
+    params = random_params(sizes.model, device)
+    candidates = lamb_candidates(device)
+    built = [(label, attempt(label, first_step, factory)) for label, factory in candidates]  # one that fails is left out, said so
+    kept = [(label, optimizer) for label, optimizer in built if optimizer is not None]
+    if not kept or kept[0][0] != candidates[0][0] or kept[-1][0] != candidates[-1][0]:
         raise SystemExit("ours or the floor failed to step: see the lines above and the traceback in the log")
-    blocks = time_blocks([o.step for o in optimizers], sizes.lamb_steps, sizes.lamb_rounds, settle)
+    found, optimizers = zip(*kept)
+    blocks = common.time_blocks([o.step for o in optimizers], sizes.lamb_steps, sizes.lamb_rounds, settle)
     times = [[t for block in side for t in block] for side in blocks]
     medians = [statistics.median(t) for t in times]
-    floor = medians[-1]
     print(
-        f"{len(params)} tensors of {sizes.lamb_model} ({sum(p.numel() for p in params) / 1e6:.1f}M parameters), fp32 on {device}, "
+        f"{len(params)} tensors of {sizes.model} ({sum(p.numel() for p in params) / 1e6:.1f}M parameters), fp32 on {device}, "
         f"random gradients; {sizes.lamb_rounds} rounds of {sizes.lamb_steps} timed steps per optimizer, blocks taking turns, "
         "each step between device synchronisations\n"
     )
-    rows = [f"| {label} | {median:.2f} | {min(t):.2f} | {median / floor:.2f} |" for label, t, median in zip(found, times, medians)]
+    rows = [f"| {label} | {median:.2f} | {min(t):.2f} | {median / medians[-1]:.2f} |" for label, t, median in zip(found, times, medians)]
     print(table("optimizer | ms/step (median): | ms/step (min): | x floor:", rows))
-    print(f"\nlargebatch Lamb / floor = {medians[0] / floor:.2f} (target: at most about 1.5)")
-    if found[1] == "largebatch Lamb, second instance (A/A control)":
+    print(f"\nlargebatch Lamb / floor = {medians[0] / medians[-1]:.2f} (target: at most about 1.5)")
+    if found[1] == candidates[1][0]:
         print(f"A/A control: second instance / first = {medians[1] / medians[0]:.2f}")
-
-
-# -- f. ddp against fsdp ----------------------------------------------------------------
 
 
 def distributed_worker(args: argparse.Namespace) -> None:
@@ -623,7 +534,7 @@ def distributed_worker(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def section_distributed(device: str, quick: bool) -> None:
+def section_distributed(device: str, sizes: Sizes) -> None:
     if device == "cpu":
         print("skipped: the CPU stand-in has no devices to spread over (CPU ranks: bench/sharded_memory.py)")
         return
@@ -635,11 +546,12 @@ def section_distributed(device: str, quick: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in ("ddp", "fsdp"):
             args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={count}", "-m", "bench.accelerator_sections"]
-            args += ["distributed-worker", "--device", device, "--strategy", strategy, "--out", tmp, *(["--quick"] if quick else [])]
+            args += ["distributed-worker", "--device", device, "--strategy", strategy, "--out", tmp]
+            args += ["--quick"] if sizes is QUICK else []
             print(f"command: `torchrun {' '.join(args[2:])}`")
-            run_or_fail(args)
+            common.run_or_fail(args)
             rows[strategy] = [json.loads(p.read_text()) for p in sorted(pathlib.Path(tmp).glob(f"{strategy}-rank*.json"))]
-    print(f"\n{count} processes, bf16, micro-batch {(QUICK if quick else FULL).micro} per rank, synthetic batches\n")
+    print(f"\n{count} processes, bf16, micro-batch {sizes.micro} per rank, synthetic batches\n")
     lines, base = [], rows["ddp"][0]["images_per_s"]
     for strategy, records in rows.items():
         rate, peaks = records[0]["images_per_s"], [r["peak_bytes"] for r in records if r["peak_bytes"] is not None]
@@ -647,123 +559,79 @@ def section_distributed(device: str, quick: bool) -> None:
     print(table("dist.strategy | images/s (all ranks): | peak memory per rank GiB (max over ranks): | images/s / ddp:", lines))
 
 
-# -- h. where the engine's step time goes, against timm's loop --------------------------
-
-
-@dataclasses.dataclass
-class Profile:
-    """One side's recorded steps: wall time per step while recorded, the device's busy time
-    per step (the kernels' own time, summed), kernels launched per step, and the op table."""
-
-    wall_ms: float
-    kernel_ms: float | None
-    kernels: float | None
-    table: str
-
-
-def profiled(device: str, sizes: Sizes, run) -> Profile:
+def profiled(device: str, sizes: Sizes, run) -> tuple[list[str], str]:
     """``run(profiler)`` (a ``Measured``) under a profiler over its last steps: the first
     ``warmup - 1`` skipped, one step of the profiler's own warm-up, then ``timed`` steps
-    recorded (host ops, and kernels on CUDA)."""
+    recorded (host ops, and kernels on CUDA). Returns the cells of its row (wall ms per step
+    while recorded; the device's busy time per step, the kernels' own time summed, and its
+    share of the wall time; kernels launched per step) and the op table."""
     activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])]
     schedule = torch.profiler.schedule(wait=max(0, sizes.warmup - 1), warmup=min(1, sizes.warmup), active=sizes.timed, repeat=1)
     with torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=False) as profiler:
-        measured = run(profiler)
-    averages, steps = profiler.key_averages(), sizes.timed
-    kernel_ms = kernels = None
+        wall_ms = 1e3 * sizes.micro / run(profiler).images_per_s
+    averages, cells = profiler.key_averages(), [f"{wall_ms:.2f}", "n/a", "n/a (no device)", "n/a"]
     if device == "cuda":
         on_device = [e for e in averages if str(getattr(e, "device_type", "")).endswith("CUDA")]
-        kernel_ms = sum(getattr(e, "self_device_time_total", 0.0) for e in on_device) / 1e3 / steps
-        kernels = sum(e.count for e in on_device) / steps
-    ops = averages.table(sort_by=f"self_{'device' if device == 'cuda' else 'cpu'}_time_total", row_limit=15, max_name_column_width=60)
-    return Profile(1e3 * sizes.micro / measured.images_per_s, kernel_ms, kernels, ops)
+        kernel_ms = sum(getattr(e, "self_device_time_total", 0.0) for e in on_device) / 1e3 / sizes.timed
+        cells[1:] = [f"{kernel_ms:.2f}", f"{kernel_ms / wall_ms:.3f}", f"{sum(e.count for e in on_device) / sizes.timed:.0f}"]
+    return cells, averages.table(
+        sort_by=f"self_{'device' if device == 'cuda' else 'cpu'}_time_total", row_limit=15, max_name_column_width=60
+    )
 
 
-def section_profile(device: str, quick: bool) -> None:
+def section_profile(device: str, sizes: Sizes) -> None:
     """Section c's bf16 engine (with and without the non-finite check) and timm's loop under
     ``torch.profiler``: whether the engine's extra time per step is device work (more or
     longer kernels) or the device waiting for the host (busy share below timm's)."""
     if device == "hpu":
         print("skipped: torch.profiler's HPU activity needs Habana's profiler set-up; profile on a Gaudi with hl-prof-config")
         return
-    sizes = QUICK if quick else FULL
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        batches = engine_batches(device, sizes, work)
         attempt("warm-up run", engine_run, overrides(device, sizes), work / "warm-up", sizes, fixed=True)
 
         def engine(changes: dict, name: str):
             return lambda profiler: engine_run(overrides(device, sizes, changes), work / name, sizes, fixed=True, profiler=profiler)
 
-        sides = {
-            "largebatch engine, bf16": attempt("engine", profiled, device, sizes, engine({}, "engine")),
-            "largebatch engine, bf16, nan_guard off": attempt(
-                "engine, nan_guard off", profiled, device, sizes, engine({"nan_guard.action": "off"}, "off")
-            ),
-            "timm train.py loop, bf16 autocast": attempt(
-                "timm loop", profiled, device, sizes, lambda profiler: timm_loop(device, sizes, batches, profiler)
-            ),
+        runs = {
+            "largebatch engine, bf16": engine({}, "engine"),
+            "largebatch engine, bf16, nan_guard off": engine({"nan_guard.action": "off"}, "off"),
+            "timm train.py loop, bf16 autocast": lambda profiler: timm_loop(device, sizes, profiler),
         }
+        found = {label: attempt(label, profiled, device, sizes, run) for label, run in runs.items()}
     print(
         f"{sizes.model}, micro-batch {sizes.micro}, bf16; {sizes.timed} steps recorded after {sizes.warmup}; "
         "times under the profiler (slower than section c's): compare the rows with each other\n"
     )
-    rows = []
-    for label, found in sides.items():
-        if found is not None:
-            busy = f"{found.kernel_ms / found.wall_ms:.3f}" if found.kernel_ms is not None else "n/a (no device)"
-            kernel_ms = f"{found.kernel_ms:.2f}" if found.kernel_ms is not None else "n/a"
-            rows.append(
-                f"| {label} | {found.wall_ms:.2f} | {kernel_ms} | {busy} | {f'{found.kernels:.0f}' if found.kernels is not None else 'n/a'} |"
-            )
+    sides = {label: side for label, side in found.items() if side is not None}
+    rows = [f"| {label} | {' | '.join(cells)} |" for label, (cells, _) in sides.items()]
     print(table("side | ms per step (wall, profiled): | kernel ms per step: | device busy share: | kernels per step:", rows))
-    for label, found in sides.items():
-        if found is not None:
-            print(f"\n{label}: the ops that took the most {'device' if device == 'cuda' else 'CPU'} time\n\n```\n{found.table}\n```")
-    if any(found is None for found in sides.values()):
+    for label, (_, ops) in sides.items():
+        print(f"\n{label}: the ops that took the most {'device' if device == 'cuda' else 'CPU'} time\n\n```\n{ops}\n```")
+    if len(sides) < len(runs):
         raise SystemExit("a side failed: see its line above and the traceback in the log")
 
 
-# -- g. accuracy ------------------------------------------------------------------------
-
-
-def section_accuracy(device: str, quick: bool) -> None:
-    if not (REPO / "data" / "fashion-mnist" / "dataset.json").exists():
+def section_accuracy(device: str, sizes: Sizes) -> None:
+    if not (common.REPO / "data" / "fashion-mnist" / "dataset.json").exists():
         print("skipped: data/fashion-mnist is absent; prepare it with `python data/prepare_fmnist.py`")
         return
     with tempfile.TemporaryDirectory() as tmp:
         args = ["train.py", "--config", "configs/demo/vit-tiny-fmnist.py", "--set", f"device={device}", "--run-dir", f"{tmp}/run"]
-        args += ["--set", "epochs=1", "--set", "max_steps=3"] if quick else []
+        args += ["--set", "epochs=1", "--set", "max_steps=3"] if sizes is QUICK else []
         print(f"command: `{' '.join(['python', *args])}`")
         start = time.perf_counter()
-        run_or_fail(args)
+        common.run_or_fail(args)
         seconds = time.perf_counter() - start
         evals = [r for r in read_metrics(RunDir(pathlib.Path(tmp, "run")).metrics) if "eval/top1" in r]
     top1 = evals[-1]["eval/top1"] if evals else float("nan")
-    print()
-    print(
-        table(
-            "run | final eval/top1: | seconds: | the CPU demo (2 processes):",
-            [f"| Fashion-MNIST demo on one {device} device | {100 * top1:.1f}% | {seconds:.0f} | 86.6% |"],
-        )
-    )
-
-
-SECTIONS = {
-    "tests": section_tests,
-    "train": section_train,
-    "loader_train": section_loader_train,
-    "loader_alone": section_loader_alone,
-    "lamb": section_lamb,
-    "distributed": section_distributed,
-    "accuracy": section_accuracy,
-    "profile": section_profile,
-}
+    row = f"| Fashion-MNIST demo on one {device} device | {100 * top1:.1f}% | {seconds:.0f} | 86.6% |"
+    print("\n" + table("run | final eval/top1: | seconds: | the CPU demo (2 processes):", [row]))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=[*SECTIONS, "distributed-worker"])
+    parser.add_argument("section", choices=[*SECTIONS, "distributed-worker"])  # SECTIONS: bench/accelerator.py's, in order
     parser.add_argument("--device", required=True, choices=["cuda", "hpu", "cpu"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], help="distributed-worker only")
@@ -774,7 +642,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.section == "distributed-worker":
         distributed_worker(args)
     else:
-        SECTIONS[args.section](args.device, args.quick)
+        globals()[f"section_{args.section}"](args.device, QUICK if args.quick else FULL)
 
 
 if __name__ == "__main__":

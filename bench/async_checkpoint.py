@@ -20,59 +20,42 @@ import sys
 import tempfile
 import time
 
-from bench.common import BASE, load, machine_description, repo_env, rotated, run_or_fail, sets, table
+from bench.common import BASE, load, machine_description, options, repo_env, rotated, run_or_fail, sets, table
 from largebatch.engine.hook import Hook, Priority
 
 SIDES = {"sync": False, "async": True, "sync again": False}
 
 
-class SaveClockHook(Hook):
-    """Takes the clock just before the checkpoint hook (which runs at ``Priority.LOW``)."""
-
-    priority = Priority.LOW - 1
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.before = 0.0
-        self.step_start = 0.0
-
-    def before_step(self, state) -> None:
-        self.step_start = time.perf_counter()
-
-    def after_step(self, state) -> None:
-        self.before = time.perf_counter()
-
-    def after_train(self, state) -> None:
-        self.before = time.perf_counter()
-
-
 class SaveStopwatchHook(Hook):
-    """Just after the checkpoint hook: each step's time and the time the hook held it;
-    rank 0 writes them to ``out`` at the end."""
+    """Just after the checkpoint hook (``Priority.LOW``): each step's time and the time the
+    checkpoint hook held it, read from the engine's own timing of every hook call
+    (``state.hook_times``); rank 0 writes them to ``out`` at the end."""
 
     priority = Priority.LOW + 1
 
     def __init__(self, out: str) -> None:
         super().__init__()
-        self.out = out
-        self.steps: list[dict[str, float]] = []
+        self.out, self.steps, self.held = out, [], 0.0
 
-    def _clock(self, state) -> SaveClockHook:
-        return next(h for h in state.hooks if type(h).__name__ == "SaveClockHook")  # loaded by path, perhaps as another module
+    def before_run(self, state) -> None:
+        state.hook_times = {}  # the engine times each hook call from here on
+
+    def before_step(self, state) -> None:
+        self.start = time.perf_counter()
 
     def after_step(self, state) -> None:
-        clock, now = self._clock(state), time.perf_counter()
-        self.steps.append({"step": state.step, "held": now - clock.before, "duration": now - clock.step_start})
+        held = state.hook_times.get(("CheckpointHook", "after_step"), [0, 0.0])[1]  # all its calls so far
+        self.steps.append({"step": state.step, "held": held - self.held, "duration": time.perf_counter() - self.start})
+        self.held = held
 
     def after_train(self, state) -> None:
-        held_at_end = time.perf_counter() - self._clock(state).before
+        held_at_end = state.hook_times.get(("CheckpointHook", "after_train"), [0, 0.0])[1]
         if state.run.is_main:
             pathlib.Path(self.out).write_text(json.dumps({"steps": self.steps, "held_at_end": held_at_end}))
 
 
 def overrides(args: argparse.Namespace, async_save: bool, record: pathlib.Path) -> dict:
-    """The base config's overrides: ``args.model`` under fsdp with LAMB, a save every ``--interval`` steps, the two hooks."""
-    here = pathlib.Path(__file__).resolve()
+    """The base config's overrides: ``args.model`` under fsdp with LAMB, a save every ``--interval`` steps, the stopwatch."""
     return {
         "max_steps": args.steps,
         "global_batch_size": 2,
@@ -84,7 +67,7 @@ def overrides(args: argparse.Namespace, async_save: bool, record: pathlib.Path) 
         "dist.strategy": "fsdp",
         "data.train_samples": 1024,
         "checkpoint": {"interval_epochs": 0, "at_end": False, "keep": 1, "interval_steps": args.interval, "async_save": async_save},
-        "hooks": [{"type": f"{here}:SaveClockHook"}, {"type": f"{here}:SaveStopwatchHook", "out": str(record)}],
+        "hooks": [{"type": f"{pathlib.Path(__file__).resolve()}:SaveStopwatchHook", "out": str(record)}],
     }
 
 
@@ -93,12 +76,8 @@ def side(args: argparse.Namespace, async_save: bool, scratch: pathlib.Path) -> d
     folder = pathlib.Path(tempfile.mkdtemp(prefix="lbasync-", dir=scratch))
     try:
         record = folder / "clock.json"
-        cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", "--config", str(BASE)]
-        cmd += [
-            "--run-dir",
-            str(folder / "run"),
-            *(arg for override in sets(overrides(args, async_save, record)) for arg in ("--set", override)),
-        ]
+        cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", "--config", str(BASE), "--run-dir"]
+        cmd += [str(folder / "run"), *(arg for override in sets(overrides(args, async_save, record)) for arg in ("--set", override))]
         run_or_fail(cmd, {**repo_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         return json.loads(record.read_text())
     finally:
@@ -115,27 +94,19 @@ def summary(record: dict, interval: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--model", default="vit_large_patch16_224", help="timm model whose state is saved")
-    parser.add_argument("--steps", type=int, default=9, help="steps a side takes")
-    parser.add_argument("--interval", type=int, default=2, help="checkpoint.interval_steps")
+    model = ("vit_large_patch16_224", "timm model whose state is saved")
+    parser = options(__doc__, rounds=3, model=model, steps=(9, "steps a side takes"), interval=(2, "checkpoint.interval_steps"))
     parser.add_argument("--scratch", default=None, help="where the run directories go (default: the system's temporary folder)")
     args = parser.parse_args(argv)
     if args.steps < 2 * args.interval + 1:
         parser.error("--steps must hold two saves and a step after them")
     scratch = pathlib.Path(args.scratch or tempfile.gettempdir())
-    names = list(SIDES)
-    rounds: list[dict[str, dict[str, float]]] = []
-    loads = []
+    names, rounds, loads = list(SIDES), [], []
     for index in range(args.rounds):
         loads.append(load().split()[2])
         results = {name: summary(side(args, SIDES[name], scratch), args.interval) for name in rotated(names, index)}
         rounds.append(results)
         print(f"round {index + 1} (load {loads[-1]}): {json.dumps(results)}", file=sys.stderr, flush=True)
-
-    def ratios(key: str, side: str) -> list[float]:
-        return [r[side][key] / r["sync"][key] for r in rounds]
 
     saves = args.steps // args.interval
     print(f"Machine: {machine_description()}.\n")
@@ -144,15 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         f"({saves} a side); {args.rounds} rounds, load average at each round's start {', '.join(loads)}.\n"
     )
     print("Seconds rank 0's loop is held by the checkpoint hook:\n")
-    print(table("round | side | first save: | later saves (mean): | at the end: | step without a save (median):"))
-    for index, r in enumerate(rounds, 1):
-        for name in names:
-            f = r[name]
-            print(f"| {index} | {name} | {f['first']:.2f} | {f['later']:.2f} | {f['end']:.2f} | {f['step']:.2f} |")
+    rows = [
+        f"| {i} | {name} | " + " | ".join(f"{r[name][key]:.2f}" for key in ("first", "later", "end", "step")) + " |"
+        for i, r in enumerate(rounds, 1)
+        for name in names
+    ]
+    print(table("round | side | first save: | later saves (mean): | at the end: | step without a save (median):", rows))
     print()
     for label, key in (("later saves", "later"), ("first save", "first"), ("step", "step")):
         for name, side_name in ((f"async / sync {label}", "async"), (f"A/A sync again / sync {label}", "sync again")):
-            values = ratios(key, side_name)
+            values = [r[side_name][key] / r["sync"][key] for r in rounds]
             print(f"{name} = {statistics.median(values):.3f} (median; {min(values):.3f}-{max(values):.3f})")
     return 0
 

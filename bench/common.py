@@ -14,6 +14,7 @@ import (no torch): ``bench/startup.py`` times commands against ``import torch``.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -30,6 +31,7 @@ from typing import Any, NoReturn, TypeVar
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASE = REPO / "bench" / "base.yaml"
 CLASSES = 10  # the base config's synthetic classes
+MODEL = {"model": "vit_tiny_patch16_224", "image_size": 32, "patch": 4, "depth": 12}  # options' model defaults
 TIMED_OUT = 124  # the status of a child stopped at its time limit
 T = TypeVar("T")
 
@@ -162,30 +164,33 @@ def build_engine(overrides: dict[str, Any], run_dir: pathlib.Path):
 
 
 def model_overrides(args) -> dict[str, Any]:
-    """The model and image size of ``add_model_arguments``' options."""
+    """The model and image size of ``options``' ``--model --patch --depth --image-size``."""
     return {"model": {"name": args.model, "patch_size": args.patch, "depth": args.depth}, "data.image_size": args.image_size}
 
 
-def add_model_arguments(parser, image_size: int = 32, patch: int = 4, depth: int = 12) -> None:
-    parser.add_argument("--model", default="vit_tiny_patch16_224")
-    parser.add_argument("--image-size", type=int, default=image_size)
-    parser.add_argument("--patch", type=int, default=patch)
-    parser.add_argument("--depth", type=int, default=depth)
+def options(doc: str, **defaults: Any) -> argparse.ArgumentParser:
+    """A benchmark's parser, described by its docstring's first line: ``--name`` for each
+    default, typed as the default (``(default, help)`` to say more)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name, default in defaults.items():
+        default, text = default if isinstance(default, tuple) else (default, None)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, help=text)
+    return parser
+
+
+def train_loader(cfg, device):
+    """The training loader ``largebatch train`` builds for ``cfg`` in one process (rank 0, seed 0)."""
+    from largebatch import data
+    from largebatch.config import derive
+
+    return data.build_train_loader(cfg.data, derive(cfg, 1, data.count_samples(cfg.data, "train")).plan, rank=0, seed=0, device=device)
 
 
 def shard_data(root: pathlib.Path, image_size: int, workers: int) -> dict[str, Any]:
     """The data section for ``image_shards``: the native loader, random-resized-crop and flip."""
-    return {
-        "loader": "native",
-        "root": str(root),
-        "eval_split": "train",  # evaluation is off; the check that the split exists still runs
-        "image_size": image_size,
-        "num_classes": 8,
-        "label_offset": 1,
-        "num_workers": workers,
-        "scale": [0.08, 1.0],
-        "hflip": 0.5,
-    }
+    # evaluation is off; the check that the eval split exists still runs
+    data = {"loader": "native", "root": str(root), "eval_split": "train", "image_size": image_size, "num_classes": 8, "label_offset": 1}
+    return data | {"num_workers": workers, "scale": [0.08, 1.0], "hflip": 0.5}
 
 
 # -- timing ---------------------------------------------------------------------------------
@@ -270,7 +275,7 @@ class FixedBatches:
         pass
 
 
-def random_batches(count: int, micro: int, image_size: int, device: str = "cpu") -> list:
+def random_batches(count: int, micro: int, image_size: int, device: Any = "cpu") -> list:
     """``count`` seeded micro-batches of random images and labels of the base config's classes."""
     import torch
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
     __import__("common").run_as_module(__file__)
 
-import argparse
 import shutil
 import statistics
 import sys
@@ -19,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import image_shards, in_turn, load, machine_description, spread
+from bench.common import image_shards, in_turn, load, machine_description, options, spread, table
 from largebatch.shards import FASHION_MNIST_DIR, convert
 from largebatch.shards.pool import default_workers
 from largebatch.shards.verify import verify_split
@@ -51,17 +50,10 @@ def timed(run: Callable[[int, Path], object], workers: int, work: Path) -> float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=2000, help="JPEGs in the generated folder")
-    parser.add_argument("--rounds", type=int, default=5, help="counted rounds, after one warm-up round")
-    parser.add_argument("--workers", type=int, default=default_workers(), help="the parallel side's workers")
-    parser.add_argument(
-        "--jobs",
-        nargs="+",
-        choices=["folder", "verify", "fashion-mnist"],
-        default=["folder", "verify", "fashion-mnist"],
-        help="which jobs (fashion-mnist only where Debian's package is installed)",
-    )
+    rounds, workers = (5, "counted rounds, after one warm-up round"), (default_workers(), "the parallel side's workers")
+    parser = options(__doc__, images=(2000, "JPEGs in the generated folder"), rounds=rounds, workers=workers)
+    jobs = ["folder", "verify", "fashion-mnist"]
+    parser.add_argument("--jobs", nargs="+", choices=jobs, default=jobs, help="which (fashion-mnist: where Debian's package is installed)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
     try:
@@ -85,21 +77,16 @@ def main() -> None:
 
     print(f"Machine: {machine_description()}.")
     print(f"{before} before, {after} after; {args.images} generated JPEGs, 32 shards.")
-    print()
-    print(f"| job | 1 worker, s | {args.workers} workers, s | 1 worker / {args.workers} workers [quartiles] | A/A |")
-    print("|---|---|---|---|---|")
-    ratios = {}
+    rows, lines = [], []
     for job, sides_times in times.items():
-        one = sides_times["one"]
-        ratios[job] = tuple(spread([a / b for a, b in zip(one, sides_times[side])]) for side in ("many", "A/A"))
-        (speedup, low, high), (aa, aa_low, aa_high) = ratios[job]
-        print(
-            f"| {job} | {statistics.median(sides_times['one']):.2f} | {statistics.median(sides_times['many']):.2f} "
-            f"| {speedup:.2f} [{low:.2f}, {high:.2f}] | {aa:.2f} [{aa_low:.2f}, {aa_high:.2f}] |"
+        (speedup, low, high), (aa, aa_low, aa_high) = (
+            spread([a / b for a, b in zip(sides_times["one"], sides_times[side])]) for side in ("many", "A/A")
         )
-    print()
-    for job, (speedup_quartiles, aa_quartiles) in ratios.items():
-        print(f"{job}: 1 worker / {args.workers} workers = {speedup_quartiles[0]:.2f} (A/A 1 worker / 1 worker = {aa_quartiles[0]:.2f})")
+        one, many = statistics.median(sides_times["one"]), statistics.median(sides_times["many"])
+        rows.append(f"| {job} | {one:.2f} | {many:.2f} | {speedup:.2f} [{low:.2f}, {high:.2f}] | {aa:.2f} [{aa_low:.2f}, {aa_high:.2f}] |")
+        lines.append(f"{job}: 1 worker / {args.workers} workers = {speedup:.2f} (A/A 1 worker / 1 worker = {aa:.2f})")
+    print("\n" + table(f"job | 1 worker, s | {args.workers} workers, s | 1 worker / {args.workers} workers [quartiles] | A/A", rows))
+    print("\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -11,15 +11,17 @@ if __name__ == "__main__" and not __package__:  # run as a file: start again as 
     __import__("common").run_as_module(__file__)
 
 import argparse
+import operator
 import pathlib
 import statistics
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from bench.common import FixedBatches, add_model_arguments, build_engine, machine_description, model_overrides, random_batches, table
+from bench.common import MODEL, FixedBatches, build_engine, machine_description, model_overrides, options, random_batches, table
 
 # The clock both loops are timed with. On a machine shared with other jobs, wall time
 # moves with their load (rounds differ by 2-4x); the CPU time of this process moves far
@@ -45,10 +47,11 @@ def overrides(args, steps: int) -> dict:
     }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--clock`` and the model's options (``mfu.py`` shares them)."""
+def parser(doc: str, **defaults) -> argparse.ArgumentParser:
+    """``options`` with the model's, ``defaults`` and ``--clock`` (``mfu.py`` shares them)."""
+    parser = options(doc, **MODEL, **defaults)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="cpu: this process's CPU time (robust to load)")
-    add_model_arguments(parser)
+    return parser
 
 
 def make_batches(args) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -118,103 +121,63 @@ def bare_steps(
     return samples
 
 
-class BareWorker:
+def bare_worker() -> ThreadPoolExecutor:
     """One thread that runs the bare loop for every round (the same thread each time, so
     its thread-local caches warm up once, as the engine's main thread's do)."""
-
-    def __init__(self) -> None:
-        self._jobs: list = []
-        self._ready = threading.Condition()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._num_threads = torch.get_num_threads()
-        self._thread.start()
-
-    def _serve(self) -> None:
-        torch.set_num_threads(self._num_threads)  # intra-op threads are set per thread
-        while True:
-            with self._ready:
-                self._ready.wait_for(lambda: self._jobs)
-                job, done = self._jobs.pop(0)
-            try:
-                done["result"] = job()
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-                done["error"] = exc
-            done["event"].set()
-
-    def submit(self, job) -> dict:
-        done = {"event": threading.Event()}
-        with self._ready:
-            self._jobs.append((job, done))
-            self._ready.notify_all()
-        return done
+    threads = torch.get_num_threads()  # intra-op threads are set per thread
+    return ThreadPoolExecutor(1, initializer=lambda: torch.set_num_threads(threads))
 
 
-def paired_round(cfg: dict, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str) -> tuple[float, float]:
-    """One round: a fresh engine and a fresh bare loop taking turns step by step; returns
-    (engine images/s, bare images/s)."""
-    engine = build_engine(cfg, run_dir / "engine")
+def one_round(cfg: dict, run_dir: pathlib.Path, batches, accumulation: int, worker: ThreadPoolExecutor, first: str, aa: bool = False):
+    """One round: a fresh engine and a fresh bare loop taking turns step by step, or for
+    the A/A control (``aa``) the bare loop in the engine's place (this thread, the engine's
+    turns); returns (images/s of the engine's side, of the bare loop on the worker)."""
     # The same model, optimizer and schedule the engine gets, built the same way.
-    bare = build_engine(cfg, run_dir / "bare").state.run
+    here, there = build_engine(cfg, run_dir / "engine"), build_engine(cfg, run_dir / "bare").state.run
     turns = Turns(first)
-    engine.train_loader = TakingTurns(batches, 10, accumulation, turns)
-    done = worker.submit(lambda: bare_steps(bare.model, bare.optimizer, bare.schedule, batches, accumulation, turns))
-    turns.take("engine")
-    engine.run()
-    turns.give("engine", to="bare")
-    return engine.state.samples_seen / turns.seconds["engine"], finished(done) / turns.seconds["bare"]
-
-
-def aa_round(cfg: dict, run_dir: pathlib.Path, batches, accumulation: int, worker: BareWorker, first: str) -> float:
-    """The A/A control of one round: the bare loop in the engine's place (this thread, the
-    engine's turns) against the bare loop on the worker; returns their ratio of images/s."""
-    here, there = (build_engine(cfg, run_dir / name).state.run for name in ("aa-here", "aa-there"))
-    turns = Turns(first)
+    here.train_loader = TakingTurns(batches, 10, accumulation, turns)
     done = worker.submit(lambda: bare_steps(there.model, there.optimizer, there.schedule, batches, accumulation, turns))
-    samples = bare_steps(here.model, here.optimizer, here.schedule, batches, accumulation, turns, side=("engine", "bare"))
-    return (samples / turns.seconds["engine"]) / (finished(done) / turns.seconds["bare"])
-
-
-def finished(done: dict) -> int:
-    """The worker's result once it has finished (its error raised here)."""
-    done["event"].wait()
-    if "error" in done:
-        raise done["error"]
-    return done["result"]
+    if aa:
+        run = here.state.run
+        samples = bare_steps(run.model, run.optimizer, run.schedule, batches, accumulation, turns, side=("engine", "bare"))
+    else:
+        turns.take("engine")
+        here.run()
+        turns.give("engine", to="bare")
+        samples = here.state.samples_seen
+    return samples / turns.seconds["engine"], done.result() / turns.seconds["bare"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--micro", type=int, default=32)
-    parser.add_argument("--accumulation", type=int, default=4)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser(__doc__, rounds=5, steps=8, micro=32, accumulation=4).parse_args(argv)
     set_clock(args.clock)
     batches = make_batches(args)
     engine_rates, bare_rates, aa_ratios = [], [], []
-    worker = BareWorker()
+    worker = bare_worker()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = overrides(args, args.steps)
         # One untimed round first: the first pass through a model pays for allocator
         # growth and kernel selection.
-        paired_round(cfg, pathlib.Path(tmp) / "warmup", batches, args.accumulation, worker, "engine")
+        one_round(cfg, pathlib.Path(tmp) / "warmup", batches, args.accumulation, worker, "engine")
         for i in range(args.rounds):
-            # Alternate which loop takes the first step of a round.
-            first = "engine" if i % 2 == 0 else "bare"
-            engine_rate, bare_rate = paired_round(cfg, pathlib.Path(tmp) / f"round{i}", batches, args.accumulation, worker, first)
+            first = "engine" if i % 2 == 0 else "bare"  # which loop takes the first step of a round, in turn
+            engine_rate, bare_rate = one_round(cfg, pathlib.Path(tmp) / f"round{i}", batches, args.accumulation, worker, first)
             engine_rates.append(engine_rate)
             bare_rates.append(bare_rate)
-            aa_ratios.append(aa_round(cfg, pathlib.Path(tmp) / f"aa{i}", batches, args.accumulation, worker, first))
+            aa_ratios.append(
+                operator.truediv(*one_round(cfg, pathlib.Path(tmp) / f"aa{i}", batches, args.accumulation, worker, first, aa=True))
+            )
     engine_rate, bare_rate = statistics.median(engine_rates), statistics.median(bare_rates)
     print(f"Machine: {machine_description()}.")
     print(f"clock: {'CPU time of this process' if args.clock == 'cpu' else 'wall time'}")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px, micro {args.micro} x accumulation {args.accumulation}, {args.steps} steps x {args.rounds} rounds"
     )
-    print(table("loop | images/s (median): | rounds"))
-    print(f"| bare PyTorch loop | {bare_rate:.1f} | {', '.join(f'{r:.1f}' for r in bare_rates)} |")
-    print(f"| largebatch engine | {engine_rate:.1f} | {', '.join(f'{r:.1f}' for r in engine_rates)} |")
+    rows = [
+        f"| {name} | {statistics.median(rates):.1f} | {', '.join(f'{r:.1f}' for r in rates)} |"
+        for name, rates in (("bare PyTorch loop", bare_rates), ("largebatch engine", engine_rates))
+    ]
+    print(table("loop | images/s (median): | rounds", rows))
     ratios = [e / b for e, b in zip(engine_rates, bare_rates)]
     print(f"per-round engine / bare: {', '.join(f'{r:.3f}' for r in ratios)}; ratio of the medians {engine_rate / bare_rate:.3f}")
     print(f"engine / bare = {statistics.median(ratios):.3f}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
     __import__("common").run_as_module(__file__)
 
-import argparse
 import collections
 import contextlib
 import io
@@ -21,7 +20,7 @@ import tempfile
 import time
 
 from bench import engine_overhead
-from bench.common import FixedBatches, add_model_arguments, build_engine, load, machine_description, random_batches, spread, table
+from bench.common import MODEL, FixedBatches, build_engine, load, machine_description, options, random_batches, spread, table
 from largebatch.engine.engine import Engine
 from largebatch.engine.events import Event
 
@@ -75,15 +74,8 @@ ONCE_PER_RUN = {"before_run", "before_train", "after_train", "after_run"}
 
 def overrides(args) -> dict:
     """The engine-overhead bench's config, clipping as ``--clip`` says, logging at the schema's default interval."""
-    cfg = engine_overhead.overrides(args, 4 * args.steps)
-    return {
-        **cfg,
-        "device": args.device,
-        "max_steps": args.steps,
-        "clip_grad_norm": args.clip,
-        "log": {"console": False},
-        "hooks": args.hooks,
-    }
+    changes = {"device": args.device, "max_steps": args.steps, "clip_grad_norm": args.clip, "log": {"console": False}, "hooks": args.hooks}
+    return engine_overhead.overrides(args, 4 * args.steps) | changes
 
 
 def run_round(cfg: dict, run_dir: pathlib.Path, batches, seed: int, aa: bool = False) -> PairedEngine:
@@ -95,14 +87,8 @@ def run_round(cfg: dict, run_dir: pathlib.Path, batches, seed: int, aa: bool = F
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=40, help="steps per round (even: pairs)")
-    parser.add_argument("--micro", type=int, default=32)
-    parser.add_argument("--accumulation", type=int, default=2)
-    add_model_arguments(parser, patch=8, depth=4)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm (0: off); clipping runs on both sides")
+    steps, clip = (40, "steps per round (even: pairs)"), (0.0, "clip_grad_norm (0: off); clipping runs on both sides")
+    parser = options(__doc__, rounds=4, steps=steps, micro=32, accumulation=2, **MODEL | {"patch": 8, "depth": 4}, device="cpu", clip=clip)
     parser.add_argument("--hooks", nargs="*", default=[], help="hooks added to the defaults (built-in names)")
     args = parser.parse_args()
     batches = random_batches(args.accumulation * 4, args.micro, args.image_size, "cuda" if args.device == "cuda" else "cpu")
@@ -123,32 +109,28 @@ def main() -> None:
             hook_names = [h.name for h in engine.hooks]
             control = run_round(cfg, pathlib.Path(tmp) / f"aa{i}", batches, seed=i, aa=True).steps[2:]
             aa_ratios += [a[1] / b[1] if a[0] else b[1] / a[1] for a, b in zip(control[::2], control[1::2])]
-    with_hooks, without = statistics.median(times[True]), statistics.median(times[False])
+    without = statistics.median(times[False])
     print(f"Machine: {machine_description()}; {load()}; device {args.device}.")
     print(
         f"model {args.model} depth {args.depth}, {args.image_size}px patch {args.patch}, micro {args.micro} x accumulation "
         f"{args.accumulation}, clip_grad_norm {args.clip or 'off'}; {args.rounds} rounds x {args.steps} steps, {len(pair_ratios)} timed pairs; "
         f"default hooks: {', '.join(hook_names)}"
     )
-    print()
-    print(table("steps | median step (ms): | mean step (ms):"))
-    print(f"| no hooks | {without * 1e3:.2f} | {statistics.fmean(times[False]) * 1e3:.2f} |")
-    print(f"| default hooks | {with_hooks * 1e3:.2f} | {statistics.fmean(times[True]) * 1e3:.2f} |")
-    print()
+    rows = [
+        f"| {name} | {statistics.median(times[on]) * 1e3:.2f} | {statistics.fmean(times[on]) * 1e3:.2f} |"
+        for name, on in (("no hooks", False), ("default hooks", True))
+    ]
+    print("\n" + table("steps | median step (ms): | mean step (ms):", rows) + "\n")
     (ratio, q1, q3), (aa, aa_q1, aa_q3) = spread(pair_ratios), spread(aa_ratios)
     print(
         f"with / without, per pair: median {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), quartiles {q1:.4f} .. {q3:.4f}; "
         f"ratio of means {statistics.fmean(times[True]) / statistics.fmean(times[False]):.4f}"
     )
     print(f"A/A control (no hooks on either step), per pair: median {aa:.4f}, quartiles {aa_q1:.4f} .. {aa_q3:.4f}")
-    print()
-    print(table("hook | time inside per step with hooks (ms): | share of the median step without hooks:"))
-    inside = 0.0
-    for name, seconds in hook_seconds.most_common():
-        per_step = seconds / steps_with_hooks
-        inside += per_step
-        print(f"| {name} | {per_step * 1e3:.3f} | {per_step / without * 100:.3f}% |")
-    print(f"| all hooks | {inside * 1e3:.3f} | {inside / without * 100:.3f}% |")
+    per_step = {name: seconds / steps_with_hooks for name, seconds in hook_seconds.most_common()}
+    per_step["all hooks"] = sum(per_step.values())
+    rows = [f"| {name} | {seconds * 1e3:.3f} | {seconds / without * 100:.3f}% |" for name, seconds in per_step.items()]
+    print("\n" + table("hook | time inside per step with hooks (ms): | share of the median step without hooks:", rows))
 
 
 if __name__ == "__main__":

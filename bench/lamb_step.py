@@ -20,8 +20,9 @@ from typing import Any
 
 import timm
 import torch
+from timm.optim import Lamb as TimmLamb
 
-from bench.common import machine_description, per_round_ratio, table, time_blocks
+from bench.common import machine_description, options, per_round_ratio, table, time_blocks
 from largebatch.optim import lamb_triton, lamb_update
 from largebatch.optim.lamb import Lamb
 
@@ -52,15 +53,9 @@ def colossal_lamb() -> type | None:
     return module.Lamb
 
 
-def ours_paper(ps: list) -> Lamb:
-    return Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY)
-
-
-def ours_no_bc(ps: list) -> Lamb:
-    return Lamb(ps, lr=LR, weight_decay=WEIGHT_DECAY, bias_correction=False)
-
-
-AA_LABEL = "A/A control: ours foreach, second instance"
+ours = functools.partial(Lamb, lr=LR, weight_decay=WEIGHT_DECAY)
+ours_no_bc = functools.partial(ours, bias_correction=False)
+timm_lamb = functools.partial(TimmLamb, lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=None, always_adapt=True, bias_correction=True)
 
 
 class FusedPathOn:
@@ -72,36 +67,28 @@ class FusedPathOn:
     and ``(), ()`` its plain multi-tensor one, for that suite's comparison."""
 
     def __init__(self, params: list, devices: tuple[str, ...], triton_devices: tuple[str, ...] | None = None) -> None:
-        self.inner = Lamb(params, lr=LR, weight_decay=WEIGHT_DECAY, chunk_elements=0)
-        self.devices = devices
-        self.triton_devices = triton_devices
+        self.inner, self.devices, self.triton_devices = ours(params, chunk_elements=0), devices, triton_devices
 
     def step(self) -> None:
-        saved, lamb_update.FUSED_DEVICES = lamb_update.FUSED_DEVICES, self.devices
-        saved_triton = lamb_triton.DEVICES
-        if self.triton_devices is not None:
-            lamb_triton.DEVICES = self.triton_devices
+        saved = lamb_update.FUSED_DEVICES, lamb_triton.DEVICES
+        lamb_update.FUSED_DEVICES, lamb_triton.DEVICES = self.devices, saved[1] if self.triton_devices is None else self.triton_devices
         try:
             self.inner.step()
         finally:
-            lamb_update.FUSED_DEVICES, lamb_triton.DEVICES = saved, saved_triton
+            lamb_update.FUSED_DEVICES, lamb_triton.DEVICES = saved
 
 
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
     """(label, factory, matched factory of ours, or None where no update is compared);
     ours first, the A/A control second."""
-    from timm.optim import Lamb as TimmLamb
-
-    ours = functools.partial(Lamb, lr=LR, weight_decay=WEIGHT_DECAY)
-    timm_lamb = functools.partial(TimmLamb, lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=None, always_adapt=True, bias_correction=True)
     out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
-        ("ours foreach", ours_paper, None),
-        (AA_LABEL, ours_paper, ours_paper),
+        ("ours foreach", ours, None),
+        ("A/A control: ours foreach, second instance", ours, ours),
         ("ours per-tensor", functools.partial(ours, foreach=False), None),
         ("reference: torch.optim.Adam fused (not LAMB)", functools.partial(torch.optim.Adam, lr=LR, fused=True), None),
-        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", functools.partial(FusedPathOn, devices=("cpu",)), ours_paper),
-        ("ours, plain multi-tensor path (other accelerators') on the CPU", functools.partial(ours, chunk_elements=0), ours_paper),
-        *((f"timm {timm.__version__} Lamb foreach={f}", functools.partial(timm_lamb, foreach=f), ours_paper) for f in (True, False)),
+        ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", functools.partial(FusedPathOn, devices=("cpu",)), ours),
+        ("ours, plain multi-tensor path (other accelerators') on the CPU", functools.partial(ours, chunk_elements=0), ours),
+        *((f"timm {timm.__version__} Lamb foreach={f}", functools.partial(timm_lamb, foreach=f), ours) for f in (True, False)),
     ]
     try:
         import torch_optimizer
@@ -148,73 +135,69 @@ def update_difference(factory: Callable[[list], Any], reference: Callable[[list]
     return difference
 
 
-def optimizer_arguments(parser: argparse.ArgumentParser, steps: int, rounds: int, compare_steps: int) -> None:
-    """The timing options of the optimizer benchmarks."""
-    parser.add_argument("--steps", type=int, default=steps, help="timed steps per block")
-    parser.add_argument("--rounds", type=int, default=rounds, help="rounds of blocks")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+def time_steps(factories: list[Callable[[list], Any]], params: list, steps: int, rounds: int) -> list[list[list[float]]]:
+    """``time_blocks`` of the steps of an optimizer from each factory over ``params``, the optimizers freed after."""
+    times = time_blocks([factory(params).step for factory in factories], steps, rounds)
+    gc.collect()
+    return times
+
+
+def optimizer_bench(doc: str, steps: int, rounds: int, compare_steps: int) -> tuple[argparse.Namespace, list[torch.Tensor]]:
+    """The optimizer benchmarks' options parsed, torch's threads set, and ``random_params``
+    of ``--model``'s parameters, described in a line."""
+    model = ("vit_base_patch16_224", "timm model whose parameter shapes are used")
+    parser = options(doc, steps=(steps, "timed steps per block"), rounds=(rounds, "rounds of blocks"), model=model)
     parser.add_argument("--compare-steps", type=int, default=compare_steps, help="steps for the update difference")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    optimizer_arguments(parser, steps=5, rounds=2, compare_steps=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    params = random_params("vit_base_patch16_224")
+    params = random_params(args.model)
     print(f"Machine: {machine_description()}.")
     print(
         f"{len(params)} tensors, {sum(p.numel() for p in params) / 1e6:.1f}M params, fp32, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads"
     )
+    return args, params
+
+
+def main() -> None:
+    args, params = optimizer_bench(__doc__, steps=5, rounds=2, compare_steps=2)
     found = candidates()
-    optimizers = [factory(params) for _, factory, _ in found]
-    times = time_blocks([optimizer.step for optimizer in optimizers], args.steps, args.rounds)
-    del optimizers
-    gc.collect()
-    rows = []
-    for (label, factory, ours), blocks in zip(found, times):
-        diff = None if ours is None else update_difference(factory, ours, params, args.compare_steps)
-        ms = [t for block in blocks for t in block]
-        rows.append((label, min(ms), statistics.median(ms), per_round_ratio(blocks, times[0]), diff))
-    print_table(rows, args)
-
-
-def print_table(rows: list[tuple[str, float, float, tuple[float, float, float], float | None]], args: argparse.Namespace) -> None:
-    ours_low, ours_median = rows[0][1], rows[0][2]
+    times = time_steps([factory for _, factory, _ in found], params, args.steps, args.rounds)
+    ms = [[t for block in blocks for t in block] for blocks in times]
+    low, median = [min(t) for t in ms], [statistics.median(t) for t in ms]
+    per_round = [per_round_ratio(blocks, times[0]) for blocks in times]
     print(
         f"\n{args.rounds} rounds of {args.steps} timed steps per optimizer, blocks taking turns, the order reversed "
         "every other round; 'x ours' is the optimizer's time divided by ours (foreach); 'per round x ours' is the "
         "median over rounds of the ratio of block medians (quartiles in brackets)"
     )
-    lines = []
-    for label, low, median, (paired, q1, q3), diff in rows:
-        shown = f"{diff:.1e}" if diff is not None else "(reference)" if "reference" in label else "(ours)"
-        lines.append(
-            f"| {label} | {median:.1f} | {low:.1f} | {median / ours_median:.2f} | {low / ours_low:.2f} | {paired:.2f} ({q1:.2f}-{q3:.2f}) | {shown} |"
+    rows, peers = [], []
+    for i, (label, factory, reference) in enumerate(found):
+        diff = "(reference)" if "reference" in label else "(ours)"
+        if reference is not None:
+            diff = f"{update_difference(factory, reference, params, args.compare_steps):.1e}"
+            peers += [i] if not label.startswith(("ours", "A/A")) else []
+        (paired, q1, q3), x_median, x_low = per_round[i], median[i] / median[0], low[i] / low[0]
+        rows.append(
+            f"| {label} | {median[i]:.1f} | {low[i]:.1f} | {x_median:.2f} | {x_low:.2f} | {paired:.2f} ({q1:.2f}-{q3:.2f}) | {diff} |"
         )
     header = "optimizer | ms/step median: | ms/step min: | median x ours: | min x ours: | per round x ours: | max abs update diff vs ours:"
-    print("\n" + table(header, lines))
-    control = next(row for row in rows if row[0] == AA_LABEL)
-    peers = [row for row in rows if row[4] is not None and row is not control and not row[0].startswith("ours")]
-    fastest_median = min(peers, key=lambda row: row[2])
-    fastest_min = min(peers, key=lambda row: row[1])
-    fastest_paired = min(peers, key=lambda row: row[3][0])
+    print("\n" + table(header, rows))
+    by_median, by_low, by_round = (min(peers, key=values.__getitem__) for values in (median, low, [r[0] for r in per_round]))
     print(
-        f"\nours vs the fastest peer: {fastest_median[2] / ours_median:.2f}x faster by median "
-        f"({fastest_median[0]}), {fastest_min[1] / ours_low:.2f}x by min ({fastest_min[0]}), "
-        f"{fastest_paired[3][0]:.2f}x per round ({fastest_paired[0]})"
+        f"\nours vs the fastest peer: {median[by_median] / median[0]:.2f}x faster by median ({found[by_median][0]}), "
+        f"{low[by_low] / low[0]:.2f}x by min ({found[by_low][0]}), {per_round[by_round][0]:.2f}x per round ({found[by_round][0]})"
     )
-    print(
-        f"A/A control (ours / ours): {control[2] / ours_median:.2f} by median, {control[1] / ours_low:.2f} by min, "
-        f"{control[3][0]:.2f} per round ({control[3][1]:.2f}-{control[3][2]:.2f})"
-    )
-    floor = next((row for row in rows if "Adam fused" in row[0]), None)
-    if floor is not None:
-        for row in rows:
-            if row[0].startswith("ours"):
-                print(f"{row[0]} / the fused Adam floor: {row[2] / floor[2]:.2f} by median, {row[3][0] / floor[3][0]:.2f} per round")
+    (aa, aa_q1, aa_q3), aa_median, aa_low = per_round[1], median[1] / median[0], low[1] / low[0]
+    print(f"A/A control (ours / ours): {aa_median:.2f} by median, {aa_low:.2f} by min, {aa:.2f} per round ({aa_q1:.2f}-{aa_q3:.2f})")
+    floor = next(i for i, (label, _, _) in enumerate(found) if "Adam fused" in label)
+    for i, (label, _, _) in enumerate(found):
+        if label.startswith("ours"):
+            print(
+                f"{label} / the fused Adam floor: {median[i] / median[floor]:.2f} by median, {per_round[i][0] / per_round[floor][0]:.2f} per round"
+            )
 
 
 if __name__ == "__main__":

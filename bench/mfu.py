@@ -10,7 +10,6 @@ from __future__ import annotations
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
     __import__("common").run_as_module(__file__)
 
-import argparse
 import pathlib
 import statistics
 import tempfile
@@ -55,14 +54,8 @@ def engine_images_per_second(cfg: dict, run_dir: pathlib.Path, batches) -> tuple
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--micro", type=int, default=64)
-    parser.add_argument("--accumulation", type=int, default=2)
-    engine_overhead.add_arguments(parser)
-    parser.add_argument("--matmul", type=int, default=2048, help="side of the square fp32 matmul that sets the peak")
-    parser.add_argument("--matmul-repeats", type=int, default=5)
+    matmul = (2048, "side of the square fp32 matmul that sets the peak")
+    parser = engine_overhead.parser(__doc__, rounds=3, steps=4, micro=64, accumulation=2, matmul=matmul, matmul_repeats=5)
     args = parser.parse_args(argv)
     engine_overhead.set_clock(args.clock)
     batches = engine_overhead.make_batches(args)

@@ -18,28 +18,19 @@ import pathlib
 import sys
 import tempfile
 
-from bench.common import config, machine_description, repo_env, run_or_fail, table
+from bench.common import config, machine_description, options, repo_env, run_or_fail, table
 
 
 def rss_kib(field: str) -> int:
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
+    """``field`` of this process's /proc status (VmRSS, VmHWM) in KiB."""
+    return int(next(line.split()[1] for line in pathlib.Path("/proc/self/status").read_text().splitlines() if line.startswith(f"{field}:")))
 
 
 def run_config(strategy: str, accumulation: int, every: bool, model: str = "vit_base_patch16_224"):
     """The bench's config: the base config with LAMB at world size 2, as ``largebatch train`` resolves it."""
-    return config(
-        {
-            "global_batch_size": 2 * accumulation * 2,
-            "micro_batch_size": 2,
-            "model": {"name": model},
-            "optimizer": {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05},
-            "dist": {"strategy": strategy, "reduce_every_micro_batch": every},
-            "data.train_samples": 64,
-        }
-    )
+    lamb, dist = {"type": "lamb", "lr": 1e-3, "weight_decay": 0.05}, {"strategy": strategy, "reduce_every_micro_batch": every}
+    batch = {"global_batch_size": 2 * accumulation * 2, "micro_batch_size": 2}
+    return config({**batch, "model": {"name": model}, "optimizer": lamb, "dist": dist, "data.train_samples": 64})
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -86,9 +77,8 @@ def worker(args: argparse.Namespace) -> None:
 
 def side(name: str, strategy: str, args: argparse.Namespace, every: bool = False) -> dict:
     out = pathlib.Path(tempfile.mkdtemp(prefix="lbmem-")) / "side"
-    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bench.sharded_memory", "--worker"]
-    cmd += ["--strategy", strategy, "--out", str(out), "--steps", str(args.steps), "--accumulation", str(args.accumulation)]
-    cmd += ["--model", args.model]
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bench.sharded_memory", "--worker", "--strategy"]
+    cmd += [strategy, "--out", str(out), "--steps", str(args.steps), "--accumulation", str(args.accumulation), "--model", args.model]
     cmd += ["--every"] if every else []
     # A fixed mmap threshold: every large tensor is its own mapping, returned to the
     # system when freed, so resident memory follows the live tensors (glibc's default
@@ -100,14 +90,11 @@ def side(name: str, strategy: str, args: argparse.Namespace, every: bool = False
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options(__doc__, steps=3, accumulation=2, model=("vit_base_patch16_224", "timm model whose parameters are trained"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--every", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--accumulation", type=int, default=2)
-    parser.add_argument("--model", default="vit_base_patch16_224", help="timm model whose parameters are trained")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
@@ -121,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]["measured"]
     print(f"Machine: {machine_description()}.\n")
     print(f"{args.model}, LAMB, world size 2, accumulation {args.accumulation}, {args.steps} steps; per-rank peak.\n")
-    print(table("run | measured (MiB): | ratio to ddp: | estimate (MiB): | estimate error:"))
-    for row in rows:
-        error = (row["estimate"] - row["measured"]) / row["measured"]
-        print(f"| {row['name']} | {row['measured']:,.0f} | {row['measured'] / base:.2f} | {row['estimate']:,.0f} | {error:+.0%} |")
+    lines = [
+        f"| {r['name']} | {r['measured']:,.0f} | {r['measured'] / base:.2f} | {r['estimate']:,.0f} | {r['estimate'] / r['measured'] - 1:+.0%} |"
+        for r in rows
+    ]
+    print(table("run | measured (MiB): | ratio to ddp: | estimate (MiB): | estimate error:", lines))
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
     __import__("common").run_as_module(__file__)
 
-import argparse
 import os
 import pathlib
 import statistics
@@ -18,15 +17,12 @@ import subprocess
 import sys
 import time
 
-from bench.common import REPO, in_turn, load, machine_description, spread_text, table
+from bench.common import REPO, in_turn, load, machine_description, options, spread_text, table
 
+SHOW = "largebatch config show configs/vit-b16.py --world-size 8"
 COMMANDS = {
     "largebatch --help": ["-m", "largebatch", "--help"],
-    "largebatch config show configs/vit-b16.py --world-size 8": [
-        "-m",
-        "largebatch",
-        *"config show configs/vit-b16.py --world-size 8".split(),
-    ],
+    SHOW: ["-m", *SHOW.split()],
     "import torch, timm": ["-c", "import torch, timm"],
 }
 AA = "A/A: config show again"
@@ -46,7 +42,7 @@ def timed(tree: pathlib.Path, args: list[str]) -> float:
 def rotation(against: pathlib.Path | None) -> list[tuple[str, pathlib.Path, list[str]]]:
     """(label, tree, arguments) of every timed slot of a round."""
     slots = [(name, REPO, args) for name, args in COMMANDS.items()]
-    slots.append((AA, REPO, COMMANDS["largebatch config show configs/vit-b16.py --world-size 8"]))
+    slots.append((AA, REPO, COMMANDS[SHOW]))
     if against is not None:
         slots += [(f"{name} [{against.name}]", against, args) for name, args in COMMANDS.items() if name.startswith("largebatch")]
     return slots
@@ -57,8 +53,7 @@ def ratio(times: dict[str, list[float]], a: str, b: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser = options(__doc__, rounds=7)
     parser.add_argument("--against", type=pathlib.Path, default=None, help="another checkout to time the same commands from")
     args = parser.parse_args()
     against = args.against.resolve() if args.against else None
@@ -75,11 +70,10 @@ def main() -> None:
     print(table("command | s (median): | s (min):"))
     for label, values in times.items():
         print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} |")
-    show = "largebatch config show configs/vit-b16.py --world-size 8"
     print("\n" + table("ratio, per round | median (quartiles):"))
     print(f"| --help / import torch, timm | {ratio(times, 'largebatch --help', 'import torch, timm')} |")
-    print(f"| config show / import torch, timm | {ratio(times, show, 'import torch, timm')} |")
-    print(f"| {AA} / config show | {ratio(times, AA, show)} |")
+    print(f"| config show / import torch, timm | {ratio(times, SHOW, 'import torch, timm')} |")
+    print(f"| {AA} / config show | {ratio(times, AA, SHOW)} |")
     if against is not None:
         for name in (n for n in COMMANDS if n.startswith("largebatch")):
             print(f"| {name}: {against.name} / this tree | {ratio(times, f'{name} [{against.name}]', name)} |")

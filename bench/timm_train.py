@@ -10,7 +10,6 @@ from __future__ import annotations
 if __name__ == "__main__" and not __package__:  # run as a file: start again as the module (bench/common.py)
     __import__("common").run_as_module(__file__)
 
-import argparse
 import pathlib
 import statistics
 import tempfile
@@ -18,7 +17,8 @@ import time
 
 import torch
 
-from bench.common import add_model_arguments, build_engine, image_shards, in_turn, machine_description, shard_data, table
+from bench.common import MODEL, build_engine, image_shards, in_turn, machine_description, options, shard_data, table
+from largebatch.backends import Backend, create_backend
 from largebatch.engine.engine import Engine
 from largebatch.engine.hook import Hook
 
@@ -26,21 +26,17 @@ CLASSES = 8
 
 
 class EpochTimer(Hook):
-    """Wall time of each training epoch, from before_epoch to after_epoch (no evaluation)."""
+    """images/s of each training epoch, from before_epoch to after_epoch (no evaluation)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seconds: list[float] = []
-        self.samples: list[int] = []
-        self._start = 0.0
-        self._seen = 0
+        self.rates: list[float] = []
 
     def before_epoch(self, state) -> None:
-        self._start, self._seen = time.perf_counter(), state.samples_seen
+        self.start, self.seen = time.perf_counter(), state.samples_seen
 
     def after_epoch(self, state) -> None:
-        self.seconds.append(time.perf_counter() - self._start)
-        self.samples.append(state.samples_seen - self._seen)
+        self.rates.append((state.samples_seen - self.seen) / (time.perf_counter() - self.start))
 
 
 def overrides(args, shards: pathlib.Path) -> dict:
@@ -60,22 +56,44 @@ def largebatch_round(cfg: dict, run_dir: pathlib.Path) -> list[float]:
     timer = EpochTimer()
     engine = Engine(engine.state, [*engine.hooks, timer], engine.train_loader, engine.eval_loader)
     engine.run()
-    return [n / s for n, s in zip(timer.samples, timer.seconds)]
+    return timer.rates
+
+
+def timm_model(name: str, classes: int, image_size: int, device: torch.device, **kwargs) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A seeded timm model on ``device`` and AdamW as timm's ``create_optimizer_v2`` builds it."""
+    import timm
+    from timm.optim import create_optimizer_v2
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=classes, img_size=image_size, **kwargs).to(device)
+    return model, create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+
+
+def timm_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, images, target, backend: Backend) -> torch.Tensor:
+    """One batch of timm train.py's loop: forward and loss under the backend's autocast,
+    backward, ``dispatch_clip_grad`` at 1.0, the optimizer's step; the loss."""
+    from timm.utils import dispatch_clip_grad
+
+    with backend.autocast():
+        loss = torch.nn.functional.cross_entropy(model(images), target)
+    optimizer.zero_grad()
+    loss.backward()
+    backend.after_backward()
+    dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
+    optimizer.step()
+    backend.after_optimizer_step()
+    return loss
 
 
 def timm_round(args, folder: pathlib.Path) -> list[float]:
-    """timm train.py's CPU training path (see the module docstring), per-epoch images/s."""
-    import timm
+    """timm train.py's CPU training path (ImageFolder + ``create_loader``, per-update
+    cosine schedule), per-epoch images/s."""
     from timm.data import create_dataset, create_loader
-    from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
-    from timm.utils import AverageMeter, dispatch_clip_grad
+    from timm.utils import AverageMeter
 
-    torch.manual_seed(0)
-    device = torch.device("cpu")
-    model = timm.create_model(
-        args.model, pretrained=False, num_classes=CLASSES, img_size=args.image_size, patch_size=args.patch, depth=args.depth
-    )
+    backend = create_backend("cpu", "fp32")
+    model, optimizer = timm_model(args.model, CLASSES, args.image_size, backend.device, patch_size=args.patch, depth=args.depth)
     dataset = create_dataset("", root=str(folder), split="train", is_training=True, batch_size=args.batch)
     loader = create_loader(
         dataset,
@@ -87,28 +105,18 @@ def timm_round(args, folder: pathlib.Path) -> list[float]:
         color_jitter=None,
         interpolation="bilinear",
         num_workers=args.workers,
-        device=device,
+        device=backend.device,
         use_prefetcher=False,
     )
-    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
-    updates_per_epoch = len(loader)
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched="cosine", num_epochs=args.epochs, warmup_epochs=0, step_on_epochs=False, updates_per_epoch=updates_per_epoch
+        optimizer, sched="cosine", num_epochs=args.epochs, warmup_epochs=0, step_on_epochs=False, updates_per_epoch=len(loader)
     )
-    loss_fn = torch.nn.CrossEntropyLoss()
-    rates = []
-    num_updates = 0
+    rates, num_updates = [], 0
     for epoch in range(args.epochs):
         model.train()
-        losses = AverageMeter()
-        count, start = 0, time.perf_counter()
+        losses, count, start = AverageMeter(), 0, time.perf_counter()
         for images, target in loader:
-            images, target = images.to(device), target.to(device)
-            loss = loss_fn(model(images), target)
-            optimizer.zero_grad()
-            loss.backward()
-            dispatch_clip_grad(model.parameters(), value=1.0, mode="norm")
-            optimizer.step()
+            loss = timm_step(model, optimizer, images, target, backend)
             num_updates += 1
             losses.update(loss.item(), images.size(0))
             scheduler.step_update(num_updates=num_updates, metric=losses.avg)
@@ -119,13 +127,10 @@ def timm_round(args, folder: pathlib.Path) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=3, help="per round; the first is a warm-up")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=1)
-    add_model_arguments(parser, image_size=64, patch=8, depth=4)
+    epochs = (3, "per round; the first is a warm-up")
+    parser = options(
+        __doc__, images=256, batch=32, epochs=epochs, rounds=2, workers=1, **MODEL | {"image_size": 64, "patch": 8, "depth": 4}
+    )
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is a warm-up)")

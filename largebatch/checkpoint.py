@@ -54,7 +54,7 @@ import pathlib
 import re
 import shutil
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -686,7 +686,7 @@ def save_final_weights(model: torch.nn.Module, path: pathlib.Path, *, is_main: b
 
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if is_main:
-            save_tensors(full, path)
+            save_tensors(cast(dict[str, torch.Tensor], full), path)  # a model's full state dict: tensors only
         return
     if is_main:
         save_weights(model, path)
@@ -822,7 +822,7 @@ def load_sharded_tensors(path: pathlib.Path, run: CheckpointedRun, *, trust: boo
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(run.model, run.optimizer)
-    loaded = {"model": model_state, "optimizer": optimizer_state}
+    loaded: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     safe_load.load_dcp(loaded, path, trust=trust)
     set_state_dict(run.model, run.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
 

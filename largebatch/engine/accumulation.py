@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import AbstractContextManager as ContextManager
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 def micro_loss_weight(window: int) -> float:
@@ -46,7 +50,7 @@ def sync_context(
     return contextlib.nullcontext()
 
 
-def _is_fsdp(model: torch.nn.Module) -> bool:
+def _is_fsdp(model: torch.nn.Module) -> TypeGuard[FSDPModule]:
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without FSDP2

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bench import common
-from bench.engine_overhead import BareWorker, TakingTurns, Turns
+from bench.engine_overhead import TakingTurns, Turns, bare_worker
 from bench.mfu import training_flops_per_image
 from tests.conftest import REPO, clean_env
 from tests.test_layers import imported_modules
@@ -110,7 +110,7 @@ def test_engine_overhead_loops_take_turns_step_by_step(first):
             order.append(("bare", step))
             turns.give("bare", to="engine")
 
-    done = BareWorker().submit(bare)
+    done = bare_worker().submit(bare)
     turns.take("engine")
     batches = iter(loader)
     for step in range(steps):
@@ -118,7 +118,7 @@ def test_engine_overhead_loops_take_turns_step_by_step(first):
             next(batches)
         order.append(("engine", step))
     turns.give("engine", to="bare")
-    assert done["event"].wait(timeout=30) and "error" not in done
+    done.result(timeout=30)
     sides = ["engine", "bare"] if first == "engine" else ["bare", "engine"]
     assert order == [(side, step) for step in range(steps) for side in sides]
     assert turns.seconds["engine"] >= 0 and turns.seconds["bare"] >= 0
@@ -146,7 +146,7 @@ def test_timm_train_runs():
     ratio(out, "largebatch / timm")
 
 
-def test_lars_step_pairs_alternate_and_match_timm():
+def test_lars_step_matches_timms_lars_and_pairs_blocks_in_alternating_order():
     from bench import lamb_step, lars_step
 
     calls = []
@@ -158,9 +158,8 @@ def test_lars_step_pairs_alternate_and_match_timm():
         def step(self):
             calls.append(self.name)
 
-    a, b = lambda ps: Recorder("a"), lambda ps: Recorder("b")
-    ms_a, ms_b = lars_step.paired(a, b, [], steps=2, rounds=3)
-    assert len(ms_a) == len(ms_b) == 3
+    times = lamb_step.time_steps([lambda ps: Recorder("a"), lambda ps: Recorder("b")], [], steps=2, rounds=3)
+    assert [len(side) for side in times] == [3, 3]
     blocks = [calls[i] for i in range(0, len(calls), 3)]  # one untimed + 2 timed steps a block
     assert blocks == ["a", "b", "b", "a", "a", "b"]  # the order alternates between rounds
     torch.manual_seed(0)
@@ -266,6 +265,6 @@ def test_loader_bench_counts_worker_cpu_and_gives_the_main_process_apart():
 def test_loader_bench_decode_share_of_all_host_side_and_workers():
     from bench import loaders
 
-    rows = loaders.decode_share({loaders.DECODE_STEP: 0.6, loaders.DEVICE_STEP: 0.05}, total=1.0, in_main=0.1)
+    rows = loaders.decode_share({loaders.DECODE_STEP: 0.6, loaders.DEVICE_STEP: 0.05}, total=1.0, in_main=0.1).splitlines()
     shares = [re.search(r"\| ([0-9.]+) \| (\d+)% \|$", row).groups() for row in rows if row.endswith("% |")]
     assert shares == [("1.00", "60"), ("0.95", "63"), ("0.90", "67")]
