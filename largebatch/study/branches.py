@@ -59,8 +59,9 @@ LR_RULES = ("sqrt", "linear", "none")
 DEFAULT_LR_RULE = {"adamw": "sqrt", "adam": "sqrt", "lamb": "sqrt", "sgd": "linear", "lars": "linear"}
 
 
-def lr_multiplier(rule: str, k: int) -> float:
-    """The learning rate's factor at k x B: ``sqrt`` sqrt(k), ``linear`` k, ``none`` 1."""
+def lr_multiplier(rule: str, k: float) -> float:
+    """The learning rate's factor at k x B: ``sqrt`` sqrt(k), ``linear`` k, ``none`` 1 (``k``
+    may be a fraction: a ramp's early stages, ``largebatch.batch_schedule``)."""
     if rule not in LR_RULES:
         raise ValueError(f"unknown learning-rate rule {rule!r}")
     return math.sqrt(k) if rule == "sqrt" else float(k) if rule == "linear" else 1.0
