@@ -5,17 +5,20 @@ the formula written out here; a fixed schedule against today's step-indexed numb
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 import torch
 
+from largebatch import preemption
 from largebatch.batch_schedule import BatchController, build_batch_schedule
 from largebatch.config import derive, validate
 from largebatch.config.typed import typed
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import ConfigError
 from largebatch.hooks.ema import ModelEmaHook
-from tests.conftest import tiny_config
+from largebatch.launch import TrainArgs, train
+from tests.conftest import tiny_config, write_config
 from tests.hooks.common import MICRO, build
 from tests.hooks.test_ema import WeightsAfterEachStep
 
@@ -76,7 +79,7 @@ def test_a_fixed_schedule_gives_the_step_indexed_numbers_and_no_batch_metrics(tm
     [("adamw", None, 0.5), ("lamb", None, 0.5), ("sgd", None, 1.0), ("lars", None, 1.0), ("adamw", "linear", 1.0), ("sgd", "none", 0.0)],
 )
 def test_the_lr_rule_by_optimizer_and_configured(optimizer, rule, power):
-    cfg = typed(validate(tiny_config(**{"optimizer.type": optimizer, "batch_schedule": ramp(8, 64, lr_rule=rule)})))
+    cfg = typed(validate(tiny_config(**{"optimizer.type": optimizer, "batch_schedule": ramp(8, 64, lr_scaling=rule)})))
     schedule = build_batch_schedule(cfg, world_size=1)
     assert schedule.batches == (8, 16, 32)
     for batch in schedule.batches:
@@ -93,7 +96,7 @@ def test_a_ramp_grows_by_samples_seen_and_the_lr_follows_samples_and_the_rule(tm
         steps=4,
         accumulation=4,
         epochs=2,
-        batch_schedule=ramp(4, 32, lr_rule="sqrt"),
+        batch_schedule=ramp(4, 32, lr_scaling="sqrt"),
         **{"lr_schedule.warmup_steps": WARMUP},
     )
     total_reference_steps = engine.state.run.derived.total_steps
@@ -119,7 +122,7 @@ def test_a_ramp_grows_by_samples_seen_and_the_lr_follows_samples_and_the_rule(tm
 def test_a_window_is_cut_at_the_epoch_end_and_the_epoch_keeps_its_samples(tmp_path):
     # 3 steps of 16 = 48 samples per epoch; ramp 8 -> 16 at sample 8: 8 | 16 16 | 8 (cut)
     recorder = Steps()
-    engine, _ = build(tmp_path, [recorder], steps=3, accumulation=4, batch_schedule=ramp(8, 8, lr_rule="none"))
+    engine, _ = build(tmp_path, [recorder], steps=3, accumulation=4, batch_schedule=ramp(8, 8, lr_scaling="none"))
     engine.run()
     assert [r["window"] for r in recorder.rows] == [2, 4, 4, 2]
     assert recorder.rows[-1]["after"] == 48
@@ -130,7 +133,7 @@ def test_the_ema_keeps_its_decay_per_sample_across_a_batch_change(tmp_path):
     decay = 0.8
     recorder, steps = WeightsAfterEachStep(), Steps()
     hook = ModelEmaHook(decay)
-    engine, _ = build(tmp_path, [hook, recorder, steps], steps=4, accumulation=4, batch_schedule=ramp(4, 32, lr_rule="none"))
+    engine, _ = build(tmp_path, [hook, recorder, steps], steps=4, accumulation=4, batch_schedule=ramp(4, 32, lr_scaling="none"))
     engine.run()
     ema = {k: v.double() for k, v in recorder.weights[0].items()}
     for row, weights in zip(steps.rows, recorder.weights[1:]):
@@ -155,7 +158,7 @@ def test_weight_decay_follows_the_batch_when_the_timescale_is_kept(tmp_path):
         [WeightDecay()],
         steps=4,
         accumulation=4,
-        batch_schedule=ramp(4, 32, lr_rule="sqrt", keep_wd_timescale=True),
+        batch_schedule=ramp(4, 32, lr_scaling="sqrt", keep_wd_timescale=True),
     )
     engine.run()
     for batch, decays in seen:
@@ -209,7 +212,7 @@ def test_the_adaptive_controller_doubles_only_when_the_criterion_allows_and_neve
 @pytest.mark.parametrize(
     ("section", "world_size", "key", "words"),
     [
-        (ramp(12, 64), 1, "batch_schedule.start_batch_size", "set start_batch_size to 32 / 2^k, e.g. 8 or 16"),
+        (ramp(12, 64), 1, "batch_schedule.start_batch_size", "set start_batch_size to global_batch_size / 2^k, e.g. 8 or 16"),
         (ramp(8, 64, increment=5), 1, "batch_schedule.increment", "a divisor of 24, e.g. 4"),
         (ramp(8, None), 1, "batch_schedule.ramp_samples", "is required"),
         (ramp(32, 64), 1, "batch_schedule.start_batch_size", "not below global_batch_size 32"),
@@ -232,3 +235,35 @@ def test_a_bad_schedule_is_one_error_naming_the_key_and_the_fix(section, world_s
         derive(cfg, world_size, 128)
     assert error.value.key == key
     assert words in str(error.value)
+
+
+@pytest.mark.slow
+def test_an_adaptive_run_resumed_on_either_side_of_its_growth_ends_with_the_uninterrupted_runs_bytes(tmp_path, signal_handlers):
+    # 16 -> 32 once the noise scale allows (factor 10^6: as soon as the smoothed |G|^2 is
+    # positive), checked every 32 samples; the decisions and the estimate's averages resume
+    cfg = tiny_config(
+        **{
+            "epochs": 2,
+            "hooks": [{"type": "noise_scale", "beta": 0.5}],
+            "batch_schedule": {"type": "adaptive", "start_batch_size": 16, "factor": 1e6, "check_every_samples": 32},
+            "checkpoint.at_end": True,
+        }
+    )
+
+    def run(config: dict, run_dir: pathlib.Path, resume: str | None = None):
+        path = write_config(tmp_path, config, name=f"{run_dir.name}.yaml")
+        preemption.clear()
+        overrides = ["max_steps=null"] if resume else []
+        return train(TrainArgs(config=str(path), overrides=overrides, run_dir=str(run_dir), resume=resume))
+
+    reference = run(cfg, tmp_path / "reference")
+    decisions = reference.run.batch.decisions
+    assert len(decisions) == 1 and decisions[0][3] == 32
+    grew_after = int(decisions[0][1])  # the step at whose end the batch doubled
+    for stop in (grew_after - 1, grew_after):
+        run_dir = tmp_path / f"stopped-{stop}"
+        assert run({**cfg, "max_steps": stop}, run_dir).step == stop
+        (run_dir / "model.safetensors").unlink()
+        resumed = run(cfg, run_dir, resume="auto")
+        assert resumed.step == reference.step and resumed.run.batch.decisions == decisions
+        assert (run_dir / "model.safetensors").read_bytes() == (tmp_path / "reference" / "model.safetensors").read_bytes(), stop

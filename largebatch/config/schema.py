@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 from typing import Any
 
-from largebatch.batch_schedule import check_section as check_batch_schedule
+from largebatch.config.batch_rules import check_batch_schedule
 from largebatch.errors import ConfigError
 from largebatch.study.branches import LR_RULES
 
@@ -118,7 +118,7 @@ SCHEMA = Section(
                 "check_every_samples": Field(
                     int, None, "adaptive: check the criterion every N samples (None: every 10 x global_batch_size)", low=1, nullable=True
                 ),
-                "lr_rule": Field(
+                "lr_scaling": Field(
                     str,
                     None,
                     "learning-rate multiplier at batch B: (B / global_batch_size)^(1/2) sqrt, ^1 linear, 1 none "

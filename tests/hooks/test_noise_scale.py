@@ -232,7 +232,7 @@ def test_the_adaptive_batch_doubles_when_the_noise_scale_allows_and_not_beyond(t
                 "start_batch_size": 64,
                 "factor": 1.5 * 128 / truth,
                 "check_every_samples": 19200,
-                "lr_rule": "none",
+                "lr_scaling": "none",
             },
         },
     )
