@@ -56,10 +56,23 @@ from typing import TYPE_CHECKING, Any
 
 from largebatch.batching import nearest_valid_global_batches
 from largebatch.errors import ConfigError
-from largebatch.study.branches import DEFAULT_LR_RULE, lr_multiplier
 
 if TYPE_CHECKING:
     from largebatch.config.sections import Config
+
+LR_RULES = ("sqrt", "linear", "none")
+# The learning-rate rule by optimizer type when none is named (batch_schedule.lr_scaling, a study's branches):
+# Adam-family and LAMB scale with sqrt(k) (Malladi et al. 2022; You et al. 2019), SGD and LARS with k (Goyal et al. 2017).
+DEFAULT_LR_RULE = {"adamw": "sqrt", "adam": "sqrt", "lamb": "sqrt", "sgd": "linear", "lars": "linear"}
+
+
+def lr_multiplier(rule: str, k: float) -> float:
+    """The learning rate's factor at k x B: ``sqrt`` sqrt(k), ``linear`` k, ``none`` 1 (``k``
+    may be a fraction: a ramp's early stages, ``largebatch.batch_schedule``)."""
+    if rule not in LR_RULES:
+        raise ValueError(f"unknown learning-rate rule {rule!r}")
+    return math.sqrt(k) if rule == "sqrt" else float(k) if rule == "linear" else 1.0
+
 
 # Adaptive checks every this many steps at the config's global batch when check_every_samples is None.
 DEFAULT_CHECK_STEPS = 10

@@ -13,9 +13,9 @@ import dataclasses
 import difflib
 from typing import Any
 
+from largebatch.batch_schedule import LR_RULES
 from largebatch.config.batch_rules import check_batch_schedule
 from largebatch.errors import ConfigError
-from largebatch.study.branches import LR_RULES
 
 REQUIRED = object()
 
