@@ -203,8 +203,8 @@ def how_to_train_on(state: TrainState) -> str:
     """What to run to train a finished run further: more ``max_steps`` when they stopped it,
     else more epochs (a longer schedule: accepted with ``--resume-ignore-config``)."""
     run, cmd = state.run, f"largebatch train --run-dir {state.run.run_dir} --resume auto"
-    if state.step < run.derived.total_steps:  # max_steps stopped it before its schedule's end
-        return f"to train on, raise max_steps: `{cmd} --set max_steps={min(run.derived.total_steps, 2 * state.step)}`"
+    if state.epoch < run.config.epochs:  # max_steps stopped it before its schedule's end
+        return f"to train on, raise max_steps: `{cmd} --set max_steps={min(run.derived.batch_steps, 2 * state.step)}`"
     epochs = run.config.epochs
     return f"it trained all {epochs} epochs; to train on with a longer schedule: `{cmd} --set epochs={2 * epochs} --resume-ignore-config`"
 
