@@ -36,9 +36,9 @@ config's global batch: position ``p = samples_seen / global_batch_size`` ("steps
 ``global_batch_size``"). The learning-rate schedule's warmup and decay, the EMA warmup,
 and intervals given in steps (``checkpoint.interval_steps``, the ``eval`` hook's) read
 ``p``; with ``fixed``, ``p`` is the step count itself, so nothing changes. The learning
-rate is the schedule's times ``lr_multiplier(rule, B / global_batch_size)``
-(``largebatch.study.branches``: sqrt for AdamW and LAMB, linear for SGD and LARS, or
-``none``): ``optimizer.lr`` is the rate at ``global_batch_size``. The EMA's decay per
+rate is the schedule's times ``lr_multiplier(rule, B / global_batch_size)`` (sqrt for
+AdamW and LAMB, linear for SGD and LARS, or ``none``; the critical-batch study's branches
+use the same rules): ``optimizer.lr`` is the rate at ``global_batch_size``. The EMA's decay per
 step is ``decay^(B / global_batch_size)``, the same decay per sample. With
 ``keep_wd_timescale`` (AdamW), weight decay is multiplied by ``(B / G) / lr_multiplier``
 so that ``lr x weight_decay / B`` stays constant: AdamW's weights are an exponential
