@@ -125,6 +125,8 @@ class CheckpointedRun(Protocol):
     @property
     def guard(self) -> Stateful: ...
     @property
+    def batch(self) -> Stateful: ...
+    @property
     def backend(self) -> Backend: ...
     @property
     def run_dir(self) -> RunDir: ...
@@ -156,7 +158,7 @@ class CheckpointedState(Protocol):
     @property
     def epoch(self) -> int: ...
     @property
-    def step_in_epoch(self) -> int: ...
+    def samples_in_epoch(self) -> int: ...
     @property
     def last_eval_step(self) -> int | None: ...
 
@@ -428,6 +430,7 @@ def _run_record(state: CheckpointedState, hooks: Sequence[CheckpointedHook]) -> 
         "scaler": run.scaler.state_dict() if run.scaler else None,
         "counters": state.counters.state_dict(),
         "nan_guard": run.guard.state_dict(),
+        "batch_schedule": run.batch.state_dict(),
         "last_eval_step": state.last_eval_step,
         "hooks": states,
         "world_size": run.world_size,
@@ -579,15 +582,21 @@ def load_checkpoint(
         payload = read_checkpoint(path, trust=trust)
     run = state.run
     _load_training_tensors(path, payload, run, check_resumable(path, payload, state, ignore_config=ignore_config), trust=trust)
-    state.restore(payload["counters"], payload.get("last_eval_step"))
+    counters = dict(payload["counters"])
+    # a checkpoint from before the position was kept in samples: its steps were full global batches
+    counters.setdefault("samples_in_epoch", counters["step_in_epoch"] * run.plan.global_batch_size)
+    state.restore(counters, payload.get("last_eval_step"))
     run.guard.load_state_dict(payload["nan_guard"])
+    run.batch.load_state_dict(payload.get("batch_schedule", {}))
     for key, hook in zip(hook_state_keys(hooks), hooks):
         if key in payload["hooks"]:
             hook.load_state_dict(payload["hooks"][key])
-    # The position within the epoch follows from the counters: checkpoints are taken at
+    # The position within the epoch is kept in samples: checkpoints are taken at
     # optimizer-step boundaries, and the samples of each step do not depend on the world
-    # size (``largebatch.data.sharding``), so this also holds after a change of world size.
-    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.step_in_epoch * run.plan.accumulation})
+    # size (``largebatch.data.sharding``), so this also holds after a change of world size,
+    # and whatever the batch schedule made of the steps before.
+    unit = run.plan.micro_batch_size * run.world_size
+    train_loader.load_state_dict({"epoch": state.epoch, "micro_batch": state.samples_in_epoch // unit})
 
 
 def _load_training_tensors(path: pathlib.Path, payload: dict[str, Any], run: CheckpointedRun, sharded_file: bool, *, trust: bool) -> None:

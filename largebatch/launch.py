@@ -43,6 +43,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def batch_schedule_note(derived: Derived) -> str:
+    """What the launch line adds for a batch that changes along the run (empty when fixed)."""
+    schedule = derived.batch_schedule
+    if schedule.fixed:
+        return ""
+    batches = " -> ".join(str(b) for b in schedule.batches)
+    bound = ", steps at most" if schedule.type == "adaptive" else ""
+    return f" ({schedule.type} batch {batches}, lr rule {schedule.lr_rule}{bound})"
+
+
 def build_run(args: TrainArgs) -> tuple[Engine, list[Hook]]:
     """Everything a run needs, resumed if asked; returns the engine and its hooks.
 
@@ -193,8 +203,8 @@ def how_to_train_on(state: TrainState) -> str:
     """What to run to train a finished run further: more ``max_steps`` when they stopped it,
     else more epochs (a longer schedule: accepted with ``--resume-ignore-config``)."""
     run, cmd = state.run, f"largebatch train --run-dir {state.run.run_dir} --resume auto"
-    if state.step < run.derived.total_steps:  # max_steps stopped it before its schedule's end
-        return f"to train on, raise max_steps: `{cmd} --set max_steps={min(run.derived.total_steps, 2 * state.step)}`"
+    if state.epoch < run.config.epochs:  # max_steps stopped it before its schedule's end
+        return f"to train on, raise max_steps: `{cmd} --set max_steps={min(run.derived.batch_steps, 2 * state.step)}`"
     epochs = run.config.epochs
     return f"it trained all {epochs} epochs; to train on with a longer schedule: `{cmd} --set epochs={2 * epochs} --resume-ignore-config`"
 
@@ -237,7 +247,7 @@ def train(args: TrainArgs) -> TrainState:
             print(
                 f"largebatch: {run.backend.describe()}, world size {d.world_size}, global batch "
                 f"{d.plan.global_batch_size} = {d.plan.micro_batch_size} x {d.accumulation} accumulation x "
-                f"{d.world_size}, {run.total_steps} steps; run directory {run.run_dir}",
+                f"{d.world_size}, {run.total_steps} steps{batch_schedule_note(d)}; run directory {run.run_dir}",
                 flush=True,
             )
         engine.run()

@@ -53,7 +53,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         ("runtime", "base"),
     ),
-    "base": (("__init__.py", "config/", "signatures.py", "vit.py", "batching.py", "errors.py"), ("base",)),
+    "base": (("__init__.py", "config/", "signatures.py", "vit.py", "batching.py", "batch_schedule.py", "errors.py"), ("base",)),
 }
 
 REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # 'package.module:Name', a class loaded by name

@@ -4,7 +4,8 @@ was never stopped.
 The matrix: loader {synthetic, native with 0 and 2 workers, native decoding on the device
 (``data.decode='device'``, the CPU standing in for the GPU), DALI} x {dropout and
 drop-path on, off} x stop point {mid-epoch, at an epoch boundary, a real SIGUSR1 in the
-middle of an accumulation window}. Every cell compares ``model.safetensors`` byte for byte
+middle of an accumulation window}, and a batch ramp stopped just before and just after
+its first batch change on every loader. Every cell compares ``model.safetensors`` byte for byte
 with the uninterrupted run of the same loader; mixup and LAMB with clipping are on
 throughout, so every random stream and every piece of optimizer state takes part. A
 last test checks that the worker count does not change the result either.
@@ -133,6 +134,48 @@ def test_resumed_run_ends_with_the_uninterrupted_runs_bytes(tmp_path, shards, re
     resumed = run(tmp_path, cfg, run_dir, resume="auto")
     assert resumed.step == 8 and not resumed.interrupted
     assert (run_dir / "model.safetensors").read_bytes() == references(loader, dropout)
+
+
+# A batch ramp 4 -> 8 -> 16 (stages from samples 0, 16, 32): 4 steps at 4, 2 at 8, then 2 + 4 at 16, 12 in all.
+RAMP = {"batch_schedule": {"type": "ramp", "start_batch_size": 4, "ramp_samples": 32}}
+# Stopped on either side of the first batch change: the last step at batch 4, the first at 8.
+RAMP_STOPS = {"before-change": 4, "after-change": 5}
+
+
+@pytest.fixture(scope="module")
+def ramp_references(shards, tmp_path_factory):
+    """Uninterrupted ramped runs, one per loader: ``model.safetensors`` bytes."""
+    made: dict[str, bytes] = {}
+
+    def get(loader: str) -> bytes:
+        if loader not in made:
+            root = tmp_path_factory.mktemp(f"ramp-reference-{loader}")
+            state = run(root, {**matrix_config(shards, loader, "dropout"), **RAMP}, root / "run")
+            assert state.step == 12 and state.run.batch.batch == 16
+            made[loader] = (root / "run" / "model.safetensors").read_bytes()
+        return made[loader]
+
+    return get
+
+
+@pytest.mark.parametrize("stop", list(RAMP_STOPS))
+@pytest.mark.parametrize("loader", [loader_param(name) for name in LOADERS])
+def test_a_run_resumed_across_a_batch_change_ends_with_the_uninterrupted_runs_bytes(
+    tmp_path, shards, ramp_references, signal_handlers, loader, stop
+):
+    cfg = {**matrix_config(shards, loader, "dropout"), **RAMP}
+    run_dir = tmp_path / "run"
+    stopped = run(tmp_path, {**cfg, "max_steps": RAMP_STOPS[stop]}, run_dir)
+    assert (stopped.step, stopped.samples_seen) == (RAMP_STOPS[stop], {4: 16, 5: 24}[RAMP_STOPS[stop]])
+    (run_dir / "model.safetensors").unlink(missing_ok=True)
+    resumed = run(tmp_path, cfg, run_dir, resume="auto")
+    assert resumed.step == 12 and not resumed.interrupted
+    assert (run_dir / "model.safetensors").read_bytes() == ramp_references(loader)
+
+
+def test_the_ramp_changes_the_result(references, ramp_references):
+    """The ramp cells exercise a changing batch: their weights differ from the fixed batch's."""
+    assert ramp_references("synthetic") != references("synthetic", "dropout")
 
 
 def test_dropout_changes_the_result(references):

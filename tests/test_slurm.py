@@ -25,6 +25,7 @@ from tests.conftest import (
     hooks_override,
     placements,
     resume_config,
+    torchrun_reference,
     wait_until,
     write_config,
 )
@@ -66,11 +67,13 @@ def test_srun_fsdp_run_stopped_and_resumed_matches_torchrun(slurm, tmp_path):
     assert_same_weights(reference / "model.safetensors", run_dir / "model.safetensors")
 
 
-def preempted_sbatch_job(slurm, tmp_path, cfg: dict, *sbatch_options: str, hooks: tuple = ()) -> tuple[pathlib.Path, str, int]:
+def preempted_sbatch_job(
+    slurm, tmp_path, cfg: dict, *sbatch_options: str, hooks: tuple = (), steps: int = 8
+) -> tuple[pathlib.Path, str, int]:
     """Submit ``slurm/cpu-test.sbatch`` with ``cfg``, preempt it with ``scancel --signal=USR1``
     after two steps, release it once requeued, and wait for it to end; checked to have
-    checkpointed, requeued itself, resumed where it stopped and completed. Returns the run
-    directory, the job's log and the step it was preempted at."""
+    checkpointed, requeued itself, resumed where it stopped and completed (a run of
+    ``steps`` steps). Returns the run directory, the job's log and the step it was preempted at."""
     config = str(write_config(tmp_path, cfg))
     run_dir = tmp_path / "run"
     log = tmp_path / "job.log"
@@ -99,7 +102,7 @@ def preempted_sbatch_job(slurm, tmp_path, cfg: dict, *sbatch_options: str, hooks
     assert "preempted by SIGUSR1" in text and f"requeued Slurm job {job}" in text
     checkpointed = [line for line in text.splitlines() if "checkpoint written" in line]
     step = int(checkpointed[0].split(" at step ")[1].split(";")[0])
-    assert 2 <= step < 8 and "resumed from" in text and f"at step {step}/8, epoch" in text  # resumed where it stopped
+    assert 2 <= step < steps and "resumed from" in text and f"at step {step}/{steps}, epoch" in text  # resumed where it stopped
     assert os.path.exists(run_dir / "config.yaml")
     return run_dir, text, step
 
@@ -148,6 +151,16 @@ HSDP = {"strategy": "hsdp", "shard_size": 2}  # sharded within a node, replicate
 def hsdp_on_two_nodes(slurm_two_nodes, tmp_path_factory) -> pathlib.Path:
     """An uninterrupted ``srun -N2 --ntasks-per-node=2`` run of ``TWO_NODE_RUN`` under hsdp."""
     return srun_two_nodes(slurm_two_nodes, tmp_path_factory.mktemp("hsdp-two-nodes"), {**TWO_NODE_RUN, "dist": HSDP})
+
+
+def test_sbatch_job_with_a_batch_ramp_preempted_resumes_in_its_stage_exactly(slurm, tmp_path):
+    """A ramp 16 -> 32 at sample 64 (4 steps at 16, then 6 at 32): the requeued job goes on
+    at the samples it had seen, in the same stage, and ends with the uninterrupted run's bytes."""
+    cfg = resume_config(batch_schedule={"type": "ramp", "start_batch_size": 16, "ramp_samples": 64})
+    (tmp_path / "reference").mkdir()
+    reference = torchrun_reference(tmp_path / "reference", cfg, 2)
+    run_dir, _, _ = preempted_sbatch_job(slurm, tmp_path, cfg, steps=10)
+    assert_same_weights(reference / "model.safetensors", run_dir / "model.safetensors")
 
 
 def test_srun_on_two_nodes_matches_torchrun_at_world_size_four(slurm_two_nodes, tmp_path, four_rank_reference):

@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
+from largebatch.batch_schedule import BatchSchedule, build_batch_schedule
 from largebatch.batching import BatchPlan
 from largebatch.config.sections import Config
 from largebatch.errors import ConfigError
@@ -54,10 +55,15 @@ class Derived:
             ``steps_per_epoch`` ...; ``derived.world_size`` and ``derived.accumulation``
             read from it.
         strategy, shard_size, replicas: the sharding layout (``sharding_layout``).
-        total_steps: ``steps_per_epoch * epochs``, the schedule's length.
+        total_steps: ``steps_per_epoch * epochs``, the schedule's length (in steps at
+            ``global_batch_size``; with a ``batch_schedule`` other than fixed the run's
+            own step count is ``batch_steps``).
         max_steps: the config's cap, or None.
-        warmup_steps: the warmup in steps.
+        warmup_steps: the warmup in steps (at ``global_batch_size``).
         lr_scaling: the peak learning rate's derivation; ``peak_lr`` is its result.
+        batch_schedule: the global batch along the run (``largebatch.batch_schedule``).
+        batch_steps: the optimizer steps the epochs take under ``batch_schedule``
+            (``total_steps`` when fixed; adaptive: at most this, the count at its start batch).
     """
 
     plan: BatchPlan
@@ -68,6 +74,8 @@ class Derived:
     max_steps: int | None
     warmup_steps: int
     lr_scaling: LrScaling
+    batch_schedule: BatchSchedule
+    batch_steps: int
 
     @property
     def world_size(self) -> int:
@@ -84,8 +92,8 @@ class Derived:
 
     @property
     def run_steps(self) -> int:
-        """Optimizer steps the run takes: ``total_steps``, capped by ``max_steps``."""
-        return min(self.total_steps, self.max_steps) if self.max_steps else self.total_steps
+        """Optimizer steps the run takes: ``batch_steps``, capped by ``max_steps``."""
+        return min(self.batch_steps, self.max_steps) if self.max_steps else self.batch_steps
 
     @property
     def sharded(self) -> bool:
@@ -95,6 +103,16 @@ class Derived:
     def to_dict(self) -> dict[str, Any]:
         """The numbers as ``config show`` prints them (the plan's, flattened), in that order."""
         plan = self.plan
+        schedule = {}
+        if not self.batch_schedule.fixed:
+            schedule = {
+                "batch_schedule": {
+                    "type": self.batch_schedule.type,
+                    "lr_rule": self.batch_schedule.lr_rule,
+                    "run_steps": self.batch_steps,
+                    "stages": self.batch_schedule.stages(plan.micro_batches_per_epoch, self.total_steps // plan.steps_per_epoch),
+                }
+            }
         return {
             "world_size": plan.world_size,
             "strategy": self.strategy,
@@ -111,6 +129,7 @@ class Derived:
             "warmup_steps": self.warmup_steps,
             "peak_lr": self.peak_lr,
             "lr_scaling": dataclasses.asdict(self.lr_scaling),
+            **schedule,
         }
 
 
@@ -177,4 +196,6 @@ def derive(cfg: Config, world_size: int, num_train_samples: int) -> Derived:
             key=warmup_key,
         )
     strategy, shard_size, replicas = sharding_layout(cfg, world_size)
-    return Derived(plan, strategy, shard_size, replicas, total_steps, cfg.max_steps, warmup, LrScaling.of(cfg))
+    batches = build_batch_schedule(cfg, world_size)
+    batch_steps = total_steps if batches.fixed else batches.run_steps(plan.micro_batches_per_epoch, cfg.epochs)
+    return Derived(plan, strategy, shard_size, replicas, total_steps, cfg.max_steps, warmup, LrScaling.of(cfg), batches, batch_steps)

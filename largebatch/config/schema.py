@@ -13,6 +13,8 @@ import dataclasses
 import difflib
 from typing import Any
 
+from largebatch.batch_schedule import LR_RULES
+from largebatch.config.batch_rules import check_batch_schedule
 from largebatch.errors import ConfigError
 
 REQUIRED = object()
@@ -87,6 +89,55 @@ SCHEMA = Section(
         "partial_window": Field(str, "drop", "trailing partial accumulation window: drop it, or step on it", choices=("drop", "step")),
         "clip_grad_norm": Field(
             float, None, "clip the global gradient norm once per step, after unscaling (0 or None: off)", low=0, nullable=True
+        ),
+        "batch_schedule": Section(
+            {
+                "type": Field(
+                    str,
+                    "fixed",
+                    "fixed: global_batch_size throughout; ramp: grow from start_batch_size to global_batch_size in stages "
+                    "by samples seen; adaptive: double the batch when the criterion says the larger one is still efficient",
+                    choices=("fixed", "ramp", "adaptive"),
+                ),
+                "start_batch_size": Field(int, None, "ramp, adaptive: the global batch at the start", low=1, nullable=True),
+                "ramp_samples": Field(
+                    int,
+                    None,
+                    "ramp: samples seen when the batch reaches global_batch_size (stages evenly spaced before)",
+                    low=1,
+                    nullable=True,
+                ),
+                "increment": Field(
+                    int, None, "ramp: samples added to the batch at each stage (None: the batch doubles)", low=1, nullable=True
+                ),
+                "max_batch_size": Field(int, None, "adaptive: the largest global batch (None: global_batch_size)", low=1, nullable=True),
+                "criterion": Field(
+                    str,
+                    "noise_scale",
+                    "adaptive: grow to 2B when factor x B_simple (the noise_scale hook's smoothed estimate) >= 2B",
+                    choices=("noise_scale",),
+                ),
+                "factor": Field(float, 1.0, "adaptive: multiplies the criterion's critical-batch estimate", low=0, low_open=True),
+                "check_every_samples": Field(
+                    int, None, "adaptive: check the criterion every N samples (None: every 10 x global_batch_size)", low=1, nullable=True
+                ),
+                "lr_scaling": Field(
+                    str,
+                    None,
+                    "learning-rate multiplier at batch B: (B / global_batch_size)^(1/2) sqrt, ^1 linear, 1 none "
+                    "(None: sqrt for adamw and lamb, linear for sgd and lars)",
+                    choices=LR_RULES,
+                    nullable=True,
+                ),
+                "keep_wd_timescale": Field(
+                    bool,
+                    False,
+                    "adamw: scale weight_decay with the batch so that lr x weight_decay / B stays constant: the weights' "
+                    "averaging timescale in samples is kept (Bergsma et al. 2025)",
+                ),
+            },
+            "the global batch along training (docs/large-batch.md, Ramped and adaptive batches); every batch is "
+            "micro_batch_size x world size x an accumulation, and every schedule follows samples seen",
         ),
         "compile": Field(bool, False, "torch.compile the model"),
         "model": Section(
@@ -566,6 +617,7 @@ def _check_rules(cfg: dict[str, Any]) -> None:
             key="lr_schedule.min_lr",
         )
     _check_data_rules(cfg)
+    check_batch_schedule(cfg)
     if cfg["optimizer"].get("max_grad_norm") is not None and cfg["clip_grad_norm"]:
         raise ConfigError(
             f"clips inside the optimizer while clip_grad_norm {cfg['clip_grad_norm']} clips once per step already; set one of them to null",

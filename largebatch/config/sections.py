@@ -11,7 +11,24 @@ from typing import Any, ClassVar
 from largebatch.config.frozen import ConfigSection, FrozenDict, field_meta, schema_section
 from largebatch.config.schema import Section
 
-__all__ = ["Config", "ModelConfig", "TaskConfig", "OptimizerConfig", "LrScheduleConfig", "DataConfig", "MixupConfig", "EvalConfig", "EmaConfig", "NanGuardConfig", "LogConfig", "CheckpointConfig", "DistConfig", "CudaConfig", "HpuConfig", "SlurmConfig"]
+__all__ = ["Config", "BatchScheduleConfig", "ModelConfig", "TaskConfig", "OptimizerConfig", "LrScheduleConfig", "DataConfig", "MixupConfig", "EvalConfig", "EmaConfig", "NanGuardConfig", "LogConfig", "CheckpointConfig", "DistConfig", "CudaConfig", "HpuConfig", "SlurmConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchScheduleConfig(ConfigSection):
+    """the global batch along training (docs/large-batch.md, Ramped and adaptive batches); every batch is micro_batch_size x world size x an accumulation, and every schedule follows samples seen"""
+
+    _schema: ClassVar[Section] = schema_section("batch_schedule")
+    type: str = dataclasses.field(default="fixed", metadata=field_meta("batch_schedule.type"))
+    start_batch_size: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.start_batch_size"))
+    ramp_samples: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.ramp_samples"))
+    increment: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.increment"))
+    max_batch_size: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.max_batch_size"))
+    criterion: str = dataclasses.field(default="noise_scale", metadata=field_meta("batch_schedule.criterion"))
+    factor: float = dataclasses.field(default=1.0, metadata=field_meta("batch_schedule.factor"))
+    check_every_samples: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.check_every_samples"))
+    lr_scaling: str | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.lr_scaling"))
+    keep_wd_timescale: bool = dataclasses.field(default=False, metadata=field_meta("batch_schedule.keep_wd_timescale"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +244,7 @@ class Config(ConfigSection):
     steps_per_epoch: int | None = dataclasses.field(default=None, metadata=field_meta("steps_per_epoch"))
     partial_window: str = dataclasses.field(default="drop", metadata=field_meta("partial_window"))
     clip_grad_norm: float | None = dataclasses.field(default=None, metadata=field_meta("clip_grad_norm"))
+    batch_schedule: BatchScheduleConfig = dataclasses.field(default_factory=BatchScheduleConfig)
     compile: bool = dataclasses.field(default=False, metadata=field_meta("compile"))
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     lr_schedule: LrScheduleConfig = dataclasses.field(default_factory=LrScheduleConfig)

@@ -4,6 +4,9 @@ The loop's shape and its events are documented in ``largebatch.engine.events``; 
 gradient-accumulation rules in ``largebatch.engine.accumulation``; what every update does
 (unscale, non-finite check, clip, step) in ``largebatch.engine.update``. What is computed
 on a batch (forward, loss, metrics) is the task's (``state.run.task``, ``largebatch.tasks``).
+How many micro-batches form each step, and the learning rate that goes with the batch,
+follow ``state.run.batch`` (``largebatch.batch_schedule``): each step's window is the
+accumulation of the batch in force, cut at the epoch's end.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any
 
 import torch
 
+from largebatch.batch_schedule import apply_weight_decay
 from largebatch.data.base import Loader
+from largebatch.dist import any_rank
 from largebatch.engine.accumulation import micro_loss_weight, sync_context
 from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
@@ -74,12 +79,12 @@ class Engine:
         try:
             self.fire(Event.BEFORE_RUN)
             self.fire(Event.BEFORE_TRAIN)
-            run.schedule.apply(run.optimizer, state.step)
+            self._set_rates(*self._plan_step(state.step))
             while state.epoch < run.config.epochs and not self._done():
                 self.train_loader.set_epoch(state.epoch)
                 self.fire(Event.BEFORE_EPOCH)
                 self._train_epoch()
-                if state.step_in_epoch < run.plan.steps_per_epoch:
+                if self._micro_in_epoch() < run.plan.micro_batches_per_epoch:
                     break  # stopped mid-epoch
                 state.finish_epoch()
                 self.fire(Event.AFTER_EPOCH)
@@ -118,13 +123,35 @@ class Engine:
     def _done(self) -> bool:
         return self.state.should_stop or self.state.step >= self.state.run.total_steps
 
+    def _micro_in_epoch(self) -> int:
+        """Micro-batches this rank has run in the current epoch (from samples: the same at any world size)."""
+        return self.state.samples_in_epoch // self.state.run.batch.schedule.unit
+
+    def _plan_step(self, step: int) -> tuple[int, int, float]:
+        """``(global batch, window, lr)`` of optimizer step ``step``, which starts at the
+        current counters: the batch in force, its accumulation cut at the epoch's end, and
+        the schedule's rate at the samples seen (``position``) times the batch's multiplier."""
+        state, run = self.state, self.state.run
+        schedule, per_epoch = run.batch.schedule, run.plan.micro_batches_per_epoch
+        batch = run.batch.batch_for(state.samples_seen)
+        left = per_epoch - self._micro_in_epoch()
+        window = min(schedule.accumulation(batch), left if left > 0 else per_epoch)
+        start = schedule.position(state.samples_seen, step)
+        end = schedule.position(state.samples_seen + window * schedule.unit, step + 1)
+        return batch, window, run.schedule.lr_between(start, end) * schedule.lr_multiplier(batch)
+
+    def _set_rates(self, batch: int, window: int, lr: float) -> None:
+        run = self.state.run
+        run.schedule.set_lr(run.optimizer, lr)
+        if run.batch.schedule.keep_wd_timescale:
+            apply_weight_decay(run.optimizer, run.batch.schedule.weight_decay_multiplier(batch))
+
     def _train_epoch(self) -> None:
-        state = self.state
         batches = iter(self.train_loader)
-        for window in state.run.plan.window_sizes()[state.step_in_epoch :]:
+        while self._micro_in_epoch() < self.state.run.plan.micro_batches_per_epoch:
             if self._done():
                 return
-            self._train_step(batches, window)
+            self._train_step(batches)
 
     def _next_batch(self, batches: Iterator) -> tuple[torch.Tensor, torch.Tensor]:
         start = time.perf_counter()
@@ -137,10 +164,20 @@ class Engine:
         self.state.data_wait_seconds += time.perf_counter() - start
         return images, labels
 
-    def _train_step(self, batches: Iterator, window: int) -> None:
+    def _train_step(self, batches: Iterator) -> None:
         state, run = self.state, self.state.run
         run.optimizer.zero_grad(set_to_none=True)
-        state.current = step = Step(lr=run.schedule.lr_at(state.step), window_size=window)
+        batch, window, lr = self._plan_step(state.step)
+        schedule = run.batch.schedule
+        state.current = step = Step(
+            lr=lr, window_size=window, global_batch=batch, lr_multiplier=schedule.lr_multiplier(batch), samples_before=state.samples_seen
+        )
+        if not schedule.fixed:
+            step.metrics.update(
+                {"batch/global": batch, "batch/accumulation": schedule.accumulation(batch), "batch/lr_multiplier": step.lr_multiplier}
+            )
+            if schedule.type == "adaptive":
+                step.metrics["batch/criterion"] = run.batch.criterion
         self.fire(Event.BEFORE_STEP)
         sync_all = run.config.dist.reduce_every_micro_batch  # fsdp/hsdp: reduce after every micro-batch
         for micro in range(window):
@@ -163,12 +200,23 @@ class Engine:
             self.fire(Event.AFTER_BACKWARD)
         take_update(state, lambda: self.fire(Event.BEFORE_OPTIMIZER_STEP))
         run.backend.after_optimizer_step()
-        run.schedule.apply(run.optimizer, state.step + 1)
+        self._check_batch(step)
+        self._set_rates(*self._plan_step(state.step + 1))  # the next step's: a batch change happens only here
         self.fire(Event.AFTER_OPTIMIZER_STEP)
         state.advance_step()
         run.guard.publish(state)
         self.fire(Event.AFTER_STEP)
         self._eval_if_requested()
+
+    def _check_batch(self, step: Step) -> None:
+        """Adaptive batch: at a check (the samples crossed a multiple of
+        ``check_every_samples``), the criterion decides whether the next step's batch doubles."""
+        state, controller = self.state, self.state.run.batch
+        if not controller.check_due(step.samples_before, state.samples_seen):
+            return
+        value = float(step.criterion) if step.criterion is not None else float("nan")
+        controller.decide(value, lambda grow: any_rank(grow, state.run.backend.device), state.samples_seen, state.step + 1)
+        step.metrics["batch/criterion"] = controller.criterion
 
     def evaluate(self) -> dict[str, float]:
         """The task's metrics over the evaluation split (every sample once across ranks;

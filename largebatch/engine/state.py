@@ -26,6 +26,9 @@ Counters are named by their unit:
   current epoch (advanced before ``after_epoch``).
 * ``step_in_epoch``: optimizer steps completed in the current epoch (0 again at
   ``after_epoch``).
+* ``samples_in_epoch``: training samples consumed in the current epoch by all ranks
+  together (0 again at ``after_epoch``): the loader's position, which does not depend on
+  the world size or on how many micro-batches made each step (``batch_schedule``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 
 from largebatch import dtensors
 from largebatch.backends.base import Backend
+from largebatch.batch_schedule import BatchController
 from largebatch.batching import BatchPlan
 from largebatch.config.derive import Derived
 from largebatch.config.sections import Config
@@ -62,6 +66,7 @@ class Counters:
     samples_seen: int = 0
     epoch: int = 0
     step_in_epoch: int = 0
+    samples_in_epoch: int = 0
 
     def state_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -113,6 +118,8 @@ class Run:
             the model's generators from it before every forward pass.
         guard: the non-finite check of every update (``largebatch.engine.update``, built
             from the config's ``nan_guard``); checkpoints save its counts.
+        batch: the global batch in force (``largebatch.batch_schedule.BatchController``,
+            from ``derived.batch_schedule``); checkpoints save it and the adaptive decisions.
 
     Read from ``derived`` and ``dist`` (properties): ``plan``, ``rank``, ``world_size``,
     ``is_main``, ``total_steps``, ``sharded``.
@@ -132,9 +139,11 @@ class Run:
     run_dir: RunDir
     random: RandomStreams
     guard: NonFiniteGuard = dataclasses.field(init=False, repr=False)
+    batch: BatchController = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "guard", NonFiniteGuard(self.config.nan_guard))  # frozen: set once, here
+        object.__setattr__(self, "batch", BatchController(self.derived.batch_schedule))
 
     @property
     def plan(self) -> BatchPlan:
@@ -170,8 +179,14 @@ class Step:
     """What lives for one optimizer step; the engine starts a fresh one at ``before_step``.
 
     Attributes:
-        lr: the base learning rate of this step.
+        lr: the base learning rate of this step (the schedule's, times ``lr_multiplier``).
         window_size: micro-batches in this step's window.
+        global_batch: the global batch in force (``batch_schedule``; the config's
+            ``global_batch_size`` when fixed); a window cut by the epoch's end has fewer samples.
+        lr_multiplier: the learning-rate rule's factor at ``global_batch`` (1 when fixed).
+        samples_before: ``samples_seen`` when the step started.
+        criterion: the adaptive batch's criterion value this step (a 0-d tensor the
+            ``noise_scale`` hook reports: its smoothed B_simple), or None.
         micro_in_window: the current micro-batch's index.
         batch: the current micro-batch (``MixedBatch``) in micro events.
         outputs / loss: the current micro-batch's outputs (``task.forward``: logits for
@@ -194,6 +209,10 @@ class Step:
 
     lr: float
     window_size: int
+    global_batch: int = 0
+    lr_multiplier: float = 1.0
+    samples_before: int = 0
+    criterion: torch.Tensor | None = None
     micro_in_window: int = 0
     batch: MixedBatch | None = None
     outputs: Any = None
@@ -332,12 +351,14 @@ class TrainState:
     samples_seen = property(lambda self: self.counters.samples_seen)
     epoch = property(lambda self: self.counters.epoch)
     step_in_epoch = property(lambda self: self.counters.step_in_epoch)
+    samples_in_epoch = property(lambda self: self.counters.samples_in_epoch)
 
     # The counters' transitions: the engine's only (``restore``: a resume's).
     def advance_micro_step(self, samples: int) -> None:
         """A forward/backward pass is done: ``samples`` more samples over all ranks."""
+        c = self.counters
         self.counters = dataclasses.replace(
-            self.counters, micro_step=self.counters.micro_step + 1, samples_seen=self.counters.samples_seen + samples
+            c, micro_step=c.micro_step + 1, samples_seen=c.samples_seen + samples, samples_in_epoch=c.samples_in_epoch + samples
         )
 
     def advance_step(self) -> None:
@@ -346,7 +367,7 @@ class TrainState:
 
     def finish_epoch(self) -> None:
         """An epoch is done: the next one starts at its first step."""
-        self.counters = dataclasses.replace(self.counters, epoch=self.counters.epoch + 1, step_in_epoch=0)
+        self.counters = dataclasses.replace(self.counters, epoch=self.counters.epoch + 1, step_in_epoch=0, samples_in_epoch=0)
 
     def restore(self, counters: dict[str, int], last_eval_step: int | None) -> None:
         """Resume where a checkpoint left off: its counters (``Counters.state_dict``) and
@@ -379,6 +400,16 @@ class TrainState:
     def log_due(self, step: int) -> bool:
         """Whether the step that ends with ``step`` completed steps is logged."""
         return step % self.run.config.log.interval == 0 or step >= self.run.total_steps
+
+    def steps_reached(self, interval: int) -> bool:
+        """At ``after_step``: whether the step just taken reached a multiple of ``interval``
+        steps at the config's global batch, i.e. crossed a multiple of ``interval x
+        global_batch_size`` samples (``batch_schedule`` fixed: ``step % interval == 0``).
+        Intervals given in steps (``checkpoint.interval_steps``, the ``eval`` hook's) mean this."""
+        if self.run.batch.schedule.fixed:
+            return self.step % interval == 0
+        every = interval * self.run.config.global_batch_size
+        return self.samples_seen // every > self.current.samples_before // every
 
     @property
     def will_log(self) -> bool:

@@ -28,7 +28,9 @@ _SCHEMA = CheckpointConfig()  # the checkpoint section's defaults: the config gi
 
 class CheckpointHook(Hook):
     """Args:
-    interval_steps: save every N optimizer steps (None: off).
+    interval_steps: save every N optimizer steps (None: off); with a ``batch_schedule``
+        other than fixed, steps at the config's global batch: each time the samples seen
+        cross a multiple of ``N x global_batch_size``.
     interval_epochs: save every N epochs (0: off).
     interval_minutes: save when T minutes have passed since the last save (or the
         start of this process) (None: off).
@@ -80,7 +82,7 @@ class CheckpointHook(Hook):
         self._last_save_time = time.monotonic()
 
     def after_step(self, state) -> None:
-        by_steps = bool(self.interval_steps) and state.step % self.interval_steps == 0
+        by_steps = bool(self.interval_steps) and state.steps_reached(self.interval_steps)
         if self._time_due(state) or state.should_stop or by_steps:
             self._save(state)
 

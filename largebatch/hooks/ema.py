@@ -12,6 +12,11 @@ completed, the count timm's training script passes: the first update copies the
 weights, later ones use ``ema.decay`` (or, with ``ema.warmup``, timm's ramp
 ``1 - step^(-2/3)`` capped at ``ema.decay``).
 
+With a ``batch_schedule`` other than fixed, the decay follows samples, not steps: a step
+at global batch ``B`` uses ``decay^(B / global_batch_size)`` (the same decay per sample at
+every batch), and the warmup's count is the position in steps at the config's global
+batch, ``samples_seen / global_batch_size`` (``largebatch.batch_schedule``).
+
 The averaged weights (parameters and buffers) are the hook's checkpoint state, so a
 resumed run continues the same average bit for bit. Not available with sharded
 parameters (``dist.strategy`` fsdp/hsdp on more than one rank): the run stops at the
@@ -69,7 +74,17 @@ class ModelEmaHook(Hook):
     def after_optimizer_step(self, state) -> None:
         if state.current.skipped:
             return
-        self.ema.update(state.run.model, step=state.step + 1)  # optimizer steps completed, this one included
+        schedule = state.run.batch.schedule
+        if schedule.fixed:
+            self.ema.update(state.run.model, step=state.step + 1)  # optimizer steps completed, this one included
+            return
+        position = schedule.position(state.samples_seen, state.step + 1)
+        decay = self.ema.get_decay(position) ** (state.current.global_batch / schedule.reference_batch)
+        with torch.no_grad():
+            if self.ema.exclude_buffers:
+                self.ema.apply_update_no_buffers_(state.run.model, decay)
+            else:
+                self.ema.apply_update_(state.run.model, decay)
 
     def state_dict(self) -> dict[str, Any]:
         if self.ema is None:

@@ -18,7 +18,8 @@ from largebatch.engine.hook import Hook, Priority
 
 class EvalHook(Hook):
     """Args:
-    interval_steps: evaluate every N optimizer steps (None: off).
+    interval_steps: evaluate every N optimizer steps (None: off); with a ``batch_schedule``
+        other than fixed, steps at the config's global batch (``state.steps_reached``).
     interval_epochs: evaluate every N epochs (None: leave it to ``eval.interval_epochs``).
     """
 
@@ -34,7 +35,7 @@ class EvalHook(Hook):
         self.interval_epochs = interval_epochs
 
     def after_step(self, state) -> None:
-        if self.interval_steps and state.step % self.interval_steps == 0:
+        if self.interval_steps and state.steps_reached(self.interval_steps):
             state.request_eval()
 
     def after_epoch(self, state) -> None:

@@ -119,7 +119,7 @@ class MetricsLogger(ClosingHook):
     def _line(self, state, record: dict) -> str:
         parts = [f"step {state.step}/{state.run.total_steps}", f"epoch {state.epoch_number}/{state.run.config.epochs}"]
         task_metrics = [k for k in record if k.startswith("train/")]  # the task's (classification: train/top1, train/top5)
-        for key in ("loss", *task_metrics, "lr", "samples_per_sec", "grad_norm"):
+        for key in ("loss", *task_metrics, "lr", "batch/global", "samples_per_sec", "grad_norm"):
             if key in record:
                 value = record[key]
                 parts.append(f"{key} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{key} {value}")

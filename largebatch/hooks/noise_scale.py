@@ -49,6 +49,13 @@ below it adds the smoothed estimates of that moment to its own record:
 ``noise_scale/at_loss/b_simple``, ``.../grad_sq``, ``.../trace_sigma``, ``.../step`` and
 ``.../batch_ratio`` (``B_big / B_small``), once per run (kept in checkpoints).
 
+**The adaptive batch's criterion.** With ``batch_schedule.type`` adaptive and criterion
+``noise_scale``, each step hands its smoothed B_simple to the engine
+(``state.current.criterion``), which compares it with the batch in force at each check
+(``largebatch.batch_schedule``); the accumulation check above then applies to the
+schedule's start batch, the smallest. (Under a ramp, steps whose window has a single
+micro-batch are left out, as above.)
+
 Cost: one ``torch._foreach_norm`` over the gradients per step (reading them once), no
 host sync; measured in ``bench/hook_cost.py``. The smoothed values are saved in
 checkpoints, so a resumed run continues the same averages.
@@ -103,12 +110,15 @@ class NoiseScaleHook(Hook):
         # Sharded gradients exist only once reduced: ask for a reduction after the first
         # micro-batch too, so g_small is the ranks' mean first micro-batch gradient.
         self._sharded = state.run.sharded
-        accumulation, world = state.run.plan.accumulation, state.run.world_size
+        batches = state.run.batch.schedule
+        # the adaptive batch needs the estimate from its start, its smallest batch; otherwise the config's batch
+        checked = batches.batches[0] if batches.type == "adaptive" else batches.reference_batch
+        accumulation, world = batches.accumulation(checked), state.run.world_size
         ratio = accumulation * (1 if self._sharded else world)
         if accumulation < 2 or ratio < self.min_ratio:
             cfg = state.run.config
             needed = max(2, self.min_ratio if self._sharded else -(-self.min_ratio // world))  # the accumulation it takes
-            largest = cfg.global_batch_size // (world * needed)
+            largest = checked // (world * needed)
             same = (
                 "which are the same with accumulation 1"
                 if accumulation < 2
@@ -116,7 +126,8 @@ class NoiseScaleHook(Hook):
             )
             raise UserError(
                 f"the noise_scale hook compares the first micro-batch's gradient with the step's, {same} (micro_batch_size "
-                f"{cfg.micro_batch_size} x {world} rank(s), global_batch_size {cfg.global_batch_size}); set micro_batch_size "
+                f"{cfg.micro_batch_size} x {world} rank(s), {'batch_schedule.start_batch_size' if checked != batches.reference_batch else 'global_batch_size'} "
+                f"{checked}); set micro_batch_size "
                 f"to at most {max(largest, 1)}, or drop the hook",
                 key="hooks",
             )
@@ -144,6 +155,12 @@ class NoiseScaleHook(Hook):
         self._b_small = state.current.batch.images.shape[0] * (state.run.world_size if self._sharded else 1)
 
     def before_optimizer_step(self, state) -> None:
+        self._estimate(state)
+        if state.run.batch.schedule.type == "adaptive":
+            grad_sq, trace = self._averages()
+            state.current.criterion = _ratio(trace, grad_sq)  # the adaptive batch's criterion: the smoothed B_simple
+
+    def _estimate(self, state) -> None:
         if self._small_sq is None:
             return
         big_sq = state.compute_grad_norms().total.double().square()
@@ -179,7 +196,8 @@ class NoiseScaleHook(Hook):
         state.add_eval_metrics({f"noise_scale/at_loss/{k}": v for k, v in self.at_loss.items()})
 
     def _ratio(self, state) -> float:
-        return float(state.run.plan.accumulation * (1 if self._sharded else state.run.world_size))
+        batches = state.run.batch.schedule
+        return float(batches.accumulation(state.run.batch.batch) * (1 if self._sharded else state.run.world_size))
 
     def estimates(self) -> dict[str, float]:
         """The current bias-corrected averages as floats (one host sync): grad_sq,

@@ -2,7 +2,10 @@
 
 Schedules are pure functions of an explicit step count (timm's scheduler contract): the
 engine passes the number of the next optimizer step, so a resumed run has no hidden
-counter to drift. Step ``s`` (0-based) gets:
+counter to drift. With a ``batch_schedule`` other than fixed the count is the position in
+samples, ``samples_seen / global_batch_size``, a fraction (``lr_between``: warmup reads
+where the step ends, the decay where it starts; ``largebatch.batch_schedule``). Step ``s``
+(0-based) gets:
 
 * warmup, ``s < W``: ``init + (peak - init) * (s + 1) / W``; the first step already
   moves (as Colossal-AI's ``LinearWarmupLR``), and step ``W - 1`` runs at ``peak``;
@@ -58,8 +61,13 @@ class LRSchedule:
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based)."""
+        return self.lr_between(step, step + 1)
+
+    def lr_between(self, step: float, end: float) -> float:
+        """Learning rate of a step that starts at position ``step`` and ends at ``end``, in
+        steps at the config's global batch (``lr_at(s)`` is ``lr_between(s, s + 1)``)."""
         if step < self.warmup_steps:
-            return self.warmup_init_lr + (self.peak_lr - self.warmup_init_lr) * (step + 1) / self.warmup_steps
+            return self.warmup_init_lr + (self.peak_lr - self.warmup_init_lr) * min(end, self.warmup_steps) / self.warmup_steps
         if self.decay == "constant":
             return self.peak_lr
         span = self.total_steps - self.warmup_steps
@@ -75,9 +83,14 @@ class LRSchedule:
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
         """Set every group's lr for step ``step`` (times the group's ``lr_scale``); returns the base lr."""
         lr = self.lr_at(step)
+        self.set_lr(optimizer, lr)
+        return lr
+
+    @staticmethod
+    def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+        """Set every group's lr to ``lr`` times the group's ``lr_scale``."""
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        return lr
 
 
 def build_schedule(section: LrScheduleConfig, derived: Derived) -> LRSchedule:

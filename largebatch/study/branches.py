@@ -53,17 +53,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-LR_RULES = ("sqrt", "linear", "none")
-# The learning-rate rule by optimizer type when the branches section names none:
-# Adam-family and LAMB scale with sqrt(k) (Malladi et al. 2022; You et al. 2019), SGD and LARS with k (Goyal et al. 2017).
-DEFAULT_LR_RULE = {"adamw": "sqrt", "adam": "sqrt", "lamb": "sqrt", "sgd": "linear", "lars": "linear"}
-
-
-def lr_multiplier(rule: str, k: int) -> float:
-    """The learning rate's factor at k x B: ``sqrt`` sqrt(k), ``linear`` k, ``none`` 1."""
-    if rule not in LR_RULES:
-        raise ValueError(f"unknown learning-rate rule {rule!r}")
-    return math.sqrt(k) if rule == "sqrt" else float(k) if rule == "linear" else 1.0
+# The learning-rate rules (sqrt, linear, none) and each optimizer's default are the batch
+# schedule's too: one copy, in the base layer.
+from largebatch.batch_schedule import DEFAULT_LR_RULE as DEFAULT_LR_RULE
+from largebatch.batch_schedule import LR_RULES as LR_RULES
+from largebatch.batch_schedule import lr_multiplier as lr_multiplier
 
 
 @dataclasses.dataclass(frozen=True)

@@ -604,6 +604,72 @@ CASES = [
     ("mixup-negative", case_config(**{"mixup.mixup_alpha": -1.0}), ["mixup.mixup_alpha", "must be >= 0"]),
     ("batch-not-divisible", case_config(global_batch_size=30), ["global_batch_size 30", "set global_batch_size to 24 or 32"]),
     ("warmup-too-long", case_config(**{"lr_schedule.warmup_steps": 50}), ["lr_schedule.warmup_steps", "warmup is 50 steps"]),
+    # the batch schedule (tiny config: global batch 32, micro-batch 8, one process)
+    (
+        "batch-ramp-not-doubling",
+        case_config(batch_schedule={"type": "ramp", "start_batch_size": 12, "ramp_samples": 64}),
+        ["batch_schedule.start_batch_size", "does not reach global_batch_size 32", "e.g. 8 or 16"],
+    ),
+    (
+        "batch-ramp-increment",
+        case_config(batch_schedule={"type": "ramp", "start_batch_size": 8, "ramp_samples": 64, "increment": 5}),
+        ["batch_schedule.increment", "a divisor of 24, e.g. 4"],
+    ),
+    (
+        "batch-ramp-not-a-micro-batch-multiple",
+        case_config(batch_schedule={"type": "ramp", "start_batch_size": 12, "ramp_samples": 64, "increment": 4}),
+        ["batch_schedule.start_batch_size", "micro_batch_size 8 x world_size 1", "set it to 8 or 16"],
+    ),
+    (
+        "batch-ramp-samples-missing",
+        case_config(batch_schedule={"type": "ramp", "start_batch_size": 8}),
+        ["batch_schedule.ramp_samples", "is required"],
+    ),
+    (
+        "batch-ramp-start-too-large",
+        case_config(batch_schedule={"type": "ramp", "start_batch_size": 64, "ramp_samples": 64}),
+        ["batch_schedule.start_batch_size", "not below global_batch_size 32"],
+    ),
+    (
+        "batch-key-of-another-type",
+        case_config(batch_schedule={"type": "fixed", "ramp_samples": 64}),
+        ["batch_schedule.ramp_samples", "set type to 'ramp'"],
+    ),
+    (
+        "batch-start-required",
+        case_config(batch_schedule={"type": "adaptive"}),
+        ["batch_schedule.start_batch_size", "is required with type 'adaptive'"],
+    ),
+    (
+        "batch-adaptive-no-room",
+        case_config(hooks=["noise_scale"], batch_schedule={"type": "adaptive", "start_batch_size": 32}),
+        ["batch_schedule.start_batch_size", "no room to grow"],
+    ),
+    (
+        "batch-adaptive-max-not-doubling",
+        case_config(hooks=["noise_scale"], batch_schedule={"type": "adaptive", "start_batch_size": 16, "max_batch_size": 48}),
+        ["batch_schedule.max_batch_size", "does not reach max_batch_size 48", "e.g. 32 or 64"],
+    ),
+    (
+        "batch-adaptive-without-the-hook",
+        case_config(batch_schedule={"type": "adaptive", "start_batch_size": 16}),
+        ["batch_schedule.criterion", 'add "noise_scale" to hooks'],
+    ),
+    (
+        "batch-adaptive-start-accumulation-one",
+        case_config(hooks=["noise_scale"], batch_schedule={"type": "adaptive", "start_batch_size": 8}),
+        ["noise_scale hook", "batch_schedule.start_batch_size 8", "drop the hook"],
+    ),
+    (
+        "batch-wd-timescale-not-adamw",
+        case_config(**{"optimizer.type": "sgd", "batch_schedule.keep_wd_timescale": True}),
+        ["batch_schedule.keep_wd_timescale", "optimizer.type is 'sgd'"],
+    ),
+    (
+        "batch-lr-rule",
+        case_config(**{"batch_schedule.lr_scaling": "square"}),
+        ["batch_schedule.lr_scaling", "allowed: 'sqrt', 'linear', 'none'"],
+    ),
     ("model-name-misspelt", case_config(**{"model.name": "vit_tiny_patch16_22"}), ["model.name", "did you mean"]),
     ("model-argument-misspelt", case_config(**{"model.drop_rte": 0.1}), ["model.drop_rte", "did you mean 'model.drop_rate'"]),
     ("precision-unknown", case_config(precision="fp8"), ["precision", "fp8"]),

@@ -68,9 +68,13 @@ def make_engine(
     hooks: list[Hook] = (),
     optimizer: torch.optim.Optimizer | None = None,
     run_dir: pathlib.Path = pathlib.Path("/tmp/largebatch-test"),
+    config_hooks: list = (),
     **overrides,
 ) -> Engine:
+    """``hooks`` are the engine's; ``config_hooks`` the config's ``hooks`` key, for the
+    rules that read it (the adaptive batch's criterion asks for the noise_scale hook)."""
     overrides = {
+        "hooks": list(config_hooks),
         "global_batch_size": global_batch_size,
         "micro_batch_size": micro_batch_size,
         "lr_schedule.warmup_steps": 0,

@@ -203,3 +203,45 @@ def test_estimates_under_fsdp_match_the_true_gradient_noise_within_ten_percent(t
     assert got["grad_sq"] == pytest.approx(grad_sq, rel=0.10)
     assert got["trace_sigma"] == pytest.approx(trace, rel=0.10)
     assert got["b_simple"] == pytest.approx(trace / grad_sq, rel=0.10)
+
+
+@pytest.mark.slow
+def test_the_adaptive_batch_doubles_when_the_noise_scale_allows_and_not_beyond(tmp_path):
+    """The criterion on the known problem: B_simple's true value from every sample's
+    gradient; with factor x B_simple at 1.5 x 128, a batch of 64 doubles at the first check
+    (2B = 128 <= 192) and a batch of 128 does not at the second (256 > 192)."""
+    x, y, model = problem()
+    grad_sq, trace = true_noise(x, y, model)
+    truth = trace / grad_sq
+    hook = NoiseScaleHook(beta=0.99)
+    engine = make_engine(
+        model,
+        with_replacement(x, y, 2400, 16),
+        global_batch_size=256,
+        micro_batch_size=16,
+        num_samples=38400,
+        hooks=[hook],
+        optimizer=torch.optim.SGD(model.parameters(), lr=1e-12),  # the weights, and so the truth, stay put
+        run_dir=tmp_path,
+        config_hooks=["noise_scale"],
+        **{
+            "data.num_classes": CLASSES,
+            "optimizer.lr": 1e-12,
+            "batch_schedule": {
+                "type": "adaptive",
+                "start_batch_size": 64,
+                "factor": 1.5 * 128 / truth,
+                "check_every_samples": 19200,
+                "lr_scaling": "none",
+            },
+        },
+    )
+    engine.run()
+    controller = engine.state.run.batch
+    assert engine.state.step == 450 and engine.state.samples_seen == 38400  # 300 steps at 64, then 150 at 128
+    assert len(controller.decisions) == 1
+    samples, step, value, batch = controller.decisions[0]
+    assert (samples, step, batch) == (19200, 300, 128)
+    assert value == pytest.approx(truth, rel=0.25)
+    assert controller.criterion == pytest.approx(truth, rel=0.25)  # the second check: read, and 256 refused
+    assert controller.batch == 128

@@ -123,6 +123,27 @@ def test_sharded_checkpoints_resume_exactly_and_at_another_world_size(tmp_path):
         torch.testing.assert_close(two[key], reference[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_run_stopped_on_either_side_of_a_batch_change_resumes_exactly(tmp_path, strategy):
+    # 2 ranks x micro-batch 8: a ramp 16 -> 32 at sample 64, 4 steps at 16 then 6 at 32
+    ramp = {"type": "ramp", "start_batch_size": 16, "ramp_samples": 64}
+    cfg = lamb_config(**{"dist": {"strategy": strategy}, "batch_schedule": ramp, "checkpoint": {"interval_epochs": 0, "at_end": True}})
+    straight = tmp_path / "straight"
+    result = ok(torchrun(tmp_path, cfg, straight))
+    assert "10/10" in result.stdout or "step 10" in result.stdout
+    assert [r["batch/global"] for r in records(straight) if "loss" in r] == [16] * 4 + [32] * 6
+    reference = (straight / "model.safetensors").read_bytes()
+    for stop in (4, 5):  # the last step at 16, the first at 32
+        run_dir = tmp_path / f"stopped-{stop}"
+        ok(torchrun(tmp_path, {**cfg, "max_steps": stop}, run_dir))
+        (run_dir / "model.safetensors").unlink()
+        result = ok(torchrun(tmp_path, cfg, run_dir, "--resume", "auto", "--set", "max_steps=null"))
+        assert f"at step {stop}" in result.stdout
+        assert (run_dir / "model.safetensors").read_bytes() == reference, stop
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (torchrun's workers may leave its process group)."""
     children: dict[int, list[int]] = {}

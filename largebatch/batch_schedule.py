@@ -1,0 +1,301 @@
+"""The global batch as a controlled variable: fixed, ramped by samples seen, or adaptive.
+
+The critical batch is small early in training and grows as the loss falls (McCandlish et
+al. 2018, "An Empirical Model of Large-Batch Training", arXiv:1812.06162; Merrill et al.
+2025 measured it along OLMo pretraining and grew the batch when it allowed; Smith et al.
+2018 grow the batch instead of decaying the learning rate). The config's
+``batch_schedule`` section sets the batch along training:
+
+* ``fixed``: ``global_batch_size`` throughout (the default; runs are the same bytes as
+  before the section existed).
+* ``ramp``: stages by samples seen, from ``start_batch_size`` to ``global_batch_size``,
+  doubling (or adding ``increment``) at evenly spaced sample counts, the last stage
+  starting at ``ramp_samples`` (Megatron-LM's ``--rampup-batch-size`` in samples).
+* ``adaptive``: starts at ``start_batch_size`` and doubles, never above
+  ``max_batch_size``, when the criterion says the doubled batch is still efficient. The
+  criterion ``noise_scale`` reads the ``noise_scale`` hook's smoothed B_simple: in
+  McCandlish et al.'s model a step at batch B costs ``1 + B_noise / B`` times the steps of
+  an infinite batch and ``1 + B / B_noise`` times the samples of batch 1; at
+  ``B = B_noise`` both are twice their floor, the balance the paper calls critical. The
+  batch grows to 2B when ``factor x B_simple >= 2B``: 2B is still at or below the
+  (scaled) critical batch. It is checked each time the samples seen cross a multiple of
+  ``check_every_samples``, at a step boundary, and the decision is agreed over ranks.
+
+**How the batch changes.** Devices and the micro-batch stay as they are: every batch is
+``micro_batch_size x world_size x A`` and only the accumulation ``A`` changes. The
+loader's stream of micro-batches does not depend on the schedule (it is a function of the
+seed, the epoch and the position); only how many micro-batches form one optimizer step
+does. A window never crosses an epoch's end: the last window of an epoch takes what is
+left when that is fewer than ``A`` micro-batches (a smaller step, its loss weighted as
+``partial_window: step`` weights it). The position in the epoch is kept in samples
+(``samples_in_epoch``), the batch in force and the adaptive decisions in the checkpoint,
+so a resumed or requeued run goes on with the same stage and never restarts a ramp.
+
+**What follows the batch.** Every schedule is indexed by samples seen, in units of the
+config's global batch: position ``p = samples_seen / global_batch_size`` ("steps at
+``global_batch_size``"). The learning-rate schedule's warmup and decay, the EMA warmup,
+and intervals given in steps (``checkpoint.interval_steps``, the ``eval`` hook's) read
+``p``; with ``fixed``, ``p`` is the step count itself, so nothing changes. The learning
+rate is the schedule's times ``lr_multiplier(rule, B / global_batch_size)`` (sqrt for
+AdamW and LAMB, linear for SGD and LARS, or ``none``; the critical-batch study's branches
+use the same rules): ``optimizer.lr`` is the rate at ``global_batch_size``. The EMA's decay per
+step is ``decay^(B / global_batch_size)``, the same decay per sample. With
+``keep_wd_timescale`` (AdamW), weight decay is multiplied by ``(B / G) / lr_multiplier``
+so that ``lr x weight_decay / B`` stays constant: AdamW's weights are an exponential
+average over ``B / (lr x weight_decay)`` samples (Bergsma et al. 2025, "Power Lines"),
+which the batch change then leaves as it was.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from largebatch.batching import nearest_valid_global_batches
+from largebatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from largebatch.config.sections import Config
+
+LR_RULES = ("sqrt", "linear", "none")
+# The learning-rate rule by optimizer type when none is named (batch_schedule.lr_scaling, a study's branches):
+# Adam-family and LAMB scale with sqrt(k) (Malladi et al. 2022; You et al. 2019), SGD and LARS with k (Goyal et al. 2017).
+DEFAULT_LR_RULE = {"adamw": "sqrt", "adam": "sqrt", "lamb": "sqrt", "sgd": "linear", "lars": "linear"}
+
+
+def lr_multiplier(rule: str, k: float) -> float:
+    """The learning rate's factor at k x B: ``sqrt`` sqrt(k), ``linear`` k, ``none`` 1 (``k``
+    may be a fraction: a ramp's early stages, ``largebatch.batch_schedule``)."""
+    if rule not in LR_RULES:
+        raise ValueError(f"unknown learning-rate rule {rule!r}")
+    return math.sqrt(k) if rule == "sqrt" else float(k) if rule == "linear" else 1.0
+
+
+# Adaptive checks every this many steps at the config's global batch when check_every_samples is None.
+DEFAULT_CHECK_STEPS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSchedule:
+    """The global batch along a run at one world size (what ``config show`` prints).
+
+    Attributes:
+        type: ``'fixed'``, ``'ramp'`` or ``'adaptive'``.
+        reference_batch: the config's ``global_batch_size`` (``G``): the lr is
+            ``optimizer.lr`` at it, and positions count steps at it.
+        unit: ``micro_batch_size x world_size``; every batch is a multiple of it.
+        batches: the batches the run may take, in order (fixed: ``(G,)``; ramp: the
+            stages'; adaptive: start, 2 x start, ... up to the maximum).
+        boundaries: ramp: the samples seen at which each stage starts; otherwise ``(0,)``.
+        lr_rule: ``'sqrt'``, ``'linear'`` or ``'none'``.
+        keep_wd_timescale: scale weight decay with the batch (module docstring).
+        check_every_samples: adaptive: the criterion's check interval in samples.
+        factor: adaptive: the criterion's factor.
+        criterion: adaptive: ``'noise_scale'``.
+    """
+
+    type: str
+    reference_batch: int
+    unit: int
+    batches: tuple[int, ...]
+    boundaries: tuple[int, ...]
+    lr_rule: str
+    keep_wd_timescale: bool = False
+    check_every_samples: int = 0
+    factor: float = 1.0
+    criterion: str = ""
+
+    @property
+    def fixed(self) -> bool:
+        return self.type == "fixed"
+
+    def accumulation(self, batch: int) -> int:
+        """Micro-batches per device per step at global batch ``batch``."""
+        return batch // self.unit
+
+    def lr_multiplier(self, batch: int) -> float:
+        """The learning rate's factor at ``batch`` (1 at the config's global batch)."""
+        return lr_multiplier(self.lr_rule, batch / self.reference_batch)
+
+    def weight_decay_multiplier(self, batch: int) -> float:
+        """Weight decay's factor at ``batch``: ``(B / G) / lr_multiplier`` with
+        ``keep_wd_timescale``, else 1."""
+        if not self.keep_wd_timescale:
+            return 1.0
+        return (batch / self.reference_batch) / self.lr_multiplier(batch)
+
+    def position(self, samples_seen: int, step: int) -> float:
+        """Progress in steps at the config's global batch: ``step`` when fixed (exactly
+        today's numbers), else ``samples_seen / G``."""
+        return float(step) if self.fixed else samples_seen / self.reference_batch
+
+    def ramp_batch(self, samples_seen: int) -> int:
+        """The ramp's batch for a step that starts at ``samples_seen``."""
+        return self.batches[bisect.bisect_right(self.boundaries, samples_seen) - 1]
+
+    def count_steps(self, batch_at: Callable[[int], int], micro_batches_per_epoch: int, epochs: int) -> list[int]:
+        """Steps the run takes at each of ``batches`` when a step starting at samples seen
+        ``s`` has batch ``batch_at(s)`` (windows cut at each epoch's end as the engine cuts them)."""
+        steps = [0] * len(self.batches)
+        per_epoch = micro_batches_per_epoch
+        samples = 0
+        for _ in range(epochs):
+            used = 0
+            while used < per_epoch:
+                batch = batch_at(samples)
+                window = min(self.accumulation(batch), per_epoch - used)
+                used += window
+                samples += window * self.unit
+                steps[self.batches.index(batch)] += 1
+        return steps
+
+    def stages(self, micro_batches_per_epoch: int, epochs: int) -> list[dict[str, Any]]:
+        """Each stage as ``config show`` prints it: samples from, global batch,
+        accumulation, lr multiplier, steps in it (adaptive: the steps if the run stayed
+        at the start batch, for the start; None for the later ones, which the criterion decides)."""
+        if self.type == "adaptive":
+            steps: list[int | None] = [self.count_steps(lambda _: self.batches[0], micro_batches_per_epoch, epochs)[0]]
+            steps += [None] * (len(self.batches) - 1)
+            starts: list[int | None] = [0] + [None] * (len(self.batches) - 1)
+        else:
+            steps = list(self.count_steps(self.ramp_batch, micro_batches_per_epoch, epochs))
+            starts = list(self.boundaries)
+        return [
+            {
+                "samples_from": start,
+                "global_batch": batch,
+                "accumulation": self.accumulation(batch),
+                "lr_multiplier": self.lr_multiplier(batch),
+                "steps": count,
+            }
+            for start, batch, count in zip(starts, self.batches, steps)
+        ]
+
+    def run_steps(self, micro_batches_per_epoch: int, epochs: int) -> int:
+        """Steps of the whole run (adaptive: at most this, the count at the start batch)."""
+        batch_at = self.ramp_batch if self.type == "ramp" else (lambda _: self.batches[0])
+        return sum(self.count_steps(batch_at, micro_batches_per_epoch, epochs))
+
+
+def build_batch_schedule(cfg: Config, world_size: int) -> BatchSchedule:
+    """The config's ``batch_schedule`` at ``world_size``.
+
+    Raises:
+        ConfigError: a batch of the schedule that is not a multiple of ``micro_batch_size x
+            world_size``, naming the key and the nearest valid values.
+    """
+    section, reference = cfg.batch_schedule, cfg.global_batch_size
+    unit = cfg.micro_batch_size * world_size
+    rule = section.lr_scaling or DEFAULT_LR_RULE.get(cfg.optimizer.type, "sqrt")
+    if section.type == "fixed":
+        return BatchSchedule("fixed", reference, unit, (reference,), (0,), rule, section.keep_wd_timescale)
+    start = section.start_batch_size
+    assert start is not None  # validation requires it
+    _check_multiple(start, cfg, world_size, "batch_schedule.start_batch_size")
+    if section.type == "ramp":
+        assert section.ramp_samples is not None
+        batches = ramp_batches(start, reference, section.increment)
+        if section.increment is not None:
+            _check_multiple(section.increment, cfg, world_size, "batch_schedule.increment")
+        gaps = len(batches) - 1
+        boundaries = tuple(i * section.ramp_samples // gaps for i in range(len(batches)))
+        return BatchSchedule("ramp", reference, unit, batches, boundaries, rule, section.keep_wd_timescale)
+    top = section.max_batch_size or reference
+    batches = doublings(start, top)
+    every = section.check_every_samples or DEFAULT_CHECK_STEPS * reference
+    return BatchSchedule(
+        "adaptive", reference, unit, batches, (0,), rule, section.keep_wd_timescale, every, section.factor, section.criterion
+    )
+
+
+def ramp_batches(start: int, end: int, increment: int | None) -> tuple[int, ...]:
+    """The ramp's stage batches from ``start`` to ``end`` (validated: they meet ``end``)."""
+    if increment is None:
+        return doublings(start, end)
+    return tuple(range(start, end + 1, increment))
+
+
+def doublings(start: int, end: int) -> tuple[int, ...]:
+    """``start, 2 start, 4 start, ...`` up to ``end``."""
+    out = [start]
+    while out[-1] * 2 <= end:
+        out.append(out[-1] * 2)
+    return tuple(out)
+
+
+def _check_multiple(batch: int, cfg: Config, world_size: int, key: str) -> None:
+    unit = cfg.micro_batch_size * world_size
+    if batch % unit:
+        nearest = " or ".join(str(n) for n in nearest_valid_global_batches(batch, cfg.micro_batch_size, world_size))
+        raise ConfigError(
+            f"{batch} is not a multiple of micro_batch_size {cfg.micro_batch_size} x world_size {world_size} = {unit} "
+            f"(the batch grows through accumulation); set it to {nearest}",
+            key=key,
+        )
+
+
+@dataclasses.dataclass
+class BatchController:
+    """The batch in force during a run: the schedule plus, for ``adaptive``, the decisions
+    taken so far. Saved in checkpoints (``state_dict``) beside the counters.
+
+    Attributes:
+        schedule: the run's ``BatchSchedule``.
+        batch: the global batch of the next step.
+        decisions: adaptive: ``[samples_seen, step, criterion, new batch]`` of each growth.
+        criterion: the criterion's value at the last check (NaN before one).
+    """
+
+    schedule: BatchSchedule
+    batch: int = 0
+    decisions: list[list[float]] = dataclasses.field(default_factory=list)
+    criterion: float = math.nan
+
+    def __post_init__(self) -> None:
+        if not self.batch:
+            self.batch = self.schedule.batches[0]
+
+    def batch_for(self, samples_seen: int) -> int:
+        """The global batch of the step that starts at ``samples_seen``."""
+        if self.schedule.type == "ramp":
+            self.batch = self.schedule.ramp_batch(samples_seen)
+        return self.batch
+
+    def check_due(self, samples_before: int, samples_after: int) -> bool:
+        """Adaptive: whether a step from ``samples_before`` to ``samples_after`` crossed a check."""
+        every = self.schedule.check_every_samples
+        return self.schedule.type == "adaptive" and samples_after // every > samples_before // every
+
+    def decide(self, value: float, grow_anywhere: Callable[[bool], bool], samples_seen: int, step: int) -> bool:
+        """Adaptive, at a check: grow to 2B when ``factor x value >= 2B`` and 2B is within the
+        maximum; ``grow_anywhere`` agrees the decision over ranks. Returns whether it grew."""
+        self.criterion = value
+        doubled = 2 * self.batch
+        wanted = doubled <= self.schedule.batches[-1] and math.isfinite(value) and self.schedule.factor * value >= doubled
+        if not grow_anywhere(wanted):
+            return False
+        self.batch = doubled
+        self.decisions.append([float(samples_seen), float(step), value, float(doubled)])
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "decisions": [list(d) for d in self.decisions], "criterion": self.criterion}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:  # a checkpoint from before the schedule existed: a fixed run's
+            return
+        self.batch = int(state["batch"])
+        self.decisions = [list(d) for d in state.get("decisions", [])]
+        self.criterion = float(state.get("criterion", math.nan))
+
+
+def apply_weight_decay(optimizer: Any, multiplier: float) -> None:
+    """Set every group's ``weight_decay`` to its configured value times ``multiplier``
+    (``keep_wd_timescale``); the configured value is kept in the group as
+    ``base_weight_decay``, so it travels with the optimizer's state into checkpoints."""
+    for group in optimizer.param_groups:
+        base = group.setdefault("base_weight_decay", group["weight_decay"])
+        group["weight_decay"] = base * multiplier
