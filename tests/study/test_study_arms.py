@@ -201,3 +201,22 @@ def test_the_arms_report_is_written_again_from_the_storage_alone(armed, tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     for name in ("report.md", "report.json"):
         assert (tmp_path / name).read_text() == (folder / name).read_text()
+
+
+def test_a_study_with_cells_and_arms_plans_both_and_reports_the_arms_after_the_cells(tmp_path):
+    """Nothing trained: the first plan queues the cells' tuning trials and every arm's
+    trials; the report and status of the empty storage carry the arms' section."""
+    from largebatch.study import arm_trials, plan, report, storage
+
+    spec = load_study(write_study(tmp_path, arms=ARMS))
+    url = storage.default_url(spec.folder)
+    study = storage.create_or_load(storage.open_storage(url), spec.name)
+    wanted = sorted(arm_trials.decide(spec, [], set(), False), key=lambda w: w["order"])  # the order workers claim them in
+    assert [w["key"].split("/")[::3] for w in wanted] == [["arm", "s1"], ["arm", "s1"], ["arm", "s2"], ["arm", "s2"]]
+    assert [w["arm"] for w in wanted] == ["b16", "b64", "b16", "b64"]  # seeds first: a study stopped early has every arm
+    assert plan.decide(spec, [], set(), False, False, plan.unit_points(spec))[0]  # the cells' tuning trials too
+    report.write(spec, study, url, tmp_path, bootstrap_samples=10)
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Protocol" in markdown and markdown.index("## Protocol") < markdown.index("## Comparing recipes")
+    assert [a["done"] for a in json.loads((tmp_path / "report.json").read_text())["arms"]["arms"]] == [0, 0]
+    assert "arms: 0 of 4 complete, 0 running" in report.status_text(spec, study, url)
