@@ -220,3 +220,24 @@ def test_a_study_with_cells_and_arms_plans_both_and_reports_the_arms_after_the_c
     assert "## Protocol" in markdown and markdown.index("## Protocol") < markdown.index("## Comparing recipes")
     assert [a["done"] for a in json.loads((tmp_path / "report.json").read_text())["arms"]["arms"]] == [0, 0]
     assert "arms: 0 of 4 complete, 0 running" in report.status_text(spec, study, url)
+
+
+def test_the_batch_log_keeps_each_batch_key_where_its_value_changed_and_is_empty_without_one(tmp_path):
+    from largebatch.study.arm_trials import batch_log
+
+    records = [
+        {"step": 1, "train/loss": 2.0, "batch/global": 256, "batch/accumulation": 1},
+        {"step": 2, "batch/global": 256, "batch/accumulation": 1},
+        {"step": 3, "batch/global": 512, "batch/accumulation": 2},
+        {"step": 4, "eval/top1": 0.5},
+        {"step": 5, "batch/global": 512, "batch/accumulation": 2},
+        {"step": 6, "batch/global": 1024, "batch/accumulation": 4},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert batch_log(tmp_path) == {
+        "batch/global": [[1, 256], [3, 512], [6, 1024]],
+        "batch/accumulation": [[1, 1], [3, 2], [6, 4]],
+    }
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
+    assert batch_log(tmp_path) == {}
+    assert batch_log(tmp_path / "no-run") == {}
