@@ -55,6 +55,13 @@ critical batch). The other reading of "20%", steps 1.2 S_min (the large-batch li
 the diminishing-returns end, B = 5 B_crit, not the critical batch. The measured B_20% is
 where the measured efficiency against B0 crosses 1/1.2 (interpolated in log batch).
 
+**Recipes over seeds** (a study's ``arms``): two arms differ on a measure when the exact
+two-sided rank test (Wilcoxon-Mann-Whitney, every split of the pooled seeds enumerated)
+gives p at most the level; with a and b seeds it can give no less than 2 / C(a + b, a)
+(a = b), so 3 seeds each never separate two arms and 4 are needed for 0.05. The ratio of
+medians and its bootstrap interval (``compare``, the seeds resampled within each arm) are
+given beside it, and the seeds that would separate a pair not separated.
+
 **Resolution.** The relative width of the evaluations around each reported crossing:
 the median over every crossing and the worst. The evaluation set's own noise beside it: a
 proportion p measured on n samples has standard error sqrt(p (1 - p) / n); n is read from
