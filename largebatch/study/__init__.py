@@ -26,5 +26,7 @@ trial densely near the target and stops it), ``target`` (steps to target), ``sto
 trials a study needs), ``runner`` (one trial as a subprocess), ``worker`` (the loop),
 ``analysis``, ``fit``, ``report``, ``plots``, ``cli``; the critical batch along a run by
 branching from its checkpoints (Merrill et al. 2025): ``branches`` (the measurement),
-``branch_trials`` (the branches as trials), ``branch_hook``, ``branch_report``, ``branch_plots``.
+``branch_trials`` (the branches as trials), ``branch_hook``, ``branch_report``, ``branch_plots``;
+named training recipes compared over seeds: ``arm_trials`` (the arms as trials),
+``arm_report`` (medians, ranges and the rank test over seeds), ``arm_plots``.
 """

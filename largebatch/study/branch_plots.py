@@ -4,11 +4,10 @@ run's batch, and B_simple from its ``noise_scale`` hook beside it."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 from largebatch.study.branches import Row
-from largebatch.study.plots import _pyplot
+from largebatch.study.plots import _pyplot, save
 
 
 def critical_batch(rows: list[Row], path: pathlib.Path) -> pathlib.Path:
@@ -47,9 +46,4 @@ def critical_batch(rows: list[Row], path: pathlib.Path) -> pathlib.Path:
     ax.set_ylabel("global batch")
     ax.set_title("The critical batch along training")
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
-    fig.savefig(temporary, dpi=110)
-    plt.close(fig)
-    os.replace(temporary, path)
-    return path
+    return save(fig, path)

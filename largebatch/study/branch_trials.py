@@ -199,24 +199,15 @@ def decide(spec: Any, src: Source, trials: list[Any], skipped: set[str], retry_f
     parameters; the worker queues each as a ``plan.Wanted``): each (checkpoint, k, seed) that has
     none live, or whose last attempt was killed (at most ``workers.max_retries`` times), or
     failed and ``retry_failed``."""
-    from optuna.trial import TrialState
-
     section, lr_rule = spec.branches, rule(spec, src)
-    history: dict[str, list[Any]] = {}
-    for trial in sorted(trials, key=lambda t: t.number):
-        info = ledger.attrs(trial)
-        if info.get("phase") == PHASE and "duplicate_of" not in info and "withdrawn" not in info:
-            history.setdefault(info["key"], []).append(trial)
+    history = ledger.histories(trials, PHASE)
     wanted = []
     for step, checkpoint in sorted(src.checkpoints.items()):
         for k in section["ks"]:
             for seed in section["seeds"]:
                 name = key(src, step, k, section["samples"], lr_rule, seed)
                 past = history.get(name, [])
-                if any(t.state != TrialState.FAIL for t in past) or (name in skipped and not retry_failed):
-                    continue
-                killed = bool(past) and ledger.attrs(past[-1]).get("failure") == "killed"
-                if past and not retry_failed and not (killed and len(past) <= int(spec.workers["max_retries"])):
+                if not ledger.due(past, name in skipped, retry_failed, int(spec.workers["max_retries"])):
                     continue
                 batch = k * src.batch
                 branch = {

@@ -63,7 +63,8 @@ def prepare(spec: StudySpec) -> Base:
                 except UserError as exc:
                     raise UserError(f"{label} at batch {batch} ({end} end of its ranges): {exc}", path=where) from exc
                 longest[(label, batch)] = max(steps, longest.get((label, batch), 0))
-    return dataclasses.replace(base, longest=longest)
+    arm_hooks = {arm.label: _check_arm(spec, arm) for arm in spec.arms}
+    return dataclasses.replace(base, longest=longest, arm_hooks=arm_hooks)
 
 
 def budget_warnings(spec: StudySpec, base: Base, trials: list[Any]) -> list[str]:
@@ -167,6 +168,31 @@ def _check_cell(spec: StudySpec, base: Base, info: dict[str, Any], params: dict[
             key="noise_scale.min_ratio",
         )
     return derived.run_steps
+
+
+def _check_arm(spec: StudySpec, arm: Any) -> tuple[Any, ...]:
+    """Check one arm's trial config as its trials run it; the hooks of its config (the
+    study's hook is added after them).
+
+    Raises:
+        UserError: the arm's overrides make a config that does not resolve, derive or build
+            its hooks, named by the arm.
+    """
+    from largebatch.config import derive, resolve_config
+    from largebatch.config.frozen import thaw
+    from largebatch.data import count_samples
+    from largebatch.hooks import build_hooks
+    from largebatch.study import arm_trials
+
+    try:
+        own = resolve_config(spec.base_config, [*spec.overrides, *arm.overrides])
+        hooks = tuple(thaw(own.hooks))
+        cfg = resolve_config(spec.base_config, arm_trials.overrides(spec, hooks, {"arm": arm.label, "seed": arm.seeds[0]}))
+        derive(cfg, 1, count_samples(cfg.data, "train"))
+        build_hooks(cfg.hooks, checkpoint=cfg.checkpoint, log=cfg.log, ema=cfg.ema, config_path=spec.base_config)
+    except UserError as exc:
+        raise UserError(f"arm {arm.label!r}: {exc}", key=f"arms.{arm.label}.set", path=str(spec.path)) from exc
+    return hooks
 
 
 def _check_target(spec: StudySpec, cfg: Any, where: str) -> None:

@@ -124,6 +124,10 @@ class TargetEvalHook(Hook):
         self._fine_next = 1
         self._next = 1
         self._loaders: dict[str, Any] = {}
+        self.progress: dict[int, list[float]] = {}  # step -> [step, samples seen, training seconds]
+        self._clock = (time.monotonic(), 0.0)  # (start of training, seconds since spent measuring)
+        self._last = [0, 0, 0.0]
+        self._eval_started = 0.0
 
     def before_run(self, state) -> None:
         run = state.run
@@ -147,12 +151,19 @@ class TargetEvalHook(Hook):
                 cache=cfg.eval.cache,
             )
 
+    def before_train(self, state) -> None:
+        self._clock = (time.monotonic(), 0.0)
+
     def after_step(self, state) -> None:
+        now = time.monotonic()
+        self._last = [state.step, state.samples_seen, round(now - self._clock[0] - self._clock[1], 3)]
         if self.refine and state.step >= self._fine_next:
             if state.step < self._next:  # an evaluation step needs no copy
                 weights = state.run.model.state_dict()
                 self._snapshots.append((state.step, {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}))
+                self.progress[state.step] = self._last
             self._fine_next = next_eval_step(state.step, self.fine)
+            self._clock = (self._clock[0], self._clock[1] + time.monotonic() - now)  # the copy is measurement, not training
         if state.step >= self._next:
             state.request_eval()
 
@@ -198,7 +209,15 @@ class TargetEvalHook(Hook):
         ahead = value + slope * math.log(self.coarse)  # the straight line in log(step) at the next coarse step
         return (target - ahead if self.mode == "max" else ahead - target) <= self.dense_within
 
+    def before_eval(self, state) -> None:
+        self._eval_started = time.monotonic()
+        self.progress[state.step] = self._last if self._last[0] == state.step else [state.step, state.samples_seen, self._last[2]]
+
     def after_eval(self, state) -> None:
+        self._measure_eval(state)
+        self._clock = (self._clock[0], self._clock[1] + time.monotonic() - self._eval_started)
+
+    def _measure_eval(self, state) -> None:
         if "test" in self._loaders:
             test = state.run.task.evaluate(state.run.model, self._loaders["test"], state.run.backend, prefix="test")
             state.add_eval_metrics({k: v for k, v in test.items() if not k.endswith("/samples")})
@@ -238,6 +257,8 @@ class TargetEvalHook(Hook):
             "diverged": self.diverged,
             "refined": [[step, *values] for step, values in sorted(self.refined.items())],
             "threads": torch.get_num_threads(),
+            "progress": [self.progress[step] for step in sorted(self.progress)]
+            + ([self._last] if self._last[0] not in self.progress else []),
             "cpu_seconds": round(time.process_time(), 1),  # this process's CPU time: the trial's cost on an idle machine
         }
         (state.run.run_dir / OUTCOME).write_text(json.dumps(outcome) + "\n")

@@ -77,6 +77,28 @@ def withdraw(study: Any, trial_id: int, why: str) -> None:
     study._storage.set_trial_state_values(trial_id, state=TrialState.PRUNED)
 
 
+def histories(trials: list[Any], phase: str) -> dict[str, list[Any]]:
+    """The trials of ``phase`` by key, oldest first (dropped copies and withdrawn trials left out)."""
+    out: dict[str, list[Any]] = {}
+    for trial in sorted(trials, key=lambda t: t.number):
+        info = attrs(trial)
+        if info.get("phase") == phase and "duplicate_of" not in info and "withdrawn" not in info:
+            out.setdefault(info["key"], []).append(trial)
+    return out
+
+
+def due(past: list[Any], skipped_it: bool, retry_failed: bool, max_retries: int) -> bool:
+    """Whether a key with these trials (oldest first) is queued now: it has none live and is
+    not skipped, and either has none yet, or its last was killed (at most ``max_retries``
+    times), or failed and ``retry_failed``."""
+    from optuna.trial import TrialState
+
+    if any(t.state != TrialState.FAIL for t in past) or (skipped_it and not retry_failed):
+        return False
+    killed = bool(past) and attrs(past[-1]).get("failure") == "killed"
+    return not past or retry_failed or (killed and len(past) <= max_retries)
+
+
 def _holder(study: Any, claimed: Any) -> int | None:
     """The number of an earlier trial holding ``claimed``'s key (waiting, running or complete), if any."""
     from optuna.trial import TrialState

@@ -74,8 +74,13 @@ def _finish(fig, ax, path: pathlib.Path, drawn: bool, batches: list[int] | None 
     else:
         ax.text(0.5, 0.5, "nothing to show yet: no re-run has finished", ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3, which="both")
+    return save(fig, path)
+
+
+def save(fig, path: pathlib.Path) -> pathlib.Path:
+    """Lay out and write the figure to ``path`` whole or not at all (workers may write at once); close it."""
     fig.tight_layout()
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")  # whole or not at all: workers may write at once
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
     fig.savefig(temporary, dpi=110)
     _pyplot().close(fig)
     os.replace(temporary, path)

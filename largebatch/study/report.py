@@ -27,7 +27,7 @@ import pathlib
 from typing import Any
 
 from largebatch.config.redact import redact_text
-from largebatch.study import analysis, branch_report, ledger, plots, statistics
+from largebatch.study import analysis, arm_report, branch_report, ledger, plots, statistics
 from largebatch.study import fit as fitting
 from largebatch.study.space import PARAMS
 from largebatch.study.spec import StudySpec, Target
@@ -310,8 +310,8 @@ def _head(spec: StudySpec, study: Any, url: str) -> dict[str, Any]:
 
 def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path, bootstrap_samples: int = 1000) -> list[pathlib.Path]:
     """Write report.json, the plots and report.md into ``out``; the paths written."""
-    if not spec.optimizers:  # a study of branches only: the critical batch along its run and nothing else
-        return _write_branches_only(spec, study, url, out)
+    if not spec.optimizers:  # a study of branches or arms only: their sections and nothing else
+        return _write_without_cells(spec, study, url, out, bootstrap_samples)
     data = build(spec, study, url, bootstrap_samples)
     sections = data.pop("_sections")
     several = len(sections) > 1
@@ -323,28 +323,39 @@ def write(spec: StudySpec, study: Any, url: str, out: pathlib.Path, bootstrap_sa
     ]
     if spec.noise_scale is not None:
         paths.append(plots.noise_scale(series, float(spec.noise_scale["at_eval_loss"]), out / "noise_scale.png"))
-    branch = None if spec.branches is None else branch_report.build(spec, study.get_trials(deepcopy=False), out)
-    if branch is not None:  # the critical batch along training: a section of its own, at the end
-        data["branches"] = branch.data
+    extra = _extra_sections(spec, study, out, bootstrap_samples)  # arms, the critical batch along training: each its own, at the end
+    data.update({name: section.data for name, section in extra.items()})
     _replace(out / "report.json", json.dumps(_strict(data), indent=1, default=str, allow_nan=False) + "\n")
     text = markdown(spec, data, sections, [p.name for p in paths])
-    _replace(out / "report.md", text if branch is None else text + branch.markdown)
-    return [out / "report.md", out / "report.json", *paths, *([] if branch is None else [branch.plot])]
+    _replace(out / "report.md", text + "".join(section.markdown for section in extra.values()))
+    return [out / "report.md", out / "report.json", *paths, *(section.plot for section in extra.values())]
 
 
-def _write_branches_only(spec: StudySpec, study: Any, url: str, out: pathlib.Path) -> list[pathlib.Path]:
-    branch = branch_report.build(spec, study.get_trials(deepcopy=False), out)
-    data = {**_head(spec, study, url), "heldout_split": spec.data["heldout"], "branches": branch.data}
+def _extra_sections(spec: StudySpec, study: Any, out: pathlib.Path, bootstrap_samples: int) -> dict[str, Any]:
+    """The report's sections beside the cells': ``arms`` and ``branches``, where the study has them."""
+    trials = study.get_trials(deepcopy=False)
+    found: dict[str, Any] = {}
+    if spec.arms:
+        found["arms"] = arm_report.build(spec, trials, out, bootstrap_samples)
+    if spec.branches is not None:
+        found["branches"] = branch_report.build(spec, trials, out)
+    return found
+
+
+def _write_without_cells(spec: StudySpec, study: Any, url: str, out: pathlib.Path, bootstrap_samples: int) -> list[pathlib.Path]:
+    extra = _extra_sections(spec, study, out, bootstrap_samples)
+    data = {**_head(spec, study, url), "heldout_split": spec.data["heldout"], **{name: s.data for name, s in extra.items()}}
     _replace(out / "report.json", json.dumps(_strict(data), indent=1, default=str, allow_nan=False) + "\n")
     threads = f" {data['threads_per_trial']} thread(s) per trial." if "threads_per_trial" in data else ""
+    title = " and ".join({"arms": "recipes compared over seeds", "branches": "the critical batch along training"}[n] for n in extra)
     lines = [
-        f"# Study `{spec.name}`: the critical batch along training",
+        f"# Study `{spec.name}`: {title}",
         "",
         f"Written from the storage ({data['storage']}) by `largebatch study report {spec.path.name}` (`study run` writes it too). "
         f"Held-out split `{data['heldout_split']}`.{threads}",
     ]
-    _replace(out / "report.md", "\n".join(lines) + "\n" + branch.markdown)
-    return [out / "report.md", out / "report.json", branch.plot]
+    _replace(out / "report.md", "\n".join(lines) + "\n" + "".join(s.markdown for s in extra.values()))
+    return [out / "report.md", out / "report.json", *(s.plot for s in extra.values())]
 
 
 def _strict(value: Any) -> Any:
@@ -766,7 +777,7 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
             + ("  per target: re-runs, steps to it (median [range])" if several else f"{'re-runs':>8}  steps to target (median [range])")
         )
     skipped = ledger.skipped(study)
-    per_target = [analysis.collect(spec, trials, skipped, target, samples=0)[0] for target in spec.targets]
+    per_target = [analysis.collect(spec, trials, skipped, target, samples=0)[0] for target in spec.targets] if spec.optimizers else []
     running: dict[tuple[Any, Any], int] = {}
     for t in trials:
         if t.state == TrialState.RUNNING:
@@ -781,6 +792,8 @@ def status_text(spec: StudySpec, study: Any, url: str) -> str:
         else:
             line += f"{progress[0]:>4}/{len(spec.seeds):<3}  {steps[0]}"
         lines.append(line)
+    if spec.arms:
+        lines.append(arm_report.status_line(spec, trials))
     if spec.branches is not None:
         lines.append(branch_report.status_line(spec, trials))
     for c in per_target[-1] if per_target else []:

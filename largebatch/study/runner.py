@@ -60,6 +60,7 @@ class Base:
     micro_batch_size: int
     hooks: tuple[Any, ...]
     longest: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)  # cell -> steps at the top of its budget
+    arm_hooks: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)  # arm label -> its config's hooks
 
 
 def micro_batch(spec: StudySpec, base: Base, batch: int) -> int:
@@ -79,34 +80,47 @@ def trial_overrides(
     opt, batch = spec.optimizer(info["optimizer"]), int(info["batch"])
     sets = [f"optimizer.type={opt.type}", *spec.overrides, *opt.overrides]
     sets += [f"global_batch_size={batch}", f"micro_batch_size={micro_batch(spec, base, batch)}", f"seed={info['seed']}"]
-    sets += [f"data.eval_split={spec.data['heldout']}"]
+    sets += protocol_overrides(spec)
+    sets += param_overrides(params, opt.type, base.epochs, base.beta2)
+    seed_run = info["phase"] == ledger.SEED
+    hooks = [*base.hooks, evaluation_hook(spec, seed_run, None if seed_run else stop_after)]
+    if seed_run and spec.noise_scale is not None:
+        hooks.append({"type": "noise_scale", **spec.noise_scale})
+    sets.append("hooks=" + json.dumps(hooks))
+    return sets
+
+
+def protocol_overrides(spec: StudySpec) -> list[str]:
+    """The ``--set`` overrides every trial of the study's protocol takes: the held-out split
+    as the evaluation split (from the carved shards with ``data.carve``), evaluations placed
+    by the study's hook only, cached, at the end too, and no checkpoints."""
+    sets = [f"data.eval_split={spec.data['heldout']}"]
     if spec.data["carve"]:
         sets.append(f"data.root={spec.folder / 'data'}")
     sets += ["eval.interval_epochs=0", "eval.at_end=true", "eval.cache=true"]
     if spec.evaluation["batch_size"]:
         sets.append(f"eval.batch_size={spec.evaluation['batch_size']}")
-    sets += [
+    return sets + [
         "checkpoint.interval_epochs=0",
         "checkpoint.at_end=false",
         "checkpoint.interval_steps=null",
         "checkpoint.interval_minutes=null",
     ]
-    sets += param_overrides(params, opt.type, base.epochs, base.beta2)
-    seed_run = info["phase"] == ledger.SEED
-    evaluation = {
+
+
+def evaluation_hook(spec: StudySpec, measured: bool, stop_after: list[float | None] | None, stop_at_target: bool = True) -> dict[str, Any]:
+    """The study's ``TargetEvalHook`` entry: its targets and schedule; a ``measured`` trial (a
+    re-run or an arm) evaluates the test split beside the held-out one."""
+    hook = {
         "type": EVAL_HOOK,
         "metric": spec.target.metric,
         "targets": [t.value for t in spec.targets],
         "mode": spec.target.mode,
-        "test_split": spec.data["test"] if seed_run else None,
+        "test_split": spec.data["test"] if measured else None,
         **{k: spec.evaluation[k] for k in ("coarse", "fine", "dense_within", "first_fraction", "refine")},
-        "stop_after": None if seed_run else stop_after,
+        "stop_after": stop_after,
     }
-    hooks = [*base.hooks, evaluation]
-    if seed_run and spec.noise_scale is not None:
-        hooks.append({"type": "noise_scale", **spec.noise_scale})
-    sets.append("hooks=" + json.dumps(hooks))
-    return sets
+    return hook if stop_at_target else {**hook, "stop_at_target": False}
 
 
 def run_dir_name(number: int, info: dict[str, Any]) -> str:
@@ -209,8 +223,12 @@ def read_outcome(run_dir: pathlib.Path, spec: StudySpec, seconds: float) -> dict
     for step, *values in ended.pop("refined", []):  # the kept weights evaluated around a crossing
         rows.setdefault(int(step), [int(step), *map(_num, values)])
     curve = [rows[s] for s in sorted(rows)]
+    progress = [[0, 0, 0.0], *ended.get("progress", [])]
     crossings = {
-        t.key: {split: _as_dict(first_crossing(((p[0], p[i]) for p in curve), t.value, mode)) for split, i in (("eval", 1), ("test", 2))}
+        t.key: {
+            split: _with_cost(first_crossing(((p[0], p[i]) for p in curve), t.value, mode), progress)
+            for split, i in (("eval", 1), ("test", 2))
+        }
         for t in spec.targets
     }
     values = [p[1] for p in curve if p[1] is not None]
@@ -233,8 +251,19 @@ def read_outcome(run_dir: pathlib.Path, spec: StudySpec, seconds: float) -> dict
     }
 
 
-def _as_dict(crossing: Crossing | None) -> dict[str, float] | None:
-    return None if crossing is None else crossing.to_dict()
+def _with_cost(crossing: Crossing | None, progress: list[list[float]]) -> dict[str, float] | None:
+    """A crossing as stored, with the samples seen and training seconds at its step, read
+    linearly between the recorded steps around it (``progress``: ``[step, samples, seconds]``
+    from step 0; none recorded: the steps alone)."""
+    if crossing is None:
+        return None
+    out: dict[str, float] = crossing.to_dict()
+    after = next((i for i, p in enumerate(progress) if p[0] >= crossing.steps), None)
+    if after is None or len(progress) < 2:
+        return out
+    (s0, n0, t0), (s1, n1, t1) = progress[max(after - 1, 0)], progress[after]
+    share = 0.0 if s1 == s0 else (crossing.steps - s0) / (s1 - s0)
+    return {**out, "samples": n0 + share * (n1 - n0), "seconds": round(t0 + share * (t1 - t0), 3)}
 
 
 def _num(value: Any) -> float | None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from largebatch.config.loader import read_plain_file
 from largebatch.errors import UserError
-from largebatch.study import branch_trials
+from largebatch.study import arm_trials, branch_trials
 from largebatch.study.space import Param, parse_space
 
 # name -> (meaning, default; REQUIRED when there is none)
@@ -62,11 +62,15 @@ KEYS: dict[str, tuple[str, Any]] = {
     "storage": ("an Optuna storage URL (None: sqlite:///<study folder>/study.db) or a journal file (journal:PATH)", None),
     "workers": ("dict(heartbeat_seconds, stale_seconds, max_retries, poll_seconds)", {}),
     "branches": ("None, or dict(run, at_samples, ks, samples, seeds, tolerance, lr_rule): the critical batch along a run", None),
+    "arms": ("None, or label -> dict(set=[...], seeds=[...]): named training recipes compared over seeds", None),
 }
 # The keys of the tuning cells: a study with a ``branches`` section may leave all of them
 # out and measure only the critical batch along its run; the keys that only shape the
-# cells' trials then have no effect (the branches train from the run's config.yaml).
+# cells' trials then have no effect (the branches train from the run's config.yaml). A
+# study with an ``arms`` section may leave out the cells too, keeping its targets and
+# evaluation schedule (the arms are evaluated on it).
 TUNING_KEYS = ("optimizers", "batches", "search", "target", "targets")
+CELL_KEYS = ("optimizers", "batches", "search")
 CELL_ONLY_KEYS = ("micro_batch_size", "trials", "quasi_random", "tune_seed", "pilot", "evaluation", "noise_scale", "sampler_seed")
 DATA_KEYS = {"heldout": "heldout", "test": None, "carve": None}
 EVALUATION_KEYS = {"coarse": 1.4, "fine": 1.04, "dense_within": 0.03, "first_fraction": 1 / 32, "batch_size": None, "refine": True}
@@ -144,6 +148,7 @@ class StudySpec:
         return self.targets[-1]
 
     branches: dict[str, Any] | None = None  # largebatch.study.branch_trials
+    arms: tuple[arm_trials.Arm, ...] = ()  # largebatch.study.arm_trials
 
     @property
     def folder(self) -> pathlib.Path:
@@ -170,28 +175,32 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
     raw = read_plain_file(path)
     where = str(path)
     _known(raw, KEYS, "", where)
-    only_branches = raw.get("branches") is not None and not any(k in raw for k in TUNING_KEYS)
-    missing = [k for k, (_, default) in KEYS.items() if default is REQUIRED and k not in raw and not (only_branches and k in TUNING_KEYS)]
+    arms_only = raw.get("arms") is not None and not any(k in raw for k in CELL_KEYS)
+    only_branches = not arms_only and raw.get("branches") is not None and not any(k in raw for k in TUNING_KEYS)
+    no_cells = arms_only or only_branches
+    optional = CELL_KEYS if arms_only else TUNING_KEYS if only_branches else ()
+    missing = [k for k, (_, default) in KEYS.items() if default is REQUIRED and k not in raw and k not in optional]
     if missing:
         raise UserError(f"is required: {KEYS[missing[0]][0]}", key=missing[0], path=where)
-    idle = [k for k in CELL_ONLY_KEYS if k in raw] if only_branches else []
+    idle = [k for k in CELL_ONLY_KEYS if k in raw and not (arms_only and k == "evaluation")] if no_cells else []
     if idle:
-        raise UserError(
-            "has no effect in a study of branches only (a branches section without optimizers, batches, search or target: the "
-            "branches train from the run's config.yaml); remove it, or give the cells it would shape",
-            key=idle[0],
-            path=where,
+        why = (
+            "a study of arms only (an arms section without optimizers, batches or search: each arm's set is its whole recipe)"
+            if arms_only
+            else "a study of branches only (a branches section without optimizers, batches, search or target: the branches train "
+            "from the run's config.yaml)"
         )
+        raise UserError(f"has no effect in {why}; remove it, or give the cells it would shape", key=idle[0], path=where)
     values = {k: raw.get(k, default) for k, (_, default) in KEYS.items()}
     base = path.parent / _kind(values["base_config"], str, "base_config", where)
     if not base.is_file():
         raise UserError(f"base config {str(base)!r} not found; give a path relative to the study file", key="base_config", path=where)
-    batches = () if only_branches else _positive_ints(values["batches"], "batches", where)
+    batches = () if no_cells else _positive_ints(values["batches"], "batches", where)
     seeds = tuple(_kind(s, int, "seeds", where) for s in _kind(values["seeds"], list, "seeds", where))
     if not seeds or len(set(seeds)) != len(seeds):
         raise UserError(f"give distinct seeds (at least 3 for a median and a range), got {list(seeds)}", key="seeds", path=where)
     tune_seed = _kind(values["tune_seed"], int, "tune_seed", where)
-    if tune_seed in seeds:
+    if tune_seed in seeds and not no_cells:
         raise UserError(
             f"the tuning seed {tune_seed} is among the re-run seeds {list(seeds)}: the re-runs would repeat the trial they were "
             "chosen from; use fresh seeds",
@@ -208,7 +217,7 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
     if threads is not None and _kind(threads, int, "threads", where) < 1:
         raise UserError(f"must be a positive number of threads, got {threads}", key="threads", path=where)
     targets = () if only_branches else _targets(values["target"], values["targets"], where)
-    optimizers = () if only_branches else _optimizers(values["optimizers"], values["search"], values["pilot"], where)
+    optimizers = () if no_cells else _optimizers(values["optimizers"], values["search"], values["pilot"], where)
     micro = values["micro_batch_size"]
     if micro is not None and _kind(micro, int, "micro_batch_size", where) < 1:
         raise UserError(f"must be positive, got {micro}", key="micro_batch_size", path=where)
@@ -237,6 +246,7 @@ def load_study(path: str | pathlib.Path) -> StudySpec:
         pilot=_pilots(values["pilot"], optimizers, targets, where),
         threads=threads,
         branches=None if values["branches"] is None else branch_trials.parse(values["branches"], seeds, where),
+        arms=() if values["arms"] is None else arm_trials.parse(values["arms"], seeds, where),
     )
 
 

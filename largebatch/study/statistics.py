@@ -55,6 +55,13 @@ critical batch). The other reading of "20%", steps 1.2 S_min (the large-batch li
 the diminishing-returns end, B = 5 B_crit, not the critical batch. The measured B_20% is
 where the measured efficiency against B0 crosses 1/1.2 (interpolated in log batch).
 
+**Recipes over seeds** (a study's ``arms``): two arms differ on a measure when the exact
+two-sided rank test (Wilcoxon-Mann-Whitney, every split of the pooled seeds enumerated)
+gives p at most the level; with a and b seeds it can give no less than 2 / C(a + b, a)
+(a = b), so 3 seeds each never separate two arms and 4 are needed for 0.05. The ratio of
+medians and its bootstrap interval (``compare``, the seeds resampled within each arm) are
+given beside it, and the seeds that would separate a pair not separated.
+
 **Resolution.** The relative width of the evaluations around each reported crossing:
 the median over every crossing and the worst. The evaluation set's own noise beside it: a
 proportion p measured on n samples has standard error sqrt(p (1 - p) / n); n is read from
@@ -66,6 +73,7 @@ slope of the metric per log step between the two evaluations around it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -485,3 +493,95 @@ def resolution(runs: Sequence[Run], target: float | None = None, samples: int | 
     error = proportion_se(target, samples)
     moves = [math.expm1(error / abs(r.slope)) for r in runs if r.steps is not None and r.slope]
     return dataclasses.replace(out, samples=samples, standard_error=error, steps_per_error=statistics.median(moves) if moves else None)
+
+
+def rank_sum_test(a: Sequence[float], b: Sequence[float]) -> float:
+    """The exact two-sided permutation p-value of the difference in mean ranks between the
+    values of ``a`` and ``b`` (the Wilcoxon-Mann-Whitney test, by enumeration of every split
+    of the pooled values; ties share their ranks, infinities rank last or first): the share
+    of splits whose difference is at least the one observed."""
+    pooled = [*a, *b]
+    order = sorted(range(len(pooled)), key=lambda i: pooled[i])
+    ranks = [0.0] * len(pooled)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and pooled[order[end + 1]] == pooled[order[start]]:
+            end += 1
+        for i in order[start : end + 1]:
+            ranks[i] = (start + end) / 2 + 1
+        start = end + 1
+    total = sum(ranks)
+
+    def gap(chosen: Sequence[int]) -> float:
+        mine = sum(ranks[i] for i in chosen)
+        return abs(mine / len(a) - (total - mine) / len(b))
+
+    observed = gap(range(len(a)))
+    splits = [gap(c) for c in itertools.combinations(range(len(pooled)), len(a))]
+    return sum(g >= observed - 1e-9 for g in splits) / len(splits)
+
+
+def smallest_p(a: int, b: int) -> float:
+    """The smallest p-value ``rank_sum_test`` can give with ``a`` and ``b`` seeds (every
+    value of one arm beyond every value of the other): 2 / C(a + b, a) with a = b."""
+    return rank_sum_test(range(a), range(a, a + b))
+
+
+def seeds_to_resolve(alpha: float = 0.05) -> int:
+    """The fewest seeds per arm (the same in both) at which ``rank_sum_test`` can reach ``alpha``."""
+    return next(n for n in range(2, 64) if smallest_p(n, n) <= alpha)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedComparison:
+    """Two arms on one measure: the ratio of medians (b over a) with its bootstrap interval
+    over seeds, the rank test's p-value and the smallest it could give with these seeds."""
+
+    a: str
+    b: str
+    ratio: float | None
+    interval: Interval | None
+    p: float
+    smallest_p: float
+    alpha: float
+    seeds_needed: int | None  # when not separated: seeds per arm that would separate them, were the ratio as measured
+
+    @property
+    def separated(self) -> bool:
+        """Whether the test separates them: p at most alpha (never when the seeds cannot reach it)."""
+        return self.p <= self.alpha
+
+
+def seed_comparisons(
+    values: dict[str, list[float | None]], lower_is_better: bool = True, samples: int = 1000, alpha: float = 0.05, seed: int = 0
+) -> list[SeedComparison]:
+    """Every pair of arms (in ``values``' order) on one measure (per arm, one value per seed;
+    None: not reached, or not measured, the worst), each compared with ``rank_sum_test`` and
+    ``compare``'s bootstrap ratio of medians. Not separated, the seeds that would separate
+    them: ``compare``'s estimate from the interval's width, and at least ``seeds_to_resolve``."""
+    worst = math.inf if lower_is_better else -math.inf
+    runs = [  # a value to maximise not measured (a diverged run) has no place in a ratio of medians: left out of it
+        Run(label, 0, 0, index, True, v, 0.0, number=index)
+        for label, found in values.items()
+        for index, v in enumerate(found)
+        if lower_is_better or v is not None
+    ]
+    groups = _cells(runs)
+    cells = {label: _cell(label, 0, *groups[(label, 0)]) for label in values if (label, 0) in groups}
+    draws = bootstrap(runs, samples, seed)
+    floor = seeds_to_resolve(alpha)
+    out = []
+    labels = list(cells)
+    for i, x in enumerate(labels):
+        for y in labels[i + 1 :]:
+            found = compare(cells[x], cells[y], draws, 1 - alpha)
+            ratio, interval = found.ratio, found.interval
+            a = [worst if v is None else v for v in values[x]]
+            b = [worst if v is None else v for v in values[y]]
+            p = rank_sum_test(a, b)
+            needed = None
+            if p > alpha and ratio is not None and ratio != 1:
+                needed = max(floor, found.seeds_needed or 0) if found.seeds_needed is not None or found.separated else None
+            out.append(SeedComparison(x, y, ratio, interval, p, smallest_p(len(a), len(b)), alpha, needed))
+    return out

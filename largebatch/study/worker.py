@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from largebatch.config.redact import redact_text
-from largebatch.study import branch_trials, ledger, plan, runner
+from largebatch.study import arm_trials, branch_trials, ledger, plan, runner
 from largebatch.study.spec import StudySpec
 
 REQUEUE_STATUS = 75  # largebatch train stopped by a signal (largebatch.preemption.EXIT_REQUEUE)
@@ -76,6 +76,7 @@ class Workers:
         self.threads = threads_per_trial(spec, options)
         self.source = branch_trials.source(spec) if spec.branches is not None else None
         self.branch_keys = set() if self.source is None else branch_trials.keys(spec, self.source)
+        self.arm_keys = arm_trials.keys(spec)
 
     def run(self) -> Outcome:
         """Run the workers to the end (or until stopped); install signal handlers while they run."""
@@ -118,6 +119,7 @@ class Workers:
                     plan.Wanted({}, attrs)
                     for attrs in branch_trials.decide(self.spec, self.source, trials, skipped, self.options.retry_failed)
                 ]
+            wanted += [plan.Wanted({}, attrs) for attrs in arm_trials.decide(self.spec, trials, skipped, self.options.retry_failed)]
             for key in to_skip:
                 ledger.skip(self.study, key)
             for item in wanted:
@@ -137,13 +139,17 @@ class Workers:
             return None, bool(states & {TrialState.WAITING, TrialState.RUNNING})
 
     def _withdrawn(self, trial: Any) -> bool:
-        """Whether a claimed trial is a branch its section no longer has (the section changed
-        after it was queued); if so it is withdrawn, never run."""
+        """Whether a claimed trial is a branch or an arm its section no longer has (the
+        section changed after it was queued); if so it is withdrawn, never run."""
         info = ledger.attrs(trial)
-        if info.get("phase") != branch_trials.PHASE or (self.source is not None and info["key"] in self.branch_keys):
+        sections = {branch_trials.PHASE: ("branches", self.branch_keys), arm_trials.PHASE: ("arms", self.arm_keys)}
+        if info.get("phase") not in sections:
             return False
-        ledger.withdraw(self.study, trial._trial_id, "no longer in the study file's branches section")
-        self.say(f"trial {trial.number} {info['key']}: withdrawn, no longer in the branches section")
+        section, current = sections[info["phase"]]
+        if info["key"] in current:
+            return False
+        ledger.withdraw(self.study, trial._trial_id, f"no longer in the study file's {section} section")
+        self.say(f"trial {trial.number} {info['key']}: withdrawn, no longer in the {section} section")
         return True
 
     def _loop(self) -> None:
@@ -166,8 +172,8 @@ class Workers:
         import optuna
 
         spec, info = self.spec, ledger.attrs(trial)
-        if info["phase"] == branch_trials.PHASE:
-            self._execute_branch(trial, info)
+        if info["phase"] in (branch_trials.PHASE, arm_trials.PHASE):
+            self._execute_fixed(trial, info)
             return
         opt, batch = spec.optimizer(info["optimizer"]), int(info["batch"])
         suggesting = optuna.trial.Trial(self.study, trial._trial_id)
@@ -217,21 +223,34 @@ class Workers:
             return
         self._failed(trial, info, status, run_dir)
 
-    def _execute_branch(self, trial: Any, info: dict[str, Any]) -> None:
-        """A branch of the critical-batch measurement (``branch_trials``): its value is the held-out loss at its end."""
-        run_dir = self.spec.folder / "trials" / runner.run_dir_name(trial.number, info)
-        argv = branch_trials.launch(self.spec, info, run_dir)
-        self.study._storage.set_trial_user_attr(trial._trial_id, "run_dir", str(run_dir.relative_to(self.spec.folder)))
+    def _execute_fixed(self, trial: Any, info: dict[str, Any]) -> None:
+        """A trial with nothing searched: a branch of the critical-batch measurement
+        (``branch_trials``; its value is the held-out loss at its end) or an arm
+        (``arm_trials``; its value is held-out steps to the last target)."""
+        spec, branch = self.spec, info["phase"] == branch_trials.PHASE
+        run_dir = spec.folder / "trials" / runner.run_dir_name(trial.number, info)
+        storage = self.study._storage
+        storage.set_trial_user_attr(trial._trial_id, "run_dir", str(run_dir.relative_to(spec.folder)))
+        if branch:
+            argv = branch_trials.launch(spec, info, run_dir)
+        else:
+            sets = arm_trials.overrides(spec, self.base.arm_hooks[info["arm"]], info)
+            storage.set_trial_user_attr(trial._trial_id, "overrides", [redact_text(s) for s in sets])  # the real ones: argv only
+            storage.set_trial_user_attr(trial._trial_id, "threads", self.threads)
+            argv = ["--config", str(spec.base_config), "--run-dir", str(run_dir)] + [arg for s in sets for arg in ("--set", s)]
         self.say(f"trial {trial.number} {info['key']}: started")
         start = time.monotonic()
         beat = lambda: ledger.beat(self.study, trial._trial_id)  # noqa: E731
-        status = runner.run(argv, run_dir, self.threads, beat, float(self.spec.workers["heartbeat_seconds"]), self.stop.is_set)
-        outcome = branch_trials.read_outcome(run_dir, time.monotonic() - start)
+        status = runner.run(argv, run_dir, self.threads, beat, float(spec.workers["heartbeat_seconds"]), self.stop.is_set)
+        seconds = time.monotonic() - start
+        outcome = branch_trials.read_outcome(run_dir, seconds) if branch else arm_trials.read_outcome(run_dir, spec, seconds)
         self.outcome.ran += 1
         if status == 0 or outcome.get("stopped") == "diverged":
             end = outcome.get("end_loss")
-            ledger.complete(self.study, trial._trial_id, math.inf if end is None else end, outcome)
-            self.say(f"trial {trial.number} {info['key']}: held-out loss {outcome.get('start_loss')} -> {end} ({outcome['seconds']:.0f} s)")
+            found = (math.inf if end is None else end) if branch else arm_trials.value(outcome, spec)
+            ledger.complete(self.study, trial._trial_id, found, outcome)
+            what = f"held-out loss {outcome.get('start_loss')} -> {end}" if branch else f"held-out steps to {spec.target.key}: {found:.1f}"
+            self.say(f"trial {trial.number} {info['key']}: {what} ({outcome['seconds']:.0f} s)")
             return
         self._failed(trial, info, status, run_dir)
 

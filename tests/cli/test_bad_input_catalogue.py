@@ -819,6 +819,17 @@ CASES = [
         study_case(branches={"run": "source", "samples": 64}, optimizers=None, batches=None, search=None, target=None),
         ["micro_batch_size", "has no effect in a study of branches only", "remove it"],
     ),
+    (
+        "study-arms-only-with-a-cells-key",
+        study_case(arms={"a": {}, "b": {"set": ["global_batch_size=16"]}}, optimizers=None, batches=None, search=None),
+        ["micro_batch_size", "has no effect in a study of arms only", "remove it"],
+    ),
+    ("study-arms-one-arm", study_case(arms={"a": {"set": ["global_batch_size=16"]}}), ["arms", "at least two recipes"]),
+    (
+        "study-arm-bad-config",
+        study_case(arms={"a": {}, "b": {"set": ["global_batch_size=20"]}}),
+        ["arms.b.set", "arm 'b'", "20"],
+    ),
 ]
 
 

@@ -75,3 +75,24 @@ def process_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def kill_worker_at_held_trial(folder: pathlib.Path) -> pathlib.Path:
+    """Run ``study run`` in ``folder`` until a trial is held (``HoldWhileMarked`` in
+    tests/support/study_trials.py), kill its worker with SIGKILL and wait for the trial's
+    process to end with it (no training left behind); the trial's ``held`` file."""
+    import os
+    import signal
+
+    from tests.conftest import wait_until
+
+    worker = subprocess.Popen(
+        [PYTHON, "-m", "largebatch", "study", "run", "study.yaml"], cwd=folder, env=clean_env(), stdout=subprocess.DEVNULL
+    )
+    trials = folder / "trials"
+    held = wait_until(lambda: next(iter(trials.glob("*/held")), None) if trials.is_dir() else None, 600, "a trial to train")
+    training = int(held.read_text())
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    wait_until(lambda: process_gone(training), 60, f"the trial's process {training} to end with its worker")
+    return held

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
 from largebatch.study.spec import load_study
-from tests.conftest import PYTHON, REPO, clean_env, wait_until
-from tests.study.helpers import process_gone, study_cli, tiny_base, write_study
+from tests.conftest import REPO, clean_env
+from tests.study.helpers import kill_worker_at_held_trial, study_cli, tiny_base, write_study
 
 
 def trials(folder):
@@ -103,16 +102,7 @@ def test_a_study_killed_mid_trial_and_resumed_ends_with_the_trials_of_one_never_
     assert done.returncode == 0, done.stderr[-3000:]
 
     marker.touch()  # the first trial at batch 32 holds after its second step
-    worker = subprocess.Popen(
-        [PYTHON, "-m", "largebatch", "study", "run", "study.yaml"], cwd=stopped, env=clean_env(), stdout=subprocess.DEVNULL
-    )
-    held = wait_until(
-        lambda: next(iter((stopped / "trials").glob("*/held")), None) if (stopped / "trials").is_dir() else None, 600, "a trial to train"
-    )
-    training = int(held.read_text())
-    os.kill(worker.pid, signal.SIGKILL)
-    worker.wait()
-    wait_until(lambda: process_gone(training), 60, f"the trial's process {training} to end with its worker")  # no training left behind
+    held = kill_worker_at_held_trial(stopped)
     killed = [t for t in trials(stopped) if t.state.name == "RUNNING"]
     assert len(killed) == 1 and killed[0].user_attrs["run_dir"] == f"trials/{held.parent.name}"
     assert sum(t.state.name == "COMPLETE" for t in trials(stopped)) >= 1

@@ -38,3 +38,16 @@ class HoldWhileMarked(Hook):
         (state.run.run_dir / "held").write_text(str(os.getpid()))
         while self.marker.exists():
             time.sleep(0.1)
+
+
+class SlowEvaluation(Hook):
+    """Each evaluation of a run with global batch ``batch`` takes ``seconds`` longer (a
+    sleep at its start): time a study must not count as training."""
+
+    def __init__(self, batch: int, seconds: float, priority: int | str | None = "LOW") -> None:
+        super().__init__(priority)
+        self.batch, self.seconds = batch, seconds
+
+    def before_eval(self, state) -> None:
+        if state.run.config.global_batch_size == self.batch:
+            time.sleep(self.seconds)
