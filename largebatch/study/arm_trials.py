@@ -120,37 +120,10 @@ def decide(spec: Any, trials: list[Any], skipped: set[str], retry_failed: bool) 
     return wanted
 
 
-def overrides(spec: Any, hooks: tuple[Any, ...], info: dict[str, Any]) -> list[str]:
-    """The ``--set`` overrides of one arm trial (``hooks``: its arm's config's hooks)."""
-    from largebatch.study import runner  # not at the top: runner imports the spec, which imports this module
-
-    arm = next(a for a in spec.arms if a.label == info["arm"])
-    sets = [*spec.overrides, *arm.overrides, f"seed={info['seed']}", *runner.protocol_overrides(spec)]
-    hook = runner.evaluation_hook(spec, True, None, stop_at_target=False)
-    return [*sets, "hooks=" + json.dumps([*hooks, hook])]
-
-
 def value(outcome: dict[str, Any], spec: Any) -> float:
     """A finished arm trial's objective: held-out steps to the last target (inf: not reached)."""
     crossing = outcome["crossings"][spec.target.key]["eval"]
     return math.inf if crossing is None else float(crossing["steps"])
-
-
-def read_outcome(run_dir: pathlib.Path, spec: Any, seconds: float) -> dict[str, Any]:
-    """``runner.read_outcome`` with the totals, the final values and the ``batch/*`` log."""
-    from largebatch.study import runner
-
-    outcome = runner.read_outcome(run_dir, spec, seconds)
-    last = (outcome.get("progress") or [[0, 0, 0.0]])[-1]
-    final = outcome["curve"][-1] if outcome["curve"] else [None, None, None, None]
-    return {
-        **outcome,
-        "steps_total": last[0],
-        "samples_total": last[1],
-        "train_seconds": last[2],
-        "final_test": final[2] if spec.data["test"] else final[1],
-        "batch_log": batch_log(run_dir),
-    }
 
 
 def batch_log(run_dir: pathlib.Path) -> dict[str, list[list[float]]]:

@@ -28,7 +28,7 @@ import pathlib
 from typing import Any
 
 from largebatch.errors import UserError
-from largebatch.study.runner import Base, trial_overrides
+from largebatch.study.runner import Base, arm_overrides, trial_overrides
 from largebatch.study.spec import Pilot, StudySpec
 
 TFRECORD_LOADERS = ("native", "dali", "mediapipe")
@@ -182,12 +182,11 @@ def _check_arm(spec: StudySpec, arm: Any) -> tuple[Any, ...]:
     from largebatch.config.frozen import thaw
     from largebatch.data import count_samples
     from largebatch.hooks import build_hooks
-    from largebatch.study import arm_trials
 
     try:
         own = resolve_config(spec.base_config, [*spec.overrides, *arm.overrides])
         hooks = tuple(thaw(own.hooks))
-        cfg = resolve_config(spec.base_config, arm_trials.overrides(spec, hooks, {"arm": arm.label, "seed": arm.seeds[0]}))
+        cfg = resolve_config(spec.base_config, arm_overrides(spec, hooks, {"arm": arm.label, "seed": arm.seeds[0]}))
         derive(cfg, 1, count_samples(cfg.data, "train"))
         build_hooks(cfg.hooks, checkpoint=cfg.checkpoint, log=cfg.log, ema=cfg.ema, config_path=spec.base_config)
     except UserError as exc:

@@ -38,7 +38,7 @@ from typing import Any
 
 import largebatch
 from largebatch.rundir import RunDir, read_metrics
-from largebatch.study import ledger
+from largebatch.study import arm_trials, ledger
 from largebatch.study.evaluation import OUTCOME
 from largebatch.study.space import overrides as param_overrides
 from largebatch.study.spec import StudySpec
@@ -121,6 +121,14 @@ def evaluation_hook(spec: StudySpec, measured: bool, stop_after: list[float | No
         "stop_after": stop_after,
     }
     return hook if stop_at_target else {**hook, "stop_at_target": False}
+
+
+def arm_overrides(spec: Any, hooks: tuple[Any, ...], info: dict[str, Any]) -> list[str]:
+    """The ``--set`` overrides of one arm trial (``hooks``: its arm's config's hooks)."""
+    arm = next(a for a in spec.arms if a.label == info["arm"])
+    sets = [*spec.overrides, *arm.overrides, f"seed={info['seed']}", *protocol_overrides(spec)]
+    hook = evaluation_hook(spec, True, None, stop_at_target=False)
+    return [*sets, "hooks=" + json.dumps([*hooks, hook])]
 
 
 def run_dir_name(number: int, info: dict[str, Any]) -> str:
@@ -248,6 +256,21 @@ def read_outcome(run_dir: pathlib.Path, spec: StudySpec, seconds: float) -> dict
         "best_eval": (max(values) if mode == "max" else min(values)) if values else None,
         "noise_at_loss": noise,
         "seconds": round(seconds, 1),
+    }
+
+
+def read_arm_outcome(run_dir: pathlib.Path, spec: Any, seconds: float) -> dict[str, Any]:
+    """``read_outcome`` with the totals, the final values and the ``batch/*`` log."""
+    outcome = read_outcome(run_dir, spec, seconds)
+    last = (outcome.get("progress") or [[0, 0, 0.0]])[-1]
+    final = outcome["curve"][-1] if outcome["curve"] else [None, None, None, None]
+    return {
+        **outcome,
+        "steps_total": last[0],
+        "samples_total": last[1],
+        "train_seconds": last[2],
+        "final_test": final[2] if spec.data["test"] else final[1],
+        "batch_log": arm_trials.batch_log(run_dir),
     }
 
 

@@ -234,7 +234,7 @@ class Workers:
         if branch:
             argv = branch_trials.launch(spec, info, run_dir)
         else:
-            sets = arm_trials.overrides(spec, self.base.arm_hooks[info["arm"]], info)
+            sets = runner.arm_overrides(spec, self.base.arm_hooks[info["arm"]], info)
             storage.set_trial_user_attr(trial._trial_id, "overrides", [redact_text(s) for s in sets])  # the real ones: argv only
             storage.set_trial_user_attr(trial._trial_id, "threads", self.threads)
             argv = ["--config", str(spec.base_config), "--run-dir", str(run_dir)] + [arg for s in sets for arg in ("--set", s)]
@@ -243,7 +243,7 @@ class Workers:
         beat = lambda: ledger.beat(self.study, trial._trial_id)  # noqa: E731
         status = runner.run(argv, run_dir, self.threads, beat, float(spec.workers["heartbeat_seconds"]), self.stop.is_set)
         seconds = time.monotonic() - start
-        outcome = branch_trials.read_outcome(run_dir, seconds) if branch else arm_trials.read_outcome(run_dir, spec, seconds)
+        outcome = branch_trials.read_outcome(run_dir, seconds) if branch else runner.read_arm_outcome(run_dir, spec, seconds)
         self.outcome.ran += 1
         if status == 0 or outcome.get("stopped") == "diverged":
             end = outcome.get("end_loss")
