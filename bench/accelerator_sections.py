@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import gc
 import importlib.util
-import itertools
 import json
 import math
 import os
@@ -76,8 +75,7 @@ def gib(value: float | None) -> str:
 
 
 def attempt(label: str, work, *args, **kwargs):
-    """``work(*args, **kwargs)``, or None with the error on stderr (the suite's --log) and
-    one line on stdout: one configuration that fails does not cost the others."""
+    """``work(*args, **kwargs)``, or None with the error on stderr and one line on stdout."""
     try:
         return work(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - reported, and the section goes on
@@ -90,8 +88,7 @@ def attempt(label: str, work, *args, **kwargs):
 
 
 class StepTimer(Hook):
-    """Seconds from before step ``warmup`` to the end of training, between synchronisations;
-    with ``profiler``, its ``step()`` after each optimizer step (its schedule counts them)."""
+    """Seconds from before step ``warmup`` to the end of training; ``profiler.step()`` after each step."""
 
     def __init__(self, warmup: int, profiler=None) -> None:
         super().__init__()
@@ -133,9 +130,7 @@ class Measured:
 
 
 def engine_run(cfg: dict, work: pathlib.Path, sizes: Sizes, *, fixed: bool, profiler=None) -> Measured:
-    """Train with the base config and ``cfg`` once; with ``fixed`` on 4 seeded random
-    micro-batches on the device (``random_batches``, as timm's loop), repeated; under
-    ``profiler``, when given."""
+    """Train with ``cfg`` once; with ``fixed`` on 4 seeded random micro-batches on the device, as timm's loop."""
     engine = build_engine(cfg, work / "run")
     state, backend = engine.state, engine.state.run.backend
     loader = FixedBatches(random_batches(4, sizes.micro, sizes.image_size, backend.device)) if fixed else engine.train_loader
@@ -190,8 +185,7 @@ MAX_AUTOTUNE = "LARGEBATCH_BENCH_MAX_AUTOTUNE"  # =1: section c measures compile
 
 
 def engine_variants(device: str) -> list[tuple[str, dict | None, str]]:
-    """(label, ``overrides`` changes or None when skipped, why skipped); after bf16 (the base
-    of the ratios, measured first), and compile last: its build is the slowest and least certain."""
+    """(label, ``overrides`` changes or None when skipped, why skipped); compile last: its build is the least certain."""
     compile_reason = {
         "hpu": "compile on a Gaudi needs hpu.mode='compile' (PT_HPU_LAZY_MODE=0), which cannot share this lazy-mode process",
         "cpu": "torch.compile is measured on accelerators only: on the CPU stand-in its build time would be the whole run",
@@ -234,8 +228,7 @@ def attention_line(device: str, sizes: Sizes, work: pathlib.Path) -> str:
 
 
 def timm_loop(device: str, sizes: Sizes, profiler=None) -> Measured:
-    """timm train.py's per-batch work (``bench.timm_train.timm_step``) in bf16 as a plain
-    loop over the engine's fixed micro-batches (and ``profiler.step()`` after each step)."""
+    """timm train.py's per-batch work (``timm_step``) in bf16 over the engine's fixed micro-batches."""
     backend = create_backend(device, "bf16")
     batches = random_batches(4, sizes.micro, sizes.image_size, backend.device)
     model, optimizer = timm_model(sizes.model, common.CLASSES, sizes.image_size, backend.device, **sizes.model_kwargs)
@@ -290,32 +283,25 @@ def section_train(device: str, sizes: Sizes) -> None:
         print("\n" + "\n".join(skipped))
     if attention:
         print(f"\n{attention}")
-    for label, first, second in (
-        ("fused AdamW: nan_guard on / off", "bf16, fused AdamW (nan_guard read a step late)", "bf16, fused AdamW, nan_guard off"),
-        (
-            "compile A/A control: default mode second run / first",
-            "bf16 + compile, default mode again (A/A control)",
-            "bf16 + compile, default mode",
-        ),
-    ):
-        first, second = results.get(f"largebatch engine, {first}"), results.get(f"largebatch engine, {second}")
-        if first and second:
-            print(f"{label} = {first.images_per_s / second.images_per_s:.3f}")
-    base, timm, again = (results.get(label) for label in list(runs)[:3])
+    rate = {label.removeprefix("largebatch engine, "): m.images_per_s for label, m in results.items()}
+    fused, compiled = "bf16, fused AdamW", "bf16 + compile, default mode"
+    pairs = {"fused AdamW: nan_guard on / off": (f"{fused} (nan_guard read a step late)", f"{fused}, nan_guard off")}
+    pairs["compile A/A control: default mode second run / first"] = (f"{compiled} again (A/A control)", compiled)
+    for label, (first, second) in pairs.items():
+        if first in rate and second in rate:
+            print(f"{label} = {rate[first] / rate[second]:.3f}")
+    base, timm, again = (rate.get(label.removeprefix("largebatch engine, ")) for label in list(runs)[:3])
     if base and again and timm:
-        first, second = base.images_per_s / timm.images_per_s, again.images_per_s / timm.images_per_s
-        print(
-            f"\nlargebatch / timm (bf16) = {(first + second) / 2:.3f} (the engine's runs before and after timm's: {first:.3f}, {second:.3f})"
-        )
+        each = f"{base / timm:.3f}, {again / timm:.3f}"
+        print(f"\nlargebatch / timm (bf16) = {(base + again) / 2 / timm:.3f} (the engine's runs before and after timm's: {each})")
     if base and again:
-        print(f"A/A control: engine bf16 second run / first = {again.images_per_s / base.images_per_s:.3f}")
+        print(f"A/A control: engine bf16 second run / first = {again / base:.3f}")
     if len(results) < len(runs):
         raise SystemExit("a configuration failed: see its line above and the traceback in the log")
 
 
 def shards_for(sizes: Sizes) -> pathlib.Path:
-    """Photo-like JPEGs (about 500x375) in 4 TFRecord train shards, made once per machine
-    and size and reused by sections d and e (a folder in the system's temporary folder)."""
+    """Photo-like JPEGs in 4 TFRecord shards, made once per machine and size for sections d and e."""
     root = pathlib.Path(tempfile.gettempdir()) / f"largebatch-accelerator-shards-{sizes.images}"
     if not (root / "complete").exists():
         shutil.rmtree(root, ignore_errors=True)  # a conversion stopped half-way
@@ -330,8 +316,7 @@ def loader_data(sizes: Sizes, loader: str, workers: int | None = None) -> dict:
 
 
 def device_loaders(device: str) -> tuple[list[tuple[str, str]], list[str]]:
-    """The native loader on every device and the device's own decoding pipeline beside it:
-    (label, data.loader) of those that run here, and a ``skipped`` line for one that cannot."""
+    """(label, data.loader) of the native loader and the device's own pipeline, and ``skipped`` lines."""
     native = {
         "cuda": "native loader (CPU workers decode; uint8 pinned hand-over on a side stream; normalised on the GPU)",
         "hpu": "native loader (CPU workers decode; uint8 hand-over; normalised on the Gaudi)",
@@ -359,10 +344,11 @@ DEVICE_DECODE = "native loader, data.decode='device' (workers read; the device d
 
 
 def section_loader_train(device: str, sizes: Sizes) -> None:
-    rows, (loaders, skipped) = [], device_loaders(device)
+    loaders, skipped = device_loaders(device)
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         synthetic = engine_run(overrides(device, sizes), work / "synthetic", sizes, fixed=True)
+        rows = [("synthetic micro-batches already on the device", synthetic)]
         for i, (label, loader) in enumerate(loaders):
             data = loader_data(sizes, loader)
             # the native loader with each data.decode (the device one on CUDA and the CPU stand-in), side by side
@@ -370,32 +356,32 @@ def section_loader_train(device: str, sizes: Sizes) -> None:
                 name = {"": label, "cpu": f"{label}, data.decode='cpu'", "device": DEVICE_DECODE}[decode]
                 data = {**data, "decode": decode} if decode else data
                 m = engine_run(overrides(device, sizes, data=data), work / f"shards{i}{decode}", sizes, fixed=False)
-                rows.append((name + fallback_note(device, sizes, data), m))
+                rows.append((f"{name}{fallback_note(device, sizes, data)} from TFRecord shards", m))
     print(
         f"model {sizes.model}, {sizes.image_size} px, micro-batch {sizes.micro}, bf16; {sizes.images} JPEGs (about 500x375) "
         f"in 4 TFRecord shards, random-resized-crop + flip, {loader_data(sizes, 'native')['num_workers']} workers; "
         f"warm-up steps: {sizes.warmup}, timed steps: {sizes.timed}\n"
     )
-    lines = [f"| synthetic micro-batches already on the device | {synthetic.images_per_s:.1f} | {gib(synthetic.peak_bytes)} | 1.000 |"]
-    lines += [
-        f"| {label} from TFRecord shards | {m.images_per_s:.1f} | {gib(m.peak_bytes)} | {m.images_per_s / synthetic.images_per_s:.3f} |"
-        for label, m in rows
+    lines = [
+        f"| {label} | {m.images_per_s:.1f} | {gib(m.peak_bytes)} | {m.images_per_s / synthetic.images_per_s:.3f} |" for label, m in rows
     ]
     print(table("data | images/s: | peak memory GiB: | images/s / synthetic:", lines))
     if skipped:
         print("\n" + "\n".join(skipped))
-    print(f"\nloader / synthetic = {rows[0][1].images_per_s / synthetic.images_per_s:.3f} (the native loader)")
+    print(f"\nloader / synthetic = {rows[1][1].images_per_s / synthetic.images_per_s:.3f} (the native loader)")
     if device != "hpu":
-        print(f"loader / synthetic = {rows[1][1].images_per_s / synthetic.images_per_s:.3f} (the native loader, data.decode='device')")
+        print(f"loader / synthetic = {rows[2][1].images_per_s / synthetic.images_per_s:.3f} (the native loader, data.decode='device')")
 
 
-def loader_rates(device: str, sizes: Sizes, loader_kind: str, workers: int, decode: str = "cpu") -> tuple[list[float], int]:
-    """images/s of each epoch after a warm-up epoch, iterating the loader without training."""
+def loader_rates(device: str, sizes: Sizes, loader_kind: str, workers: int, decode: str = "cpu") -> tuple[list[float], int, torch.Tensor]:
+    """images/s of each epoch after a warm-up epoch, iterating the loader without training; the
+    workers; the warm-up epoch's first 4 micro-batches on the CPU, in grey levels less the mean."""
     data = loader_data(sizes, loader_kind, workers)
     cfg = config(overrides(device, sizes, data=data if loader_kind != "native" else {**data, "decode": decode}))
     backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
     loader = common.train_loader(cfg, backend.device)
-    rates = []
+    std = torch.tensor(cfg.data.std, device=backend.device).view(1, -1, 1, 1) * 255
+    rates, first = [], []
     try:
         for epoch in range(sizes.loader_epochs + 1):  # epoch 0 warms up
             loader.set_epoch(epoch)
@@ -403,12 +389,13 @@ def loader_rates(device: str, sizes: Sizes, loader_kind: str, workers: int, deco
             start, count = time.perf_counter(), 0
             for images, _ in loader:
                 count += images.shape[0]
+                if epoch == 0 and len(first) < 4:
+                    first.append((images * std).cpu())
             backend.synchronize()
             rates.append(count / (time.perf_counter() - start))
     finally:
-        if hasattr(loader, "close"):
-            loader.close()
-    return rates[1:], cfg.data.num_workers
+        loader.close()
+    return rates[1:], cfg.data.num_workers, torch.cat(first)
 
 
 def section_loader_alone(device: str, sizes: Sizes) -> None:
@@ -416,7 +403,7 @@ def section_loader_alone(device: str, sizes: Sizes) -> None:
     counts = sorted({sizes.workers, 2 if sizes is QUICK else 8})  # the native loader at 8 workers too
     for label, loader in loaders:
         for count in counts if loader == "native" else counts[-1:]:
-            rates, workers = loader_rates(device, sizes, loader, count)
+            rates, workers, _ = loader_rates(device, sizes, loader, count)
             note = fallback_note(device, sizes, loader_data(sizes, loader))
             rows.append(f"| {label}{note} | {workers} | {statistics.median(rates):.0f} | {', '.join(f'{r:.0f}' for r in rates)} |")
     print(
@@ -426,42 +413,21 @@ def section_loader_alone(device: str, sizes: Sizes) -> None:
     print(table("loader | workers / threads: | images/s (median epoch): | epochs", rows))
     if skipped:
         print("\n" + "\n".join(skipped))
-    decode_side_by_side(device, sizes)
-
-
-def decode_side_by_side(device: str, sizes: Sizes) -> None:
-    """The native loader with ``data.decode`` 'cpu' (workers decode), 'device' (workers read,
-    the device decodes whole micro-batches) and 'cpu' again (the A/A control), and the pixel
-    difference between the two paths' first micro-batches (same samples, crops and flips)."""
     if device == "hpu":
         print("\n- data.decode='device': skipped: torchvision decodes JPEGs on CUDA and the CPU, not on a Gaudi")
         return
-    workers = sizes.workers
-    runs = [(decode, statistics.median(loader_rates(device, sizes, "native", workers, decode)[0])) for decode in ("cpu", "device", "cpu")]
-    largest, mean = decode_difference(device, sizes)
+    # data.decode 'cpu', 'device' and 'cpu' again (the A/A control); the pixels of the same samples, crops and flips
+    decodes = ("cpu", "device", "cpu")
+    runs = [loader_rates(device, sizes, "native", sizes.workers, decode) for decode in decodes]
+    rates = [statistics.median(epochs) for epochs, _, _ in runs]
+    difference = (runs[0][2] - runs[1][2]).abs()
     print(
-        f"\nthe native loader's decoding, side by side ({workers} workers; 'cpu' twice, before and after, as the A/A control); "
-        f"device / cpu = {runs[1][1] / runs[0][1]:.2f} (against the second cpu run {runs[1][1] / runs[2][1]:.2f}), "
-        f"A/A {runs[2][1] / runs[0][1]:.2f}; pixels, device against cpu decode: max {largest:.0f}, mean {mean:.2f} grey levels\n"
+        f"\nthe native loader's decoding, side by side ({sizes.workers} workers; 'cpu' twice, before and after, as the A/A control); "
+        f"device / cpu = {rates[1] / rates[0]:.2f} (against the second cpu run {rates[1] / rates[2]:.2f}), A/A {rates[2] / rates[0]:.2f}; "
+        f"pixels, device against cpu decode: max {float(difference.max()):.0f}, mean {float(difference.mean()):.2f} grey levels\n"
     )
-    print(
-        table("data.decode | images/s (median epoch): | / first cpu run:", [f"| {d} | {r:.0f} | {r / runs[0][1]:.3f} |" for d, r in runs])
-    )
-
-
-def decode_difference(device: str, sizes: Sizes, batches: int = 4) -> tuple[float, float]:
-    """Max and mean absolute difference in grey levels between the native loader's first
-    ``batches`` micro-batches decoded on the CPU and on the device (no workers)."""
-    images = []
-    for decode in ("cpu", "device"):
-        cfg = config(overrides(device, sizes, data={**loader_data(sizes, "native", 1), "num_workers": 0, "decode": decode}))
-        backend = create_backend(cfg.device, cfg.precision, 0, cuda=cfg.cuda, hpu=cfg.hpu)
-        loader = common.train_loader(cfg, backend.device)
-        std = torch.tensor(cfg.data.std, device=backend.device).view(1, -1, 1, 1) * 255
-        images.append(torch.cat([(x * std).cpu() for x, _ in itertools.islice(loader, batches)]))
-        loader.close()
-    difference = (images[0] - images[1]).abs()
-    return float(difference.max()), float(difference.mean())
+    rows = [f"| {decode} | {rate:.0f} | {rate / rates[0]:.3f} |" for decode, rate in zip(decodes, rates)]
+    print(table("data.decode | images/s (median epoch): | / first cpu run:", rows))
 
 
 def lamb_candidates(device: str) -> list[tuple[str, object]]:
@@ -560,11 +526,8 @@ def section_distributed(device: str, sizes: Sizes) -> None:
 
 
 def profiled(device: str, sizes: Sizes, run) -> tuple[list[str], str]:
-    """``run(profiler)`` (a ``Measured``) under a profiler over its last steps: the first
-    ``warmup - 1`` skipped, one step of the profiler's own warm-up, then ``timed`` steps
-    recorded (host ops, and kernels on CUDA). Returns the cells of its row (wall ms per step
-    while recorded; the device's busy time per step, the kernels' own time summed, and its
-    share of the wall time; kernels launched per step) and the op table."""
+    """The cells of ``run(profiler)``'s row (wall and kernel ms per step, busy share, kernels
+    per step) with its last ``timed`` steps recorded, and its op table."""
     activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])]
     schedule = torch.profiler.schedule(wait=max(0, sizes.warmup - 1), warmup=min(1, sizes.warmup), active=sizes.timed, repeat=1)
     with torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=False) as profiler:
@@ -580,9 +543,6 @@ def profiled(device: str, sizes: Sizes, run) -> tuple[list[str], str]:
 
 
 def section_profile(device: str, sizes: Sizes) -> None:
-    """Section c's bf16 engine (with and without the non-finite check) and timm's loop under
-    ``torch.profiler``: whether the engine's extra time per step is device work (more or
-    longer kernels) or the device waiting for the host (busy share below timm's)."""
     if device == "hpu":
         print("skipped: torch.profiler's HPU activity needs Habana's profiler set-up; profile on a Gaudi with hl-prof-config")
         return

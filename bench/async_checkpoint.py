@@ -27,9 +27,7 @@ SIDES = {"sync": False, "async": True, "sync again": False}
 
 
 class SaveStopwatchHook(Hook):
-    """Just after the checkpoint hook (``Priority.LOW``): each step's time and the time the
-    checkpoint hook held it, read from the engine's own timing of every hook call
-    (``state.hook_times``); rank 0 writes them to ``out`` at the end."""
+    """Each step's time and the checkpoint hook's share of it (``state.hook_times``), written to ``out``."""
 
     priority = Priority.LOW + 1
 
@@ -85,9 +83,7 @@ def side(args: argparse.Namespace, async_save: bool, scratch: pathlib.Path) -> d
 
 
 def summary(record: dict, interval: int) -> dict[str, float]:
-    """One side's figures: the stall of its first save (it allocates the host copy under
-    ``async_save``), the mean stall of the later ones (the steady state of a long run),
-    the wait for the last write at the end, and the median time of a step without a save."""
+    """The stall of the first save, the mean of the later ones, the wait at the end, a step without a save."""
     held = [s["held"] for s in record["steps"] if s["step"] % interval == 0]
     others = [s["duration"] for s in record["steps"] if s["step"] % interval != 0 and s["step"] > 1]  # the first step warms up
     return {"first": held[0], "later": statistics.mean(held[1:]), "end": record["held_at_end"], "step": statistics.median(others)}

@@ -99,10 +99,8 @@ def table(header: str, rows: Sequence[str] = ()) -> str:
 
 
 def run_child(args: list[str], env: dict[str, str], timeout: float | None = None, log: pathlib.Path | None = None, label: str = ""):
-    """``python ARGS`` in the repository: (the command as a user types it, its exit status,
-    its output, seconds). The output is stdout less the engine's end-of-run line (``done:
-    ...``) and, when it failed, the end of stderr in a code block; stopped at ``timeout``,
-    its status is 124 and what it printed is kept. ``log`` gets both streams whole."""
+    """``python ARGS`` in the repository: (the command, its status (124 at ``timeout``), stdout less
+    ``done:`` lines and, failed, stderr's end, seconds). ``log`` gets both streams whole."""
     start = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -210,10 +208,8 @@ def rotated(sides: Sequence[T], round_: int) -> list[T]:
 def time_blocks(
     steps: Sequence[Callable[[], object]], per_block: int, rounds: int, settle: Callable[[], None] = lambda: None
 ) -> list[list[list[float]]]:
-    """Milliseconds of each side's calls: per round a block of ``per_block`` timed calls of
-    each side after one untimed call (its state made, the allocator settled on it after
-    the previous side), the blocks ``in_turn``; ``settle`` waits for queued device work
-    (and marks the graph's end on a Gaudi) around each call. Per side, per round, the times."""
+    """Milliseconds per side, per round: a block of ``per_block`` calls after one untimed call, the
+    blocks ``in_turn``; ``settle`` waits for queued device work after each call."""
     times: list[list[list[float]]] = [[] for _ in steps]
     for round_ in range(rounds):
         for index in in_turn(range(len(steps)), round_):

@@ -23,11 +23,8 @@ import torch
 
 from bench.common import MODEL, FixedBatches, build_engine, machine_description, model_overrides, options, random_batches, table
 
-# The clock both loops are timed with. On a machine shared with other jobs, wall time
-# moves with their load (rounds differ by 2-4x); the CPU time of this process moves far
-# less, and with one torch thread, pre-made batches and one loop running at a time it is
-# the time the running loop's work took. set_clock() switches to wall time where the
-# machine is quiet or torch threads > 1.
+# The clock both loops are timed with: this process's CPU time, far steadier than wall time on a
+# shared machine (BENCHMARKS.md); set_clock("wall") where it is quiet or torch threads > 1.
 CLOCK = time.process_time
 
 
@@ -60,8 +57,7 @@ def make_batches(args) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 class Turns:
-    """Two loops taking turns: one runs while the other waits, and each adds up the
-    ``CLOCK`` time of its own turns only."""
+    """Two loops taking turns, each adding up the ``CLOCK`` time of its own turns only."""
 
     def __init__(self, first: str) -> None:
         self._turn = first
@@ -82,9 +78,7 @@ class Turns:
 
 
 class TakingTurns(FixedBatches):
-    """``FixedBatches`` that hands the turn to the bare loop before each optimizer step
-    but the first (at the first micro-batch of its window): the engine's steps and the
-    bare loop's alternate."""
+    """``FixedBatches`` handing the turn to the bare loop before each optimizer step but the first."""
 
     def __init__(self, batches, num_classes, accumulation: int, turns: Turns) -> None:
         super().__init__(batches, num_classes)
@@ -101,8 +95,7 @@ class TakingTurns(FixedBatches):
 def bare_steps(
     model, optimizer, schedule, batches, accumulation: int, turns: Turns | None = None, side: tuple[str, str] = ("bare", "engine")
 ) -> int:
-    """The hand-written loop (one turn per optimizer step when ``turns`` is given, as
-    ``side[0]`` handing over to ``side[1]``); returns the samples trained on."""
+    """The hand-written loop (one turn per step with ``turns``, ``side[0]`` handing to ``side[1]``); the samples."""
     me, other = side
     samples = 0
     for step in range(len(batches) // accumulation):
@@ -122,16 +115,13 @@ def bare_steps(
 
 
 def bare_worker() -> ThreadPoolExecutor:
-    """One thread that runs the bare loop for every round (the same thread each time, so
-    its thread-local caches warm up once, as the engine's main thread's do)."""
+    """The one thread that runs the bare loop in every round (its caches warm once, as the engine's)."""
     threads = torch.get_num_threads()  # intra-op threads are set per thread
     return ThreadPoolExecutor(1, initializer=lambda: torch.set_num_threads(threads))
 
 
 def one_round(cfg: dict, run_dir: pathlib.Path, batches, accumulation: int, worker: ThreadPoolExecutor, first: str, aa: bool = False):
-    """One round: a fresh engine and a fresh bare loop taking turns step by step, or for
-    the A/A control (``aa``) the bare loop in the engine's place (this thread, the engine's
-    turns); returns (images/s of the engine's side, of the bare loop on the worker)."""
+    """(images/s of the engine, or with ``aa`` a bare loop in its place; of the bare loop), taking turns."""
     # The same model, optimizer and schedule the engine gets, built the same way.
     here, there = build_engine(cfg, run_dir / "engine"), build_engine(cfg, run_dir / "bare").state.run
     turns = Turns(first)
@@ -156,8 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     worker = bare_worker()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = overrides(args, args.steps)
-        # One untimed round first: the first pass through a model pays for allocator
-        # growth and kernel selection.
+        # One untimed round first: the first pass pays for allocator growth and kernel selection.
         one_round(cfg, pathlib.Path(tmp) / "warmup", batches, args.accumulation, worker, "engine")
         for i in range(args.rounds):
             first = "engine" if i % 2 == 0 else "bare"  # which loop takes the first step of a round, in turn

@@ -26,12 +26,8 @@ from largebatch.engine.events import Event
 
 
 class PairedEngine(Engine):
-    """The engine, firing its hooks on one step of each pair of steps and none on the other.
-
-    Which step of a pair runs with hooks is drawn at random (seeded), so over many pairs
-    each side meets the logging steps equally often. Records each step's wall time and,
-    on the steps with hooks, the time inside each hook call.
-    """
+    """The engine firing its hooks on one step of each pair, drawn at random (seeded), and none on the
+    other; records each step's wall time and the time inside each hook call."""
 
     def __init__(self, *args, seed: int = 0, aa: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -60,8 +56,7 @@ class PairedEngine(Engine):
 
     @property
     def hook_seconds(self) -> collections.Counter[str]:
-        """Seconds inside each hook (the engine's own timing, ``state.hook_times``); once-per-run
-        events left out."""
+        """Seconds inside each hook (``state.hook_times``), once-per-run events left out."""
         seconds: collections.Counter[str] = collections.Counter()
         for (name, event), (_, total) in self.state.hook_times.items():
             if event not in ONCE_PER_RUN:

@@ -30,8 +30,7 @@ LR, WEIGHT_DECAY = 1e-3, 0.05
 
 
 def random_params(name: str, device: str = "cpu") -> list[torch.Tensor]:
-    """Tensors of a timm model's parameter shapes (found without allocating the model),
-    seeded, with random gradients: what an optimizer steps over."""
+    """Seeded tensors of a timm model's parameter shapes, with random gradients."""
     with torch.device("meta"):
         shapes = [p.shape for p in timm.create_model(name, pretrained=False).parameters()]
     torch.manual_seed(0)
@@ -59,12 +58,8 @@ timm_lamb = functools.partial(TimmLamb, lr=LR, weight_decay=WEIGHT_DECAY, max_gr
 
 
 class FusedPathOn:
-    """Ours with the ``lamb_update.FusedAdam`` kernel (torch's fused Adam kernel over whole
-    tensors) taken on exactly ``devices`` during its steps, and ``lamb_triton``'s on exactly
-    ``triton_devices`` when given: ``("cpu",)`` runs the fused path on CPU tensors, the
-    stand-in here for the ratio to the fused Adam floor that ``python -m bench --device
-    cuda`` measures; ``devices=("cuda",), triton_devices=()`` gives CUDA's previous path
-    and ``(), ()`` its plain multi-tensor one, for that suite's comparison."""
+    """Ours with the fused Adam kernel path taken on exactly ``devices`` and ``lamb_triton``'s on exactly
+    ``triton_devices`` when given (``("cpu",)``: CUDA's path on CPU tensors)."""
 
     def __init__(self, params: list, devices: tuple[str, ...], triton_devices: tuple[str, ...] | None = None) -> None:
         self.inner, self.devices, self.triton_devices = ours(params, chunk_elements=0), devices, triton_devices
@@ -79,8 +74,7 @@ class FusedPathOn:
 
 
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
-    """(label, factory, matched factory of ours, or None where no update is compared);
-    ours first, the A/A control second."""
+    """(label, factory, matched factory of ours or None); ours first, the A/A control second."""
     out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
         ("ours foreach", ours, None),
         ("A/A control: ours foreach, second instance", ours, ours),
@@ -124,8 +118,7 @@ def max_difference(a: list, b: list) -> float:
 
 
 def update_difference(factory: Callable[[list], Any], reference: Callable[[list], Any], params: list, steps: int) -> float:
-    """The largest difference between the updates of ``factory``'s optimizer and
-    ``reference``'s after ``steps`` steps on the same random gradients, from ``params``."""
+    """The largest difference between two optimizers' updates after ``steps`` steps on the same gradients."""
     torch.manual_seed(1)
     grads = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(steps)]
     start = [p.detach().clone() for p in params]  # the timed steps move params
@@ -143,8 +136,7 @@ def time_steps(factories: list[Callable[[list], Any]], params: list, steps: int,
 
 
 def optimizer_bench(doc: str, steps: int, rounds: int, compare_steps: int) -> tuple[argparse.Namespace, list[torch.Tensor]]:
-    """The optimizer benchmarks' options parsed, torch's threads set, and ``random_params``
-    of ``--model``'s parameters, described in a line."""
+    """The optimizer benchmarks' options parsed and ``random_params`` of ``--model``, described."""
     model = ("vit_base_patch16_224", "timm model whose parameter shapes are used")
     parser = options(doc, steps=(steps, "timed steps per block"), rounds=(rounds, "rounds of blocks"), model=model)
     parser.add_argument("--compare-steps", type=int, default=compare_steps, help="steps for the update difference")

@@ -32,15 +32,13 @@ DECODE_STEP, DEVICE_STEP = "full-size decode (simplejpeg)", "normalise, contiguo
 
 
 def run_config(root: Path, workers: int, batch: int, loader: str = "native"):
-    """The shipped ViT-B/16 recipe (ImageNet's data settings: 224 px, random-resized-crop,
-    flip, labels from 1) on the generated shards, resolved as ``largebatch train`` resolves it."""
+    """The shipped ViT-B/16 recipe (ImageNet's data settings) on the generated shards, resolved."""
     overrides = {"data.root": str(root), "data.loader": loader, "data.num_classes": 8, "data.num_workers": workers}
     return config({**overrides, "global_batch_size": batch, "micro_batch_size": batch}, base=REPO / "configs" / "vit-b16.py")
 
 
 def tree_cpu_seconds(pid: int | None = None) -> float:
-    """CPU seconds used by process ``pid`` (this one by default; all its threads, reaped
-    children included) and all its live descendants; 0 for one that is gone."""
+    """CPU seconds of process ``pid`` (default: this one) and its descendants; 0 for one that is gone."""
     pid = pid or os.getpid()
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()  # after "pid (comm)"
@@ -55,10 +53,8 @@ def tree_cpu_seconds(pid: int | None = None) -> float:
 
 
 def time_epoch(loader, epoch: int) -> tuple[float, float, float]:
-    """(images per second, CPU milliseconds per image, of which in the main process) over
-    one epoch. The main process's share is its own threads' CPU time: for the native
-    loader, the hand-over and the device stage (float conversion and normalisation, on
-    the GPU when there is one); the rest is the worker processes'."""
+    """(images per second, CPU milliseconds per image, of which in the main process: the native
+    loader's hand-over and device stage) over one epoch."""
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(epoch)
     count = 0
@@ -167,9 +163,7 @@ def step_costs(jpegs: list[bytes], size: int = 224) -> list[tuple[str, float]]:
 
 
 def decode_share(steps: dict[str, float], total: float, in_main: float) -> str:
-    """Where the native loader's CPU time goes, against its full-size decode cost: its
-    share of the whole, of the host side (the whole less the device stage, which runs on
-    the GPU when there is one) and of the worker processes'."""
+    """Full-size decoding's share of the native loader's CPU time: the whole, the host side, the workers'."""
     decode, device_stage = steps[DECODE_STEP], steps[DEVICE_STEP]
     rows = [
         ("all of it (the device stage included: on the CPU it runs in the main process)", total),

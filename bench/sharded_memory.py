@@ -80,9 +80,8 @@ def side(name: str, strategy: str, args: argparse.Namespace, every: bool = False
     cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bench.sharded_memory", "--worker", "--strategy"]
     cmd += [strategy, "--out", str(out), "--steps", str(args.steps), "--accumulation", str(args.accumulation), "--model", args.model]
     cmd += ["--every"] if every else []
-    # A fixed mmap threshold: every large tensor is its own mapping, returned to the
-    # system when freed, so resident memory follows the live tensors (glibc's default
-    # raises the threshold after frees and keeps freed tensors' pages resident).
+    # A fixed mmap threshold: freed tensors go back to the system, so resident memory follows
+    # the live tensors (glibc's default raises the threshold and keeps their pages).
     env = {**repo_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MALLOC_MMAP_THRESHOLD_": "65536"}
     run_or_fail(cmd, env)
     ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in (0, 1)]

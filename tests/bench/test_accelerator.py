@@ -209,7 +209,9 @@ def test_gpu_pack_then_check_rehearse_every_section_on_the_cpu(tmp_path):
     assert "fused AdamW: nan_guard on / off = " in report and "flash attention: yes (1 attention modules" in report
     assert "| DALI CPU pipeline |" in report and "| native loader (worker processes decode" in report  # d
     assert "| DALI CPU pipeline from TFRecord shards |" in report and "loader / synthetic = " in report  # e
-    assert "| native loader (worker processes decode; normalised in the main process) from TFRecord shards |" in report
+    assert "| native loader (worker processes decode; normalised in the main process), data.decode='cpu' from TFRecord shards |" in report
+    assert "| native loader, data.decode='device' (workers read; the device decodes" in report
+    assert "pixels, device against cpu decode: max " in report and "| data.decode | images/s (median epoch) | / first cpu run |" in report
     assert "skipped: the CPU stand-in has no devices to spread over" in report  # f
     assert "| Fashion-MNIST demo on one cpu device |" in report  # g
     assert "| largebatch engine, bf16, nan_guard off |" in report and "the ops that took the most CPU time" in report  # h
