@@ -189,10 +189,10 @@ def test_vit_b16_adaptive_config_show_prints_the_schedule(world_size, micro, cap
     assert 1.8e-2 * schedule["stages"][0]["lr_multiplier"] == pytest.approx(6.4e-3, abs=5e-5)  # the header's 6.4e-3
     # the steps if the batch never grew: a fixed run at 4,096
     fixed = derived_of(load_and_validate(path, [f"micro_batch_size={micro}", "global_batch_size=4096"]), world_size, IMAGENET_TRAIN)
-    assert schedule["run_steps"] == schedule["stages"][0]["steps"] == fixed["total_steps"]
+    assert schedule["run_steps"] == schedule["stages"][0]["steps"] == fixed["total_steps"] == 93_600  # the header's
     assert [s["steps"] for s in schedule["stages"][1:]] == [None] * 3  # the criterion decides them
     section = shown["batch_schedule"]
-    assert (section["criterion"], section["factor"], section["check_every_samples"]) == ("noise_scale", 2.0, 40 * 32768)
+    assert (section["criterion"], section["factor"], section["check_every_samples"]) == ("noise_scale", 1.5, 40 * 32768)
 
 
 def test_vit_b16_adaptive_is_vit_b16_with_a_batch_schedule():
