@@ -213,11 +213,12 @@ def read_critical_batch(given: str | pathlib.Path, run_dir: pathlib.Path) -> tup
         if not isinstance(row.get("bound"), bool):
             raise bad("bound")
         by_seed = row.get("batch_by_seed") or {}
-        seeds = [_positive(v) for v in by_seed.values()] if isinstance(by_seed, dict) else [None]
-        if None in seeds:
+        values = list(by_seed.values()) if isinstance(by_seed, dict) else [None]
+        seeds = [v for v in map(_positive, values) if v is not None]
+        if len(seeds) != len(values):
             raise bad("batch_by_seed")
         low, high = (min(seeds), max(seeds)) if seeds else (batch, batch)
-        points.append(CriticalPoint(samples, batch, float(low), float(high), row["bound"]))  # type: ignore[arg-type]
+        points.append(CriticalPoint(samples, batch, low, high, row["bound"]))
     if len(bases) > 1:
         raise UserError(f"its rows start from different batches {sorted(bases)}; one run has one", path=str(path))
     return sorted(points, key=lambda p: p.samples), (bases.pop() if bases else 0), skipped
