@@ -92,7 +92,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from largebatch.run_curves import plot_run
 
-    for path in plot_run(args.run_dir, args.out):
+    for path in plot_run(args.run_dir, args.out, args.critical_batch):
         print(path)
     return 0
 
@@ -143,9 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--debug", action="store_true")
     export.set_defaults(func=cmd_export)
 
-    plot = commands.add_parser("plot", help="write PNG curves (loss, accuracy, lr, throughput, grad norm, trust ratio) of a run")
+    plot = commands.add_parser("plot", help="write PNG curves (loss, accuracy, lr, throughput, grad norm, trust ratio, batch) of a run")
     plot.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")
     plot.add_argument("--out", metavar="DIR", help="write the PNGs into DIR (default: the run directory)")
+    plot.add_argument(
+        "--critical-batch",
+        metavar="STUDY",
+        help="draw the critical batch along the run in batch.png, from a study (its folder or report.json) whose branches.run is this run",
+    )
     plot.add_argument("--debug", action="store_true")
     plot.set_defaults(func=cmd_plot)
 

@@ -5,7 +5,10 @@ run logged:
 ``loss.png`` (training and evaluation loss), ``accuracy.png`` (train and eval top-1 /
 top-5), ``lr.png`` (base and per-group rates), ``throughput.png`` (samples/s, TFLOP/s,
 MFU, data wait), ``grad_norm.png`` (global and per group, before and after clipping) and
-``trust_ratio.png`` (per group min / median / max). A family with no values is skipped.
+``trust_ratio.png`` (per group min / median / max), and ``batch.png`` (the global batch
+against samples seen beside B_simple and, with ``--critical-batch``, a study's critical
+batch along the run: ``largebatch.batch_curves``; only for a run that logged its batch,
+or with a study). A family with no values is skipped.
 Curves that are the same series (the base rate and a parameter group's rate, when the
 group is not scaled) are drawn once, labelled with every name they stand for. Uses
 matplotlib's Agg backend (no display needed); matplotlib is the ``plot`` extra.
@@ -18,6 +21,7 @@ import os
 import pathlib
 import tempfile
 
+from largebatch import batch_curves
 from largebatch.errors import UserError
 from largebatch.rundir import RunDir, read_metrics
 
@@ -54,17 +58,22 @@ FIGURES = (
 )
 
 
-def read_series(path: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
-    """``{key: [(step, value), ...]}`` of every finite number in a ``metrics.jsonl``
-    (read by ``largebatch.rundir.read_metrics``: a last line cut short is left out).
+def read_records(path: pathlib.Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (``largebatch.rundir.read_metrics``: a last line
+    cut short is left out).
 
     Raises:
         UserError: the file is missing, or a line before the last is not a metrics record.
     """
     if not path.is_file():
         raise UserError("no metrics.jsonl here; give the run directory of a training run (it holds metrics.jsonl)", path=str(path))
+    return read_metrics(path)
+
+
+def series_of(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """``{key: [(step, value), ...]}`` of every finite number in metrics records."""
     series: dict[str, list[tuple[int, float]]] = {}
-    for record in read_metrics(path):
+    for record in records:
         step = int(record["step"])
         for key, value in record.items():
             if key in ("step", "epoch", "samples_seen") or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -100,13 +109,21 @@ def _save(fig, path: pathlib.Path) -> None:
     os.replace(handle.name, path)
 
 
-def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> list[pathlib.Path]:
+def plot_run(
+    run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None, critical_batch: str | pathlib.Path | None = None
+) -> list[pathlib.Path]:
     """Write the PNG figures for ``run_dir`` into it, or into ``out`` (made if missing);
     returns their paths.
 
+    Args:
+        run_dir: the run directory.
+        out: the folder for the PNGs (default: ``run_dir``).
+        critical_batch: a critical-batch study's folder or ``report.json`` whose
+            ``branches.run`` is ``run_dir``, drawn in ``batch.png`` (None: none).
+
     Raises:
-        UserError: matplotlib is missing, ``run_dir`` has no readable metrics.jsonl, or
-            ``out`` cannot be a folder.
+        UserError: matplotlib is missing, ``run_dir`` has no readable metrics.jsonl,
+            ``out`` cannot be a folder, or the study's report is not one of this run.
     """
     try:
         import matplotlib
@@ -116,7 +133,9 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
     import matplotlib.pyplot as plt
 
     run_dir = RunDir(run_dir)
-    series = read_series(run_dir.metrics)
+    records = read_records(run_dir.metrics)
+    series = series_of(records)
+    batch = batch_curves.batch_curves(records, run_dir.path, critical_batch)  # checked before anything is written
     folder = RunDir(out if out is not None else run_dir)
     if folder.path.exists() and not folder.path.is_dir():
         raise UserError("--out names a file; give a folder for the PNGs", path=str(folder))
@@ -142,6 +161,16 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
         axes[-1, 0].set_xlabel("optimizer step")
         fig.tight_layout()
         path = folder.plot(stem)
+        _save(fig, path)
+        plt.close(fig)
+        written.append(path)
+    if batch is not None:
+        batch_curves.print_notes(batch)
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        batch_curves.draw(batch, ax)
+        ax.set_title(f"Batch: {run_dir.name}")
+        fig.tight_layout()
+        path = folder.plot("batch")
         _save(fig, path)
         plt.close(fig)
         written.append(path)

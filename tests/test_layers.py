@@ -50,6 +50,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "randomness.py",
             "flops.py",
             "run_curves.py",
+            "batch_curves.py",
         ),
         ("runtime", "base"),
     ),

@@ -451,6 +451,18 @@ def plot_of(line: str):
     return make
 
 
+def plot_with_report(report: str):
+    """``plot RUN --critical-batch STUDY`` with ``report`` as the study's report.json."""
+
+    def make(tmp_path):
+        _, run_dir = plot_of('{"step": 2, "loss": 1.5}')(tmp_path)
+        (tmp_path / "study").mkdir()
+        (tmp_path / "study" / "report.json").write_text(report)
+        return ["plot", str(run_dir), "--critical-batch", str(tmp_path / "study")], run_dir
+
+    return make
+
+
 def native_root_missing(tmp_path):
     config = native_config(tmp_path)
     return train(config, tmp_path / "run", "--set", f"data.root={tmp_path / 'nowhere'}"), tmp_path / "run"
@@ -778,6 +790,17 @@ CASES = [
     ("plot-a-list", plot_of("[1, 2]"), ["metrics.jsonl", "line 2 is not a metrics record"]),
     ("plot-a-number-beyond-float", plot_of("1e400"), ["metrics.jsonl", "line 2 is not a metrics record"]),
     ("plot-not-json", plot_of('{"step": 3, "lo'), ["metrics.jsonl", "line 2 is not JSON"]),
+    ("plot-critical-batch-not-json", plot_with_report('{"branches": '), ["report.json", "is not JSON"]),
+    (
+        "plot-critical-batch-of-another-run",
+        plot_with_report('{"branches": {"run": "../other", "rows": []}}'),
+        ["report.json", "measured along '../other'", "whose branches.run is this run"],
+    ),
+    (
+        "plot-critical-batch-bad-row",
+        plot_with_report('{"branches": {"run": "../run", "rows": [{"samples": 10, "base_batch": 8, "critical_batch": "x"}]}}'),
+        ["report.json", "branches.rows[1].critical_batch is 'x'"],
+    ),
     # studies: every mistake before the first trial
     (
         "study-unknown-optimizer",

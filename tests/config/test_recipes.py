@@ -170,3 +170,34 @@ def test_deit_b16_is_the_papers_recipe():
     assert (mix["mixup_alpha"], mix["cutmix_alpha"], mix["prob"], mix["switch_prob"], mix["label_smoothing"]) == (0.8, 1.0, 1.0, 0.5, 0.1)
     model = model_of(cfg)
     assert sum(p.numel() for p in model.parameters()) == vit_parameters(16, 768, 12)  # 86.6 M, DeiT-B's count
+
+
+@pytest.mark.parametrize("world_size, micro", [(8, 256), (16, 128), (128, 16)])
+def test_vit_b16_adaptive_config_show_prints_the_schedule(world_size, micro, capsys):
+    """configs/vit-b16-adaptive.py: vit-b16.py with a batch from 4,096 doubling to at most
+    32,768, at the world sizes and micro-batches its header names (accumulation 2 at the start)."""
+    path = str(REPO / "configs/vit-b16-adaptive.py")
+    assert cli.main(["config", "show", path, "--world-size", str(world_size), "--set", f"micro_batch_size={micro}"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    schedule = shown["derived"]["batch_schedule"]
+    assert (schedule["type"], schedule["lr_rule"]) == ("adaptive", "sqrt")
+    batches = [4096, 8192, 16384, 32768]
+    assert [s["global_batch"] for s in schedule["stages"]] == batches
+    assert [s["accumulation"] for s in schedule["stages"]] == [b // (micro * world_size) for b in batches] == [2, 4, 8, 16]
+    # LAMB's sqrt rule: optimizer.lr is the rate at 32,768
+    assert [s["lr_multiplier"] for s in schedule["stages"]] == pytest.approx([(b / 32768) ** 0.5 for b in batches])
+    assert 1.8e-2 * schedule["stages"][0]["lr_multiplier"] == pytest.approx(6.4e-3, abs=5e-5)  # the header's 6.4e-3
+    # the steps if the batch never grew: a fixed run at 4,096
+    fixed = derived_of(load_and_validate(path, [f"micro_batch_size={micro}", "global_batch_size=4096"]), world_size, IMAGENET_TRAIN)
+    assert schedule["run_steps"] == schedule["stages"][0]["steps"] == fixed["total_steps"] == 93_600  # the header's
+    assert [s["steps"] for s in schedule["stages"][1:]] == [None] * 3  # the criterion decides them
+    section = shown["batch_schedule"]
+    assert (section["criterion"], section["factor"], section["check_every_samples"]) == ("noise_scale", 1.5, 40 * 32768)
+
+
+def test_vit_b16_adaptive_is_vit_b16_with_a_batch_schedule():
+    adaptive, fixed = load("vit-b16-adaptive"), load("vit-b16")
+    assert adaptive["hooks"] == [{"type": "noise_scale", "beta": 0.99}]
+    assert fixed["batch_schedule"]["type"] == "fixed"
+    same = {k: v for k, v in adaptive.items() if k not in ("hooks", "batch_schedule")}
+    assert same == {k: v for k, v in fixed.items() if k not in ("hooks", "batch_schedule")}

@@ -17,7 +17,7 @@ from largebatch.engine.state import Run, TrainState
 from largebatch.optim.schedules import build_schedule
 from largebatch.randomness import RandomStreams
 from largebatch.rundir import RunDir
-from largebatch.tasks import ClassificationTask
+from largebatch.tasks import ClassificationTask, Task
 from tests.conftest import tiny_config
 
 
@@ -69,10 +69,12 @@ def make_engine(
     optimizer: torch.optim.Optimizer | None = None,
     run_dir: pathlib.Path = pathlib.Path("/tmp/largebatch-test"),
     config_hooks: list = (),
+    task: Task | None = None,
     **overrides,
 ) -> Engine:
     """``hooks`` are the engine's; ``config_hooks`` the config's ``hooks`` key, for the
-    rules that read it (the adaptive batch's criterion asks for the noise_scale hook)."""
+    rules that read it (the adaptive batch's criterion asks for the noise_scale hook);
+    ``task`` the run's (default: classification)."""
     overrides = {
         "hooks": list(config_hooks),
         "global_batch_size": global_batch_size,
@@ -103,7 +105,7 @@ def make_engine(
         schedule=build_schedule(cfg.lr_schedule, derived),
         scaler=None,
         mixup=MixupCutmix(cfg.data.num_classes),
-        task=ClassificationTask(),
+        task=task or ClassificationTask(),
         run_dir=RunDir(run_dir),
         random=RandomStreams(cfg.seed, rank, backend),
     )

@@ -121,9 +121,9 @@ def test_plot_writes_into_out_and_draws_identical_series_once(tmp_path):
     out = tmp_path / "figures" / "here"
     written = plot_run(tmp_path, out)
     assert {p.parent for p in written} == {out} and not list(tmp_path.glob("*.png"))
-    from largebatch.run_curves import distinct_curves, read_series
+    from largebatch.run_curves import distinct_curves, read_records, series_of
 
-    series = read_series(tmp_path / "metrics.jsonl")
+    series = series_of(read_records(tmp_path / "metrics.jsonl"))
     (curve,) = distinct_curves(series, ["lr", "lr/decay", "lr/no_decay"])
     assert curve == ("lr = lr/decay = lr/no_decay", [(1, 0.1), (2, 0.2)])
     assert [name for name, _ in distinct_curves(series, ["loss", "eval/loss"])] == ["loss", "eval/loss"]
