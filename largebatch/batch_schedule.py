@@ -94,7 +94,9 @@ class BatchSchedule:
         keep_wd_timescale: scale weight decay with the batch (module docstring).
         check_every_samples: adaptive: the criterion's check interval in samples.
         factor: adaptive: the criterion's factor.
-        criterion: adaptive: ``'noise_scale'``.
+        criterion: adaptive: ``'noise_scale'`` or ``'branch'``.
+        branch_samples: ``'branch'``: the samples each fork trains on.
+        tolerance: ``'branch'``: the fraction of the B fork's progress the 2B fork may lose.
     """
 
     type: str
@@ -107,6 +109,8 @@ class BatchSchedule:
     check_every_samples: int = 0
     factor: float = 1.0
     criterion: str = ""
+    branch_samples: int = 0
+    tolerance: float = 0.0
 
     @property
     def fixed(self) -> bool:
@@ -174,6 +178,16 @@ class BatchSchedule:
             for start, batch, count in zip(starts, self.batches, steps)
         ]
 
+    def criterion_settings(self) -> dict[str, Any]:
+        """Adaptive: the criterion's settings as ``config show`` prints them (``branch``: with
+        ``fork_share``, the forks' training samples per training sample, ``2 x branch_samples /
+        check_every_samples``)."""
+        settings: dict[str, Any] = {"name": self.criterion, "check_every_samples": self.check_every_samples}
+        if self.criterion == "branch":
+            share = 2 * self.branch_samples / self.check_every_samples
+            return {**settings, "branch_samples": self.branch_samples, "tolerance": self.tolerance, "fork_share": share}
+        return {**settings, "factor": self.factor}
+
     def run_steps(self, micro_batches_per_epoch: int, epochs: int) -> int:
         """Steps of the whole run (adaptive: at most this, the count at the start batch)."""
         batch_at = self.ramp_batch if self.type == "ramp" else (lambda _: self.batches[0])
@@ -206,8 +220,26 @@ def build_batch_schedule(cfg: Config, world_size: int) -> BatchSchedule:
     top = section.max_batch_size or reference
     batches = doublings(start, top)
     every = section.check_every_samples or DEFAULT_CHECK_STEPS * reference
+    branch_samples = section.branch_samples or 0
+    if section.criterion == "branch" and branch_samples % top:
+        raise ConfigError(
+            f"{branch_samples} is not a whole number of steps at the largest batch {top} (max_batch_size); "
+            f"set it to a multiple of {top}, e.g. {max(top, branch_samples // top * top)}",
+            key="batch_schedule.branch_samples",
+        )
     return BatchSchedule(
-        "adaptive", reference, unit, batches, (0,), rule, section.keep_wd_timescale, every, section.factor, section.criterion
+        "adaptive",
+        reference,
+        unit,
+        batches,
+        (0,),
+        rule,
+        section.keep_wd_timescale,
+        every,
+        section.factor,
+        section.criterion,
+        branch_samples,
+        section.tolerance,
     )
 
 
@@ -269,12 +301,18 @@ class BatchController:
         every = self.schedule.check_every_samples
         return self.schedule.type == "adaptive" and samples_after // every > samples_before // every
 
-    def decide(self, value: float, grow_anywhere: Callable[[bool], bool], samples_seen: int, step: int) -> bool:
-        """Adaptive, at a check: grow to 2B when ``factor x value >= 2B`` and 2B is within the
-        maximum; ``grow_anywhere`` agrees the decision over ranks. Returns whether it grew."""
+    def decide(
+        self, value: float, grow_anywhere: Callable[[bool], bool], samples_seen: int, step: int, efficient: bool | None = None
+    ) -> bool:
+        """Adaptive, at a check: grow to 2B when 2B is within the maximum and 2B is
+        ``efficient`` (the ``branch`` criterion's verdict), or, when that is None
+        (``noise_scale``), when ``factor x value >= 2B``; ``grow_anywhere`` agrees the
+        decision over ranks. Returns whether it grew."""
         self.criterion = value
         doubled = 2 * self.batch
-        wanted = doubled <= self.schedule.batches[-1] and math.isfinite(value) and self.schedule.factor * value >= doubled
+        if efficient is None:
+            efficient = math.isfinite(value) and self.schedule.factor * value >= doubled
+        wanted = doubled <= self.schedule.batches[-1] and efficient
         if not grow_anywhere(wanted):
             return False
         self.batch = doubled
