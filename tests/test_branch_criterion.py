@@ -1,7 +1,7 @@
 """The adaptive batch's ``branch`` criterion (``largebatch.engine.branch_fork``): the forks
 leave no trace (a run that never grows is, byte for byte, a fixed run at its batch), a run
 resumed on either side of a decision ends with the uninterrupted run's bytes, under one
-process and under torchrun (ddp, fsdp), and the decision is the study's rule on the
+process and under torchrun with ddp (fsdp: refused, one error line), and the decision is the study's rule on the
 measured losses."""
 
 from __future__ import annotations
@@ -129,30 +129,24 @@ def test_a_branch_run_resumed_on_either_side_of_a_decision_ends_with_the_uninter
 
 @pytest.mark.dist
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_branch_run_under_torchrun_resumes_across_a_decision_exactly(tmp_path, strategy):
+def test_a_branch_run_under_torchrun_resumes_across_a_decision_exactly_and_fsdp_is_refused(tmp_path):
     # 2 ranks x micro-batch 8: adaptive 16 -> 32, forks of 32 samples every 64
-    cfg = config(
-        **{
-            "global_batch_size": 32,
-            "dist": {"strategy": strategy},
-            "batch_schedule": branch(16, 0.5),
-            "optimizer": {"type": "lamb", "lr": 0.01, "weight_decay": 0.05},
-            "clip_grad_norm": 1.0,
-        }
-    )
+    cfg = config(**{"global_batch_size": 32, "batch_schedule": branch(16, 0.9), "clip_grad_norm": 1.0})
     straight = tmp_path / "straight"
     ok(torchrun(tmp_path, cfg, straight))
-    records = logged(straight)
-    grown = [r["step"] for r in records if r.get("batch/global") == 32]
+    grown = [r["step"] for r in logged(straight) if r.get("batch/global") == 32]
     assert grown, "the batch never grew: the test needs a growth"
-    stop = grown[0] - 1  # the decision's step: the fork runs at its end
-    run_dir = tmp_path / "stopped"
-    ok(torchrun(tmp_path, {**cfg, "max_steps": stop - 1}, run_dir))
-    (run_dir / "model.safetensors").unlink()
-    result = ok(torchrun(tmp_path, cfg, run_dir, "--resume", "auto", "--set", "max_steps=null"))
-    assert f"at step {stop - 1}" in result.stdout
-    assert (run_dir / "model.safetensors").read_bytes() == (straight / "model.safetensors").read_bytes()
+    decision = grown[0] - 1  # the step at whose end the forks ran
+    for stop in (decision - 1, decision):
+        run_dir = tmp_path / f"stopped-{stop}"
+        ok(torchrun(tmp_path, {**cfg, "max_steps": stop}, run_dir))
+        (run_dir / "model.safetensors").unlink()
+        result = ok(torchrun(tmp_path, cfg, run_dir, "--resume", "auto", "--set", "max_steps=null"))
+        assert f"at step {stop}" in result.stdout
+        assert (run_dir / "model.safetensors").read_bytes() == (straight / "model.safetensors").read_bytes(), stop
+    refused = torchrun(tmp_path, {**cfg, "dist": {"strategy": "fsdp"}}, tmp_path / "fsdp")
+    assert refused.returncode != 0
+    assert "error: batch_schedule.criterion 'branch'" in refused.stderr and "set dist.strategy to 'ddp'" in refused.stderr
 
 
 def test_config_show_prints_the_criterion_and_the_forks_share():

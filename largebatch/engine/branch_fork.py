@@ -73,7 +73,7 @@ def heldout_loss(run: Any, loader: Any) -> float | None:
 
 class Snapshot:
     """An exact in-memory copy of what an optimizer step changes, restored in place (so the
-    same tensors, wrapped by DDP or sharded by FSDP2, keep their identity)."""
+    same tensors, wrapped by DDP, keep their identity)."""
 
     def __init__(self, run: Any) -> None:
         model, optimizer = run.model, run.optimizer
@@ -118,13 +118,20 @@ class BranchCriterion:
     built with the engine, before training starts (``close`` releases them).
 
     Raises:
-        UserError: the evaluation split has no samples (the held-out loss needs it).
+        UserError: the evaluation split has no samples (the held-out loss needs it), or the
+            parameters are sharded (fsdp, hsdp: the forks are not supported there).
     """
 
     def __init__(self, state: Any) -> None:
         from largebatch import data as data_mod
 
         run = state.run
+        if run.sharded:
+            raise UserError(
+                f"batch_schedule.criterion 'branch' copies and restores the training state in memory, which it does not do for "
+                f"sharded parameters (dist.strategy {run.config.dist.strategy!r} on {run.world_size} ranks); "
+                "set dist.strategy to 'ddp', or use criterion 'noise_scale'"
+            )
         if data_mod.count_samples(run.config.data, "eval") == 0:
             raise UserError(
                 f"batch_schedule.criterion 'branch' measures the held-out loss on data.eval_split {run.config.data.eval_split!r}, "
