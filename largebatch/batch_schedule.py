@@ -96,7 +96,7 @@ class BatchSchedule:
         factor: adaptive: the criterion's factor.
         criterion: adaptive: ``'noise_scale'`` or ``'branch'``.
         branch_samples: ``'branch'``: the samples each fork trains on.
-        tolerance: ``'branch'``: the fraction of the B fork's progress the 2B fork may lose.
+        branch_tolerance: ``'branch'``: the fraction of the B fork's progress the 2B fork may lose.
     """
 
     type: str
@@ -110,7 +110,7 @@ class BatchSchedule:
     factor: float = 1.0
     criterion: str = ""
     branch_samples: int = 0
-    tolerance: float = 0.0
+    branch_tolerance: float = 0.0
 
     @property
     def fixed(self) -> bool:
@@ -185,7 +185,7 @@ class BatchSchedule:
         settings: dict[str, Any] = {"name": self.criterion, "check_every_samples": self.check_every_samples}
         if self.criterion == "branch":
             share = 2 * self.branch_samples / self.check_every_samples
-            return {**settings, "branch_samples": self.branch_samples, "tolerance": self.tolerance, "fork_share": share}
+            return {**settings, "branch_samples": self.branch_samples, "branch_tolerance": self.branch_tolerance, "fork_share": share}
         return {**settings, "factor": self.factor}
 
     def run_steps(self, micro_batches_per_epoch: int, epochs: int) -> int:
@@ -239,7 +239,7 @@ def build_batch_schedule(cfg: Config, world_size: int) -> BatchSchedule:
         section.factor,
         section.criterion,
         branch_samples,
-        section.tolerance,
+        section.branch_tolerance,
     )
 
 

@@ -115,7 +115,7 @@ SCHEMA = Section(
                     str,
                     "noise_scale",
                     "adaptive: noise_scale: grow to 2B when factor x B_simple (the noise_scale hook's smoothed estimate) >= 2B; "
-                    "branch: fork at B and 2B from the exact state and grow when 2B's held-out loss keeps 1 - tolerance of B's progress",
+                    "branch: fork at B and 2B from the exact state and grow when 2B's held-out loss keeps 1 - branch_tolerance of B's progress",
                     choices=("noise_scale", "branch"),
                 ),
                 "branch_samples": Field(
@@ -125,7 +125,7 @@ SCHEMA = Section(
                     low=1,
                     nullable=True,
                 ),
-                "tolerance": Field(
+                "branch_tolerance": Field(
                     float,
                     0.2,
                     "criterion branch: the fraction of the B fork's progress (held-out loss) the 2B fork may lose",

@@ -15,7 +15,7 @@ Revisited", arXiv:2505.23971; ``largebatch.study.branches``), in-process:
    ``L(1)`` is measured; the state is restored, and a fork at 2B (the multiplier at 2B)
    trains on the same samples in the same order and gives ``L(2)``;
 4. the state is restored exactly, and ``largebatch.study.branches.critical`` decides:
-   2B is efficient when ``L0 - L(2) >= (1 - tolerance) (L0 - L(1))``. The criterion logged
+   2B is efficient when ``L0 - L(2) >= (1 - branch_tolerance) (L0 - L(1))``. The criterion logged
    (``batch/criterion``) is that efficiency, ``(L0 - L(2)) / (L0 - L(1))``.
 
 The forks' data is a second training loader over the training split, with a seed mixed
@@ -77,9 +77,11 @@ class Snapshot:
 
     def __init__(self, run: Any) -> None:
         model, optimizer = run.model, run.optimizer
-        self.tensors = [t for t in (*model.parameters(), *model.buffers())]
+        _reshard(model)
+        self.params = list(model.parameters())
+        self.tensors = [*self.params, *model.buffers()]
         self.values = [t.detach().clone() for t in self.tensors]
-        self.grads = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+        self.grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
         self.optimizer_state = {p: {k: _clone(v) for k, v in s.items()} for p, s in optimizer.state.items()}
         self.groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         self.scaler = None if run.scaler is None else copy.deepcopy(run.scaler.state_dict())
@@ -88,10 +90,11 @@ class Snapshot:
         self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
     def restore(self, run: Any) -> None:
+        _reshard(run.model)
         with torch.no_grad():
             for tensor, value in zip(self.tensors, self.values):
                 tensor.copy_(value)
-        for param, grad in zip(run.model.parameters(), self.grads):
+        for param, grad in zip(self.params, self.grads):
             param.grad = None if grad is None else grad.clone()
         optimizer = run.optimizer
         optimizer.state.clear()
@@ -107,6 +110,17 @@ class Snapshot:
         torch.random.set_rng_state(torch_state)
         if self.cuda is not None:
             torch.cuda.set_rng_state(self.cuda, run.backend.device)
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Under FSDP2, put every module's sharded parameters back in place: an evaluation's
+    forward leaves the root's unsharded until the next backward, and the copy is of the
+    shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def _clone(value: Any) -> Any:
@@ -126,12 +140,6 @@ class BranchCriterion:
         from largebatch import data as data_mod
 
         run = state.run
-        if run.sharded:
-            raise UserError(
-                f"batch_schedule.criterion 'branch' copies and restores the training state in memory, which it does not do for "
-                f"sharded parameters (dist.strategy {run.config.dist.strategy!r} on {run.world_size} ranks); "
-                "set dist.strategy to 'ddp', or use criterion 'noise_scale'"
-            )
         if data_mod.count_samples(run.config.data, "eval") == 0:
             raise UserError(
                 f"batch_schedule.criterion 'branch' measures the held-out loss on data.eval_split {run.config.data.eval_split!r}, "
@@ -171,7 +179,7 @@ class BranchCriterion:
             snapshot.restore(run)
         if start is None:
             return math.nan, False
-        found = critical(start, losses, batch, schedule.tolerance)
+        found = critical(start, losses, batch, schedule.branch_tolerance)
         efficiency = found.efficiency.get(2, math.nan)
         return efficiency, found.k == 2
 
