@@ -20,6 +20,10 @@ al. 2018, "An Empirical Model of Large-Batch Training", arXiv:1812.06162; Merril
   batch grows to 2B when ``factor x B_simple >= 2B``: 2B is still at or below the
   (scaled) critical batch. It is checked each time the samples seen cross a multiple of
   ``check_every_samples``, at a step boundary, and the decision is agreed over ranks.
+  The criterion ``branch`` forks at B and 2B from the exact state at each check and grows
+  when 2B keeps ``1 - branch_tolerance`` of B's progress in held-out loss
+  (``largebatch.engine.branch_fork``; the rule, ``critical_k``, is the critical-batch
+  study's, and lives here so that both read one copy).
 
 **How the batch changes.** Devices and the micro-batch stay as they are: every batch is
 ``micro_batch_size x world_size x A`` and only the accumulation ``A`` changes. The
@@ -51,7 +55,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from largebatch.batching import nearest_valid_global_batches
@@ -72,6 +76,32 @@ def lr_multiplier(rule: str, k: float) -> float:
     if rule not in LR_RULES:
         raise ValueError(f"unknown learning-rate rule {rule!r}")
     return math.sqrt(k) if rule == "sqrt" else float(k) if rule == "linear" else 1.0
+
+
+def branch_efficiency(start: float, losses: Mapping[int, float]) -> dict[int, float] | None:
+    """k -> ``(L0 - L(k)) / (L0 - L(1))`` from the held-out loss at the start ``L0`` and at the
+    end of each branch (None when the k = 1 branch made no progress; ``largebatch.study.branches``)."""
+    progress = start - losses[1]
+    if not progress > 0:
+        return None
+    return {k: (start - loss) / progress for k, loss in sorted(losses.items())}
+
+
+def critical_k(efficiency: Mapping[int, float], base_batch: int, tolerance: float) -> tuple[int, float, bool]:
+    """(critical k, critical batch interpolated in log k, whether every k was efficient): the
+    largest k whose efficiency, and every smaller k's, is at least ``1 - tolerance``."""
+    ks = sorted(efficiency)
+    k = ks[0]
+    for candidate in ks:
+        if efficiency[candidate] < 1 - tolerance:
+            break
+        k = candidate
+    if k == ks[-1]:
+        return k, float(k * base_batch), True
+    after = ks[ks.index(k) + 1]
+    hi, lo = efficiency[k], efficiency[after]  # hi >= 1 - tolerance > lo
+    fraction = (hi - (1 - tolerance)) / (hi - lo)
+    return k, base_batch * math.exp(math.log(k) + fraction * (math.log(after) - math.log(k))), False
 
 
 # Adaptive checks every this many steps at the config's global batch when check_every_samples is None.

@@ -14,7 +14,8 @@ Revisited", arXiv:2505.23971; ``largebatch.study.branches``), in-process:
    (``BatchSchedule.lr_multiplier``, the section's ``lr_scaling``), and its held-out loss
    ``L(1)`` is measured; the state is restored, and a fork at 2B (the multiplier at 2B)
    trains on the same samples in the same order and gives ``L(2)``;
-4. the state is restored exactly, and ``largebatch.study.branches.critical`` decides:
+4. the state is restored exactly, and the study's rule decides (``batch_schedule.critical_k``,
+   which ``largebatch.study.branches.critical`` applies to a study's branches):
    2B is efficient when ``L0 - L(2) >= (1 - branch_tolerance) (L0 - L(1))``. The criterion logged
    (``batch/criterion``) is that efficiency, ``(L0 - L(2)) / (L0 - L(1))``.
 
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 
 from largebatch import dtensors
+from largebatch.batch_schedule import branch_efficiency, critical_k
 from largebatch.engine.accumulation import micro_loss_weight, sync_context
 from largebatch.errors import UserError
 from largebatch.randomness import derive_seed, seeded_globals
@@ -158,9 +160,7 @@ class BranchCriterion:
 
     def measure(self, state: Any, decision: int) -> tuple[float, bool]:
         """Fork at B and 2B from the current state, restore it, and return ``(efficiency of
-        2B, whether 2B is efficient)`` by the study's rule (``branches.critical``)."""
-        from largebatch.study.branches import critical
-
+        2B, whether 2B is efficient)`` by the study's rule (``batch_schedule.critical_k``)."""
         run = state.run
         schedule, batch = run.batch.schedule, run.batch.batch
         run.guard.settle()  # the step just taken is the fork's start: its update is settled
@@ -173,15 +173,14 @@ class BranchCriterion:
             for k in (1, 2):
                 self._fork(state, decision, k * batch, base_lr * schedule.lr_multiplier(k * batch))
                 end = heldout_loss(run, self.heldout)
-                losses[k] = {0: math.inf if end is None else end}
+                losses[k] = math.inf if end is None else end  # a diverged fork is worse than any
                 snapshot.restore(run)
         finally:
             snapshot.restore(run)
-        if start is None:
+        efficiency = None if start is None else branch_efficiency(start, losses)
+        if efficiency is None:  # no start, or the B fork made no progress: nothing to compare with
             return math.nan, False
-        found = critical(start, losses, batch, schedule.branch_tolerance)
-        efficiency = found.efficiency.get(2, math.nan)
-        return efficiency, found.k == 2
+        return efficiency[2], critical_k(efficiency, batch, schedule.branch_tolerance)[0] == 2
 
     def _fork(self, state: Any, decision: int, batch: int, lr: float) -> None:
         """Train ``branch_samples`` samples at ``batch`` with a constant ``lr``."""
