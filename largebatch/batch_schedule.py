@@ -20,6 +20,10 @@ al. 2018, "An Empirical Model of Large-Batch Training", arXiv:1812.06162; Merril
   batch grows to 2B when ``factor x B_simple >= 2B``: 2B is still at or below the
   (scaled) critical batch. It is checked each time the samples seen cross a multiple of
   ``check_every_samples``, at a step boundary, and the decision is agreed over ranks.
+  The criterion ``branch`` forks at B and 2B from the exact state at each check and grows
+  when 2B keeps ``1 - branch_tolerance`` of B's progress in held-out loss
+  (``largebatch.engine.branch_fork``; the rule, ``critical_k``, is the critical-batch
+  study's, and lives here so that both read one copy).
 
 **How the batch changes.** Devices and the micro-batch stay as they are: every batch is
 ``micro_batch_size x world_size x A`` and only the accumulation ``A`` changes. The
@@ -51,7 +55,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from largebatch.batching import nearest_valid_global_batches
@@ -74,6 +78,32 @@ def lr_multiplier(rule: str, k: float) -> float:
     return math.sqrt(k) if rule == "sqrt" else float(k) if rule == "linear" else 1.0
 
 
+def branch_efficiency(start: float, losses: Mapping[int, float]) -> dict[int, float] | None:
+    """k -> ``(L0 - L(k)) / (L0 - L(1))`` from the held-out loss at the start ``L0`` and at the
+    end of each branch (None when the k = 1 branch made no progress; ``largebatch.study.branches``)."""
+    progress = start - losses[1]
+    if not progress > 0:
+        return None
+    return {k: (start - loss) / progress for k, loss in sorted(losses.items())}
+
+
+def critical_k(efficiency: Mapping[int, float], base_batch: int, tolerance: float) -> tuple[int, float, bool]:
+    """(critical k, critical batch interpolated in log k, whether every k was efficient): the
+    largest k whose efficiency, and every smaller k's, is at least ``1 - tolerance``."""
+    ks = sorted(efficiency)
+    k = ks[0]
+    for candidate in ks:
+        if efficiency[candidate] < 1 - tolerance:
+            break
+        k = candidate
+    if k == ks[-1]:
+        return k, float(k * base_batch), True
+    after = ks[ks.index(k) + 1]
+    hi, lo = efficiency[k], efficiency[after]  # hi >= 1 - tolerance > lo
+    fraction = (hi - (1 - tolerance)) / (hi - lo)
+    return k, base_batch * math.exp(math.log(k) + fraction * (math.log(after) - math.log(k))), False
+
+
 # Adaptive checks every this many steps at the config's global batch when check_every_samples is None.
 DEFAULT_CHECK_STEPS = 10
 
@@ -94,7 +124,9 @@ class BatchSchedule:
         keep_wd_timescale: scale weight decay with the batch (module docstring).
         check_every_samples: adaptive: the criterion's check interval in samples.
         factor: adaptive: the criterion's factor.
-        criterion: adaptive: ``'noise_scale'``.
+        criterion: adaptive: ``'noise_scale'`` or ``'branch'``.
+        branch_samples: ``'branch'``: the samples each fork trains on.
+        branch_tolerance: ``'branch'``: the fraction of the B fork's progress the 2B fork may lose.
     """
 
     type: str
@@ -107,6 +139,8 @@ class BatchSchedule:
     check_every_samples: int = 0
     factor: float = 1.0
     criterion: str = ""
+    branch_samples: int = 0
+    branch_tolerance: float = 0.0
 
     @property
     def fixed(self) -> bool:
@@ -174,6 +208,16 @@ class BatchSchedule:
             for start, batch, count in zip(starts, self.batches, steps)
         ]
 
+    def criterion_settings(self) -> dict[str, Any]:
+        """Adaptive: the criterion's settings as ``config show`` prints them (``branch``: with
+        ``fork_share``, the forks' training samples per training sample, ``2 x branch_samples /
+        check_every_samples``)."""
+        settings: dict[str, Any] = {"name": self.criterion, "check_every_samples": self.check_every_samples}
+        if self.criterion == "branch":
+            share = 2 * self.branch_samples / self.check_every_samples
+            return {**settings, "branch_samples": self.branch_samples, "branch_tolerance": self.branch_tolerance, "fork_share": share}
+        return {**settings, "factor": self.factor}
+
     def run_steps(self, micro_batches_per_epoch: int, epochs: int) -> int:
         """Steps of the whole run (adaptive: at most this, the count at the start batch)."""
         batch_at = self.ramp_batch if self.type == "ramp" else (lambda _: self.batches[0])
@@ -206,8 +250,26 @@ def build_batch_schedule(cfg: Config, world_size: int) -> BatchSchedule:
     top = section.max_batch_size or reference
     batches = doublings(start, top)
     every = section.check_every_samples or DEFAULT_CHECK_STEPS * reference
+    branch_samples = section.branch_samples or 0
+    if section.criterion == "branch" and branch_samples % top:
+        raise ConfigError(
+            f"{branch_samples} is not a whole number of steps at the largest batch {top} (max_batch_size); "
+            f"set it to a multiple of {top}, e.g. {max(top, branch_samples // top * top)}",
+            key="batch_schedule.branch_samples",
+        )
     return BatchSchedule(
-        "adaptive", reference, unit, batches, (0,), rule, section.keep_wd_timescale, every, section.factor, section.criterion
+        "adaptive",
+        reference,
+        unit,
+        batches,
+        (0,),
+        rule,
+        section.keep_wd_timescale,
+        every,
+        section.factor,
+        section.criterion,
+        branch_samples,
+        section.branch_tolerance,
     )
 
 
@@ -269,12 +331,18 @@ class BatchController:
         every = self.schedule.check_every_samples
         return self.schedule.type == "adaptive" and samples_after // every > samples_before // every
 
-    def decide(self, value: float, grow_anywhere: Callable[[bool], bool], samples_seen: int, step: int) -> bool:
-        """Adaptive, at a check: grow to 2B when ``factor x value >= 2B`` and 2B is within the
-        maximum; ``grow_anywhere`` agrees the decision over ranks. Returns whether it grew."""
+    def decide(
+        self, value: float, grow_anywhere: Callable[[bool], bool], samples_seen: int, step: int, efficient: bool | None = None
+    ) -> bool:
+        """Adaptive, at a check: grow to 2B when 2B is within the maximum and 2B is
+        ``efficient`` (the ``branch`` criterion's verdict), or, when that is None
+        (``noise_scale``), when ``factor x value >= 2B``; ``grow_anywhere`` agrees the
+        decision over ranks. Returns whether it grew."""
         self.criterion = value
         doubled = 2 * self.batch
-        wanted = doubled <= self.schedule.batches[-1] and math.isfinite(value) and self.schedule.factor * value >= doubled
+        if efficient is None:
+            efficient = math.isfinite(value) and self.schedule.factor * value >= doubled
+        wanted = doubled <= self.schedule.batches[-1] and efficient
         if not grow_anywhere(wanted):
             return False
         self.batch = doubled

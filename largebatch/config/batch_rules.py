@@ -20,9 +20,9 @@ def check_batch_schedule(cfg: dict[str, Any]) -> None:
     kind = section["type"]
     used = {
         "ramp": ("start_batch_size", "ramp_samples", "increment"),
-        "adaptive": ("start_batch_size", "max_batch_size", "check_every_samples"),
+        "adaptive": ("start_batch_size", "max_batch_size", "check_every_samples", "branch_samples"),
     }
-    for key in ("start_batch_size", "ramp_samples", "increment", "max_batch_size", "check_every_samples"):
+    for key in ("start_batch_size", "ramp_samples", "increment", "max_batch_size", "check_every_samples", "branch_samples"):
         if section[key] is not None and key not in used.get(kind, ()):
             takes = " or ".join(repr(k) for k, keys in used.items() if key in keys)
             raise ConfigError(f"is set but batch_schedule.type is {kind!r}; set type to {takes}, or drop it", key=f"batch_schedule.{key}")
@@ -72,6 +72,14 @@ def _check_adaptive(cfg: dict[str, Any], section: dict[str, Any], start: int, re
         raise ConfigError(f"{start} leaves no room to grow below the maximum batch {top}; lower it", key="batch_schedule.start_batch_size")
     _check_doubling(start, top, key, "max_batch_size" if section["max_batch_size"] else "global_batch_size")
     names = {entry if isinstance(entry, str) else entry.get("type") for entry in cfg["hooks"]}
+    branch = section["criterion"] == "branch"
+    if branch != (section["branch_samples"] is not None):
+        needs = (
+            "is required with criterion 'branch': the samples each fork trains on"
+            if branch
+            else "is read by criterion 'branch' only; drop it"
+        )
+        raise ConfigError(needs, key="batch_schedule.branch_samples")
     if section["criterion"] == "noise_scale" and "noise_scale" not in names:
         raise ConfigError(
             "the criterion 'noise_scale' reads the noise_scale hook's estimate; add \"noise_scale\" to hooks "

@@ -113,6 +113,8 @@ class Derived:
                     "stages": self.batch_schedule.stages(plan.micro_batches_per_epoch, self.total_steps // plan.steps_per_epoch),
                 }
             }
+            if self.batch_schedule.type == "adaptive":
+                schedule["batch_schedule"]["criterion"] = self.batch_schedule.criterion_settings()
         return {
             "world_size": plan.world_size,
             "strategy": self.strategy,

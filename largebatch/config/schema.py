@@ -114,8 +114,25 @@ SCHEMA = Section(
                 "criterion": Field(
                     str,
                     "noise_scale",
-                    "adaptive: grow to 2B when factor x B_simple (the noise_scale hook's smoothed estimate) >= 2B",
-                    choices=("noise_scale",),
+                    "adaptive: noise_scale: grow to 2B when factor x B_simple (the noise_scale hook's smoothed estimate) >= 2B; "
+                    "branch: fork at B and 2B from the exact state and grow when 2B's held-out loss keeps 1 - branch_tolerance of B's progress",
+                    choices=("noise_scale", "branch"),
+                ),
+                "branch_samples": Field(
+                    int,
+                    None,
+                    "criterion branch: the samples each fork (at B and at 2B) trains on, a multiple of the largest batch",
+                    low=1,
+                    nullable=True,
+                ),
+                "branch_tolerance": Field(
+                    float,
+                    0.2,
+                    "criterion branch: the fraction of the B fork's progress (held-out loss) the 2B fork may lose",
+                    low=0,
+                    high=1,
+                    low_open=True,
+                    high_open=True,
                 ),
                 "factor": Field(float, 1.0, "adaptive: multiplies the criterion's critical-batch estimate", low=0, low_open=True),
                 "check_every_samples": Field(

@@ -25,6 +25,8 @@ class BatchScheduleConfig(ConfigSection):
     increment: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.increment"))
     max_batch_size: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.max_batch_size"))
     criterion: str = dataclasses.field(default="noise_scale", metadata=field_meta("batch_schedule.criterion"))
+    branch_samples: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.branch_samples"))
+    branch_tolerance: float = dataclasses.field(default=0.2, metadata=field_meta("batch_schedule.branch_tolerance"))
     factor: float = dataclasses.field(default=1.0, metadata=field_meta("batch_schedule.factor"))
     check_every_samples: int | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.check_every_samples"))
     lr_scaling: str | None = dataclasses.field(default=None, metadata=field_meta("batch_schedule.lr_scaling"))

@@ -21,6 +21,7 @@ from largebatch.batch_schedule import apply_weight_decay
 from largebatch.data.base import Loader
 from largebatch.dist import any_rank
 from largebatch.engine.accumulation import micro_loss_weight, sync_context
+from largebatch.engine.branch_fork import BranchCriterion
 from largebatch.engine.events import Event
 from largebatch.engine.hook import Hook, HookError
 from largebatch.engine.state import Step, TrainState
@@ -55,6 +56,9 @@ class Engine:
         self.train_loader = train_loader
         self.eval_loader = eval_loader
         self._by_event = {event: [h for h in self.hooks if h.overrides(event)] for event in Event}
+        schedule = state.run.batch.schedule
+        # the adaptive batch's 'branch' criterion: its loaders, built (and checked) before training starts
+        self._branch = BranchCriterion(state) if schedule.type == "adaptive" and schedule.criterion == "branch" else None
 
     def fire(self, event: Event) -> None:
         """Call every hook that implements ``event``, in priority order (timing each one
@@ -113,6 +117,8 @@ class Engine:
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
+        if self._branch is not None:
+            self._branch.close()
 
     def _eval_if_requested(self) -> None:
         state = self.state
@@ -210,12 +216,16 @@ class Engine:
 
     def _check_batch(self, step: Step) -> None:
         """Adaptive batch: at a check (the samples crossed a multiple of
-        ``check_every_samples``), the criterion decides whether the next step's batch doubles."""
+        ``check_every_samples``), the criterion decides whether the next step's batch doubles
+        (``branch``: forks from the state after this step, ``largebatch.engine.branch_fork``)."""
         state, controller = self.state, self.state.run.batch
         if not controller.check_due(step.samples_before, state.samples_seen):
             return
-        value = float(step.criterion) if step.criterion is not None else float("nan")
-        controller.decide(value, lambda grow: any_rank(grow, state.run.backend.device), state.samples_seen, state.step + 1)
+        value, efficient = float(step.criterion) if step.criterion is not None else float("nan"), None
+        if self._branch is not None and 2 * controller.batch <= controller.schedule.batches[-1]:
+            every = controller.schedule.check_every_samples
+            value, efficient = self._branch.measure(state, state.samples_seen // every)
+        controller.decide(value, lambda grow: any_rank(grow, state.run.backend.device), state.samples_seen, state.step + 1, efficient)
         step.metrics["batch/criterion"] = controller.criterion
 
     def evaluate(self) -> dict[str, float]:

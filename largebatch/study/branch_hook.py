@@ -11,7 +11,6 @@ the steps taken; a branch whose loss diverged (``nan_guard``) is written there a
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from largebatch.engine.hook import Hook, Priority
@@ -32,21 +31,11 @@ class BranchLossHook(Hook):
         self.stopped = "end"
 
     def _loss(self, state) -> float | None:
-        run = state.run
-        if self._loader is None:
-            from largebatch import data as data_mod
+        from largebatch.engine.branch_fork import heldout_loader, heldout_loss
 
-            cfg = run.config
-            self._loader = data_mod.build_eval_loader(
-                cfg.data,
-                batch_size=cfg.eval.batch_size or cfg.micro_batch_size,
-                rank=run.rank,
-                world_size=run.world_size,
-                device=run.backend.device,
-                cache=True,
-            )
-        value = float(run.task.evaluate(run.model, self._loader, run.backend, prefix="eval").get("eval/loss", math.nan))
-        return value if math.isfinite(value) else None
+        if self._loader is None:
+            self._loader = heldout_loader(state.run)
+        return heldout_loss(state.run, self._loader)
 
     def before_train(self, state) -> None:
         self.start_loss = self._loss(state)

@@ -57,6 +57,11 @@ from typing import Any
 # schedule's too: one copy, in the base layer.
 from largebatch.batch_schedule import DEFAULT_LR_RULE as DEFAULT_LR_RULE
 from largebatch.batch_schedule import LR_RULES as LR_RULES
+
+# The efficiency of a larger batch and the tolerance rule are the adaptive batch's 'branch'
+# criterion's too (largebatch.engine.branch_fork): one copy, in the base layer.
+from largebatch.batch_schedule import branch_efficiency as _efficiency
+from largebatch.batch_schedule import critical_k as _choose
 from largebatch.batch_schedule import lr_multiplier as lr_multiplier
 
 
@@ -80,29 +85,6 @@ class Critical:
     k_by_seed: dict[int, int | None]
     batch_by_seed: dict[int, float | None]
     efficiency: dict[int, float]
-
-
-def _efficiency(start: float, losses: Mapping[int, float]) -> dict[int, float] | None:
-    progress = start - losses[1]
-    if not progress > 0:
-        return None
-    return {k: (start - loss) / progress for k, loss in sorted(losses.items())}
-
-
-def _choose(efficiency: Mapping[int, float], base_batch: int, tolerance: float) -> tuple[int, float, bool]:
-    """(critical k, critical batch interpolated in log k, whether every k was efficient)."""
-    ks = sorted(efficiency)
-    k = ks[0]
-    for candidate in ks:
-        if efficiency[candidate] < 1 - tolerance:
-            break
-        k = candidate
-    if k == ks[-1]:
-        return k, float(k * base_batch), True
-    after = ks[ks.index(k) + 1]
-    hi, lo = efficiency[k], efficiency[after]  # hi >= 1 - tolerance > lo
-    fraction = (hi - (1 - tolerance)) / (hi - lo)
-    return k, base_batch * math.exp(math.log(k) + fraction * (math.log(after) - math.log(k))), False
 
 
 def critical(start: float, losses: Mapping[int, Mapping[int, float]], base_batch: int, tolerance: float) -> Critical:

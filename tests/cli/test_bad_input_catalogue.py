@@ -673,6 +673,24 @@ CASES = [
         ["noise_scale hook", "batch_schedule.start_batch_size 8", "drop the hook"],
     ),
     (
+        "batch-branch-samples-missing",
+        case_config(batch_schedule={"type": "adaptive", "start_batch_size": 8, "criterion": "branch"}),
+        ["batch_schedule.branch_samples", "is required with criterion 'branch'"],
+    ),
+    (
+        "batch-branch-samples-not-a-step",
+        case_config(batch_schedule={"type": "adaptive", "start_batch_size": 8, "criterion": "branch", "branch_samples": 48}),
+        ["batch_schedule.branch_samples", "set it to a multiple of 32, e.g. 32"],
+    ),
+    (
+        "batch-branch-no-heldout-samples",
+        case_config(
+            **{"data.eval_samples": 0},
+            batch_schedule={"type": "adaptive", "start_batch_size": 8, "criterion": "branch", "branch_samples": 32},
+        ),
+        ["criterion 'branch'", "has no samples", "use criterion 'noise_scale'"],
+    ),
+    (
         "batch-wd-timescale-not-adamw",
         case_config(**{"optimizer.type": "sgd", "batch_schedule.keep_wd_timescale": True}),
         ["batch_schedule.keep_wd_timescale", "optimizer.type is 'sgd'"],
