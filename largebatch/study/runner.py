@@ -280,7 +280,7 @@ def _with_cost(crossing: Crossing | None, progress: list[list[float]]) -> dict[s
     from step 0; none recorded: the steps alone)."""
     if crossing is None:
         return None
-    out: dict[str, float] = crossing.to_dict()
+    out: dict[str, float] = crossing.record()
     after = next((i for i, p in enumerate(progress) if p[0] >= crossing.steps), None)
     if after is None or len(progress) < 2:
         return out

@@ -50,7 +50,8 @@ class Crossing:
         """The bracket's relative width, ``(hi - lo) / lo`` (inf with no lower end)."""
         return math.inf if self.lo <= 0 else (self.hi - self.lo) / self.lo
 
-    def to_dict(self) -> dict[str, float]:
+    def record(self) -> dict[str, float]:
+        """The crossing as a trial's record stores it (``from_dict`` reads it back)."""
         return {"steps": self.steps, "lo": self.lo, "hi": self.hi}
 
     @classmethod

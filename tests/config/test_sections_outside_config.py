@@ -11,7 +11,7 @@ import largebatch
 
 PACKAGE = pathlib.Path(largebatch.__file__).parent
 # The writers of files whose objects are not the config: a study's trial record and its report.
-WRITERS = {("study/runner.py", "_as_dict"), ("study/branch_report.py", "build")}
+WRITERS = {("study/branch_report.py", "build")}
 
 
 def to_dict_calls(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> list[str]:

@@ -52,7 +52,7 @@ def outcome(key: str) -> dict:
     recorded = {}
     for name, value in ((LOW, 0.6), (HIGH, 0.7)):
         crossing = first_crossing(((p[0], p[1]) for p in curve), value, "max")
-        recorded[name] = {split: None if crossing is None else crossing.to_dict() for split in ("eval", "test")}
+        recorded[name] = {split: None if crossing is None else crossing.record() for split in ("eval", "test")}
     return {
         "curve": curve,
         "crossings": recorded,

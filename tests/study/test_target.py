@@ -41,7 +41,7 @@ def test_never_reached_missing_values_and_the_first_evaluation():
 
 def test_a_crossing_round_trips_through_its_stored_form():
     crossing = Crossing(211.5, 205, 213)
-    assert Crossing.from_dict(crossing.to_dict()) == crossing
+    assert Crossing.from_dict(crossing.record()) == crossing
     assert Crossing.from_dict(None) is None
 
 
