@@ -42,12 +42,30 @@ and intervals given in steps (``checkpoint.interval_steps``, the ``eval`` hook's
 ``p``; with ``fixed``, ``p`` is the step count itself, so nothing changes. The learning
 rate is the schedule's times ``lr_multiplier(rule, B / global_batch_size)`` (sqrt for
 AdamW and LAMB, linear for SGD and LARS, or ``none``; the critical-batch study's branches
-use the same rules): ``optimizer.lr`` is the rate at ``global_batch_size``. The EMA's decay per
+use the same rules), or AdaScale's gain (below): ``optimizer.lr`` is the rate at ``global_batch_size``. The EMA's decay per
 step is ``decay^(B / global_batch_size)``, the same decay per sample. With
 ``keep_wd_timescale`` (AdamW), weight decay is multiplied by ``(B / G) / lr_multiplier``
 so that ``lr x weight_decay / B`` stays constant: AdamW's weights are an exponential
 average over ``B / (lr x weight_decay)`` samples (Bergsma et al. 2025, "Power Lines"),
 which the batch change then leaves as it was.
+
+**AdaScale** (``lr_scaling = 'adascale'``; Johnson et al. 2020, "AdaScale SGD: A User-Friendly
+Algorithm for Distributed Training", arXiv:2007.05105). AdaScale multiplies the rate tuned at
+batch ``B0`` by the gain ``r = E|g_B|^2 / E|g_B0|^2 = (tr(Sigma) / B0 + |G|^2) / (tr(Sigma) / B +
+|G|^2)`` at batch ``B`` (their ``B = S B0``: ``r = (sigma^2 + mu^2) / (sigma^2 / S + mu^2)`` with
+``sigma^2`` the variance at ``B0``). Here the rate is tuned at ``G = global_batch_size``, so the
+factor at ``B`` is that gain with ``B0 = G``; dividing through by ``|G|^2``, with ``B_simple =
+tr(Sigma) / |G|^2`` the ``noise_scale`` hook's smoothed estimate,
+``adascale_multiplier = (1 + B_simple / G) / (1 + B_simple / B)``: 1 at ``B = G``, between
+``B / G`` and 1 on either side, ``B / G`` (the linear rule) as ``B_simple`` grows past both
+batches (noise dominates: averaging ``B / G`` times more samples is worth ``B / G`` times the
+step) and 1 (no scaling) as it falls below both (no noise: a larger batch gives the same
+gradient). It is the sqrt rule exactly when ``B_simple = sqrt(B G)``. The estimate is the
+previous steps' (the factor of a step is fixed before its gradients exist); until the hook has
+one (its first step, and while the smoothed ``|G|^2`` is not positive or ``B_simple`` is
+negative) the optimizer's default rule stands in (sqrt for AdamW and LAMB, linear for SGD and
+LARS), which lies within AdaScale's range. AdaScale's "scale-invariant iterations", which
+stretch the schedule by the gain, are not taken: the schedule stays indexed by samples seen.
 """
 
 from __future__ import annotations
@@ -68,6 +86,8 @@ LR_RULES = ("sqrt", "linear", "none")
 # The learning-rate rule by optimizer type when none is named (batch_schedule.lr_scaling, a study's branches):
 # Adam-family and LAMB scale with sqrt(k) (Malladi et al. 2022; You et al. 2019), SGD and LARS with k (Goyal et al. 2017).
 DEFAULT_LR_RULE = {"adamw": "sqrt", "adam": "sqrt", "lamb": "sqrt", "sgd": "linear", "lars": "linear"}
+# batch_schedule.lr_scaling's choices: the rules above and AdaScale's gain, which reads the noise_scale hook's estimate
+BATCH_LR_RULES = (*LR_RULES, "adascale")
 
 
 def lr_multiplier(rule: str, k: float) -> float:
@@ -76,6 +96,21 @@ def lr_multiplier(rule: str, k: float) -> float:
     if rule not in LR_RULES:
         raise ValueError(f"unknown learning-rate rule {rule!r}")
     return math.sqrt(k) if rule == "sqrt" else float(k) if rule == "linear" else 1.0
+
+
+def adascale_multiplier(b_simple: float, batch: int, reference_batch: int) -> float:
+    """AdaScale's gain at ``batch`` against ``reference_batch`` (the batch the rate is tuned at),
+    ``(1 + b_simple / reference_batch) / (1 + b_simple / batch)`` (module docstring).
+
+    Args:
+        b_simple: the noise scale ``tr(Sigma) / |G|^2``, at least 0.
+        batch: the global batch of the step.
+        reference_batch: the config's ``global_batch_size``.
+
+    Returns:
+        The learning rate's factor: 1 at ``b_simple`` 0, ``batch / reference_batch`` as it grows.
+    """
+    return (1 + b_simple / reference_batch) / (1 + b_simple / batch)
 
 
 def branch_efficiency(start: float, losses: Mapping[int, float]) -> dict[int, float] | None:
@@ -120,7 +155,9 @@ class BatchSchedule:
         batches: the batches the run may take, in order (fixed: ``(G,)``; ramp: the
             stages'; adaptive: start, 2 x start, ... up to the maximum).
         boundaries: ramp: the samples seen at which each stage starts; otherwise ``(0,)``.
-        lr_rule: ``'sqrt'``, ``'linear'`` or ``'none'``.
+        lr_rule: ``'sqrt'``, ``'linear'``, ``'none'`` or ``'adascale'``.
+        fallback_rule: ``'adascale'``: the rule while the noise scale has no estimate (the
+            optimizer's default; otherwise ``lr_rule`` itself).
         keep_wd_timescale: scale weight decay with the batch (module docstring).
         check_every_samples: adaptive: the criterion's check interval in samples.
         factor: adaptive: the criterion's factor.
@@ -141,6 +178,7 @@ class BatchSchedule:
     criterion: str = ""
     branch_samples: int = 0
     branch_tolerance: float = 0.0
+    fallback_rule: str = ""
 
     @property
     def fixed(self) -> bool:
@@ -150,16 +188,21 @@ class BatchSchedule:
         """Micro-batches per device per step at global batch ``batch``."""
         return batch // self.unit
 
-    def lr_multiplier(self, batch: int) -> float:
-        """The learning rate's factor at ``batch`` (1 at the config's global batch)."""
-        return lr_multiplier(self.lr_rule, batch / self.reference_batch)
+    def lr_multiplier(self, batch: int, b_simple: float = math.nan) -> float:
+        """The learning rate's factor at ``batch`` (1 at the config's global batch); ``'adascale'``
+        reads ``b_simple`` (the fallback rule's factor while it is NaN or negative)."""
+        if self.lr_rule != "adascale":
+            return lr_multiplier(self.lr_rule, batch / self.reference_batch)
+        if math.isfinite(b_simple) and b_simple >= 0:
+            return adascale_multiplier(b_simple, batch, self.reference_batch)
+        return lr_multiplier(self.fallback_rule, batch / self.reference_batch)
 
-    def weight_decay_multiplier(self, batch: int) -> float:
+    def weight_decay_multiplier(self, batch: int, b_simple: float = math.nan) -> float:
         """Weight decay's factor at ``batch``: ``(B / G) / lr_multiplier`` with
         ``keep_wd_timescale``, else 1."""
         if not self.keep_wd_timescale:
             return 1.0
-        return (batch / self.reference_batch) / self.lr_multiplier(batch)
+        return (batch / self.reference_batch) / self.lr_multiplier(batch, b_simple)
 
     def position(self, samples_seen: int, step: int) -> float:
         """Progress in steps at the config's global batch: ``step`` when fixed (exactly
@@ -189,7 +232,8 @@ class BatchSchedule:
     def stages(self, micro_batches_per_epoch: int, epochs: int) -> list[dict[str, Any]]:
         """Each stage as ``config show`` prints it: samples from, global batch,
         accumulation, lr multiplier, steps in it (adaptive: the steps if the run stayed
-        at the start batch, for the start; None for the later ones, which the criterion decides)."""
+        at the start batch, for the start; None for the later ones, which the criterion decides;
+        the lr multiplier None under ``'adascale'``, which the noise scale sets along training)."""
         if self.type == "adaptive":
             steps: list[int | None] = [self.count_steps(lambda _: self.batches[0], micro_batches_per_epoch, epochs)[0]]
             steps += [None] * (len(self.batches) - 1)
@@ -202,7 +246,7 @@ class BatchSchedule:
                 "samples_from": start,
                 "global_batch": batch,
                 "accumulation": self.accumulation(batch),
-                "lr_multiplier": self.lr_multiplier(batch),
+                "lr_multiplier": None if self.lr_rule == "adascale" else self.lr_multiplier(batch),
                 "steps": count,
             }
             for start, batch, count in zip(starts, self.batches, steps)
@@ -233,9 +277,11 @@ def build_batch_schedule(cfg: Config, world_size: int) -> BatchSchedule:
     """
     section, reference = cfg.batch_schedule, cfg.global_batch_size
     unit = cfg.micro_batch_size * world_size
-    rule = section.lr_scaling or DEFAULT_LR_RULE.get(cfg.optimizer.type, "sqrt")
+    default = DEFAULT_LR_RULE.get(cfg.optimizer.type, "sqrt")
+    rule = section.lr_scaling or default
+    kept = {"keep_wd_timescale": section.keep_wd_timescale, "fallback_rule": default if rule == "adascale" else rule}
     if section.type == "fixed":
-        return BatchSchedule("fixed", reference, unit, (reference,), (0,), rule, section.keep_wd_timescale)
+        return BatchSchedule("fixed", reference, unit, (reference,), (0,), rule, **kept)
     start = section.start_batch_size
     assert start is not None  # validation requires it
     _check_multiple(start, cfg, world_size, "batch_schedule.start_batch_size")
@@ -246,7 +292,7 @@ def build_batch_schedule(cfg: Config, world_size: int) -> BatchSchedule:
             _check_multiple(section.increment, cfg, world_size, "batch_schedule.increment")
         gaps = len(batches) - 1
         boundaries = tuple(i * section.ramp_samples // gaps for i in range(len(batches)))
-        return BatchSchedule("ramp", reference, unit, batches, boundaries, rule, section.keep_wd_timescale)
+        return BatchSchedule("ramp", reference, unit, batches, boundaries, rule, **kept)
     top = section.max_batch_size or reference
     batches = doublings(start, top)
     every = section.check_every_samples or DEFAULT_CHECK_STEPS * reference
@@ -264,12 +310,12 @@ def build_batch_schedule(cfg: Config, world_size: int) -> BatchSchedule:
         batches,
         (0,),
         rule,
-        section.keep_wd_timescale,
-        every,
-        section.factor,
-        section.criterion,
-        branch_samples,
-        section.branch_tolerance,
+        check_every_samples=every,
+        factor=section.factor,
+        criterion=section.criterion,
+        branch_samples=branch_samples,
+        branch_tolerance=section.branch_tolerance,
+        **kept,
     )
 
 
@@ -309,16 +355,28 @@ class BatchController:
         batch: the global batch of the next step.
         decisions: adaptive: ``[samples_seen, step, criterion, new batch]`` of each growth.
         criterion: the criterion's value at the last check (NaN before one).
+        b_simple: ``lr_scaling = 'adascale'``: the ``noise_scale`` hook's smoothed B_simple after
+            the last step (NaN before an estimate). Not saved here: the hook's averages are
+            (``state_dict``), and the hook sets it from them again when a run resumes.
     """
 
     schedule: BatchSchedule
     batch: int = 0
     decisions: list[list[float]] = dataclasses.field(default_factory=list)
     criterion: float = math.nan
+    b_simple: float = math.nan
 
     def __post_init__(self) -> None:
         if not self.batch:
             self.batch = self.schedule.batches[0]
+
+    def lr_multiplier(self, batch: int) -> float:
+        """The learning rate's factor at ``batch`` now (``BatchSchedule.lr_multiplier``)."""
+        return self.schedule.lr_multiplier(batch, self.b_simple)
+
+    def weight_decay_multiplier(self, batch: int) -> float:
+        """Weight decay's factor at ``batch`` now (``BatchSchedule.weight_decay_multiplier``)."""
+        return self.schedule.weight_decay_multiplier(batch, self.b_simple)
 
     def batch_for(self, samples_seen: int) -> int:
         """The global batch of the step that starts at ``samples_seen``."""

@@ -53,6 +53,14 @@ class Steps(Hook):
         )
 
 
+def run_config(config: dict, run_dir: pathlib.Path, resume: str | None = None):
+    """Train ``config`` in ``run_dir`` (its config file beside it); resumed: to the end (``max_steps`` dropped)."""
+    path = write_config(run_dir.parent, config, name=f"{run_dir.name}.yaml")
+    preemption.clear()
+    overrides = ["max_steps=null"] if resume else []
+    return train(TrainArgs(config=str(path), overrides=overrides, run_dir=str(run_dir), resume=resume))
+
+
 def schedule_lr(before: float, after: float, total: float, peak: float = PEAK, warmup: int = WARMUP) -> float:
     """Linear warmup to ``peak`` over ``warmup`` steps, then cosine to 0 at ``total``,
     in steps at the config's global batch; warmup reads where the step ends, the decay
@@ -249,21 +257,14 @@ def test_an_adaptive_run_resumed_on_either_side_of_its_growth_ends_with_the_unin
             "checkpoint.at_end": True,
         }
     )
-
-    def run(config: dict, run_dir: pathlib.Path, resume: str | None = None):
-        path = write_config(tmp_path, config, name=f"{run_dir.name}.yaml")
-        preemption.clear()
-        overrides = ["max_steps=null"] if resume else []
-        return train(TrainArgs(config=str(path), overrides=overrides, run_dir=str(run_dir), resume=resume))
-
-    reference = run(cfg, tmp_path / "reference")
+    reference = run_config(cfg, tmp_path / "reference")
     decisions = reference.run.batch.decisions
     assert len(decisions) == 1 and decisions[0][3] == 32
     grew_after = int(decisions[0][1])  # the step at whose end the batch doubled
     for stop in (grew_after - 1, grew_after):
         run_dir = tmp_path / f"stopped-{stop}"
-        assert run({**cfg, "max_steps": stop}, run_dir).step == stop
+        assert run_config({**cfg, "max_steps": stop}, run_dir).step == stop
         (run_dir / "model.safetensors").unlink()
-        resumed = run(cfg, run_dir, resume="auto")
+        resumed = run_config(cfg, run_dir, resume="auto")
         assert resumed.step == reference.step and resumed.run.batch.decisions == decisions
         assert (run_dir / "model.safetensors").read_bytes() == (tmp_path / "reference" / "model.safetensors").read_bytes(), stop

@@ -31,6 +31,12 @@ def check_batch_schedule(cfg: dict[str, Any]) -> None:
             f"keeps AdamW's weight-decay timescale, but optimizer.type is {cfg['optimizer']['type']!r}; set it to false",
             key="batch_schedule.keep_wd_timescale",
         )
+    if section["lr_scaling"] == "adascale" and "noise_scale" not in hook_names(cfg):
+        raise ConfigError(
+            "'adascale' scales the learning rate by the noise_scale hook's estimate; add \"noise_scale\" to hooks "
+            "(e.g. hooks = [dict(type='noise_scale', beta=0.9)]), or choose sqrt, linear or none",
+            key="batch_schedule.lr_scaling",
+        )
     if kind == "fixed":
         return
     start = section["start_batch_size"]
@@ -71,7 +77,6 @@ def _check_adaptive(cfg: dict[str, Any], section: dict[str, Any], start: int, re
     if start >= top:
         raise ConfigError(f"{start} leaves no room to grow below the maximum batch {top}; lower it", key="batch_schedule.start_batch_size")
     _check_doubling(start, top, key, "max_batch_size" if section["max_batch_size"] else "global_batch_size")
-    names = {entry if isinstance(entry, str) else entry.get("type") for entry in cfg["hooks"]}
     branch = section["criterion"] == "branch"
     if branch != (section["branch_samples"] is not None):
         needs = (
@@ -80,12 +85,17 @@ def _check_adaptive(cfg: dict[str, Any], section: dict[str, Any], start: int, re
             else "is read by criterion 'branch' only; drop it"
         )
         raise ConfigError(needs, key="batch_schedule.branch_samples")
-    if section["criterion"] == "noise_scale" and "noise_scale" not in names:
+    if section["criterion"] == "noise_scale" and "noise_scale" not in hook_names(cfg):
         raise ConfigError(
             "the criterion 'noise_scale' reads the noise_scale hook's estimate; add \"noise_scale\" to hooks "
             "(e.g. hooks = [dict(type='noise_scale', beta=0.9)])",
             key="batch_schedule.criterion",
         )
+
+
+def hook_names(cfg: dict[str, Any]) -> set[str]:
+    """The config's hooks by type (an entry is a name or a dict with ``type``)."""
+    return {entry if isinstance(entry, str) else entry.get("type") for entry in cfg["hooks"]}
 
 
 def _check_doubling(start: int, end: int, key: str, end_name: str) -> None:

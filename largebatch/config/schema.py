@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 from typing import Any
 
-from largebatch.batch_schedule import LR_RULES
+from largebatch.batch_schedule import BATCH_LR_RULES
 from largebatch.config.batch_rules import check_batch_schedule
 from largebatch.errors import ConfigError
 
@@ -141,9 +141,10 @@ SCHEMA = Section(
                 "lr_scaling": Field(
                     str,
                     None,
-                    "learning-rate multiplier at batch B: (B / global_batch_size)^(1/2) sqrt, ^1 linear, 1 none "
-                    "(None: sqrt for adamw and lamb, linear for sgd and lars)",
-                    choices=LR_RULES,
+                    "learning-rate multiplier at batch B: (B / global_batch_size)^(1/2) sqrt, ^1 linear, 1 none, "
+                    "adascale AdaScale's gain (1 + B_simple / global_batch_size) / (1 + B_simple / B) from the noise_scale "
+                    "hook's estimate (None: sqrt for adamw and lamb, linear for sgd and lars)",
+                    choices=BATCH_LR_RULES,
                     nullable=True,
                 ),
                 "keep_wd_timescale": Field(

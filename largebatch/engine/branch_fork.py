@@ -171,7 +171,7 @@ class BranchCriterion:
             start = heldout_loss(run, self.heldout)
             losses = {}
             for k in (1, 2):
-                self._fork(state, decision, k * batch, base_lr * schedule.lr_multiplier(k * batch))
+                self._fork(state, decision, k * batch, base_lr * run.batch.lr_multiplier(k * batch))
                 end = heldout_loss(run, self.heldout)
                 losses[k] = math.inf if end is None else end  # a diverged fork is worse than any
                 snapshot.restore(run)

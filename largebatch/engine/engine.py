@@ -144,13 +144,13 @@ class Engine:
         window = min(schedule.accumulation(batch), left if left > 0 else per_epoch)
         start = schedule.position(state.samples_seen, step)
         end = schedule.position(state.samples_seen + window * schedule.unit, step + 1)
-        return batch, window, run.schedule.lr_between(start, end) * schedule.lr_multiplier(batch)
+        return batch, window, run.schedule.lr_between(start, end) * run.batch.lr_multiplier(batch)
 
     def _set_rates(self, batch: int, window: int, lr: float) -> None:
         run = self.state.run
         run.schedule.set_lr(run.optimizer, lr)
         if run.batch.schedule.keep_wd_timescale:
-            apply_weight_decay(run.optimizer, run.batch.schedule.weight_decay_multiplier(batch))
+            apply_weight_decay(run.optimizer, run.batch.weight_decay_multiplier(batch))
 
     def _train_epoch(self) -> None:
         batches = iter(self.train_loader)
@@ -176,7 +176,7 @@ class Engine:
         batch, window, lr = self._plan_step(state.step)
         schedule = run.batch.schedule
         state.current = step = Step(
-            lr=lr, window_size=window, global_batch=batch, lr_multiplier=schedule.lr_multiplier(batch), samples_before=state.samples_seen
+            lr=lr, window_size=window, global_batch=batch, lr_multiplier=run.batch.lr_multiplier(batch), samples_before=state.samples_seen
         )
         if not schedule.fixed:
             step.metrics.update(

@@ -56,6 +56,12 @@ below it adds the smoothed estimates of that moment to its own record:
 schedule's start batch, the smallest. (Under a ramp, steps whose window has a single
 micro-batch are left out, as above.)
 
+**AdaScale's gain.** With ``batch_schedule.lr_scaling = 'adascale'`` the hook hands its smoothed
+B_simple to the batch controller after each step's estimate (and after a resume restores the
+averages), and the next step's learning-rate multiplier is AdaScale's gain from it
+(``largebatch.batch_schedule``); as it comes from the averages saved in checkpoints, a resumed
+run takes the same rates. The cost: one host sync per step.
+
 Cost: one ``torch._foreach_norm`` over the gradients per step (reading them once), no
 host sync; measured in ``bench/hook_cost.py``. The smoothed values are saved in
 checkpoints, so a resumed run continues the same averages.
@@ -136,6 +142,7 @@ class NoiseScaleHook(Hook):
         self._ema = torch.zeros(3, dtype=torch.float64, device=state.run.backend.device)
         if self._loaded is not None:
             self._ema.copy_(torch.tensor(self._loaded["ema"], dtype=torch.float64))
+        self._publish(state)
 
     def before_step(self, state) -> None:
         self._small_sq = None
@@ -159,6 +166,13 @@ class NoiseScaleHook(Hook):
         if state.run.batch.schedule.type == "adaptive":
             grad_sq, trace = self._averages()
             state.current.criterion = _ratio(trace, grad_sq)  # the adaptive batch's criterion: the smoothed B_simple
+        self._publish(state)
+
+    def _publish(self, state) -> None:
+        """``lr_scaling = 'adascale'``: hand the smoothed B_simple to the batch controller, which
+        sets the next step's learning rate from it (one host sync per step)."""
+        if state.run.batch.schedule.lr_rule == "adascale":
+            state.run.batch.b_simple = self.estimates()["b_simple"]
 
     def _estimate(self, state) -> None:
         if self._small_sq is None:

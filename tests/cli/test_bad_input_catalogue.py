@@ -691,6 +691,11 @@ CASES = [
         ["criterion 'branch'", "has no samples", "use criterion 'noise_scale'"],
     ),
     (
+        "batch-adascale-without-the-hook",
+        case_config(batch_schedule={"type": "ramp", "start_batch_size": 16, "ramp_samples": 64, "lr_scaling": "adascale"}),
+        ["batch_schedule.lr_scaling", 'add "noise_scale" to hooks'],
+    ),
+    (
         "batch-wd-timescale-not-adamw",
         case_config(**{"optimizer.type": "sgd", "batch_schedule.keep_wd_timescale": True}),
         ["batch_schedule.keep_wd_timescale", "optimizer.type is 'sgd'"],
