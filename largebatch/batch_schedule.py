@@ -77,7 +77,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from largebatch.batching import nearest_valid_global_batches
-from largebatch.errors import ConfigError
+from largebatch.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from largebatch.config.sections import Config
@@ -411,11 +411,52 @@ class BatchController:
         return {"batch": self.batch, "decisions": [list(d) for d in self.decisions], "criterion": self.criterion}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from a checkpoint's ``batch_schedule`` entry, checked against this run's
+        schedule: a checkpoint may come from another config (``--ignore-config``), another
+        world size or someone else, and a batch the schedule cannot take would train every
+        later step at a wrong accumulation.
+
+        Raises:
+            UserError: the entry is malformed, or its batch (or a decision's) is not one
+                of the batches this run's schedule takes.
+        """
         if not state:  # a checkpoint from before the schedule existed: a fixed run's
             return
-        self.batch = int(state["batch"])
-        self.decisions = [list(d) for d in state.get("decisions", [])]
-        self.criterion = float(state.get("criterion", math.nan))
+        allowed = self.schedule.batches
+        batch = state.get("batch") if isinstance(state, Mapping) else None
+        decisions = state.get("decisions", []) if isinstance(state, Mapping) else None
+        criterion = state.get("criterion", math.nan) if isinstance(state, Mapping) else None
+
+        def number(value: Any) -> bool:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+
+        def whole(value: Any) -> bool:
+            return number(value) and math.isfinite(value) and float(value).is_integer()
+
+        malformed = (
+            not whole(batch)
+            or not isinstance(decisions, list)
+            or not all(isinstance(d, list) and len(d) == 4 and all(number(v) for v in d) and whole(d[3]) for d in decisions)
+            or not number(criterion)
+        )
+        if malformed:
+            raise UserError(
+                "the checkpoint's batch_schedule entry is malformed (expected batch: a whole number, decisions: "
+                "[[samples, step, criterion, new batch], ...], criterion: a number); it was not written by this "
+                "version of largebatch: resume from another checkpoint or start the run afresh"
+            )
+        taken = [int(batch), *(int(d[3]) for d in decisions)]
+        stray = next((b for b in taken if b not in allowed), None)
+        if stray is not None:
+            raise UserError(
+                f"the checkpoint trained at global batch {stray}, which this run's batch_schedule "
+                f"({self.schedule.type}: {', '.join(map(str, allowed))}, a multiple of micro_batch_size x world_size "
+                f"= {self.schedule.unit}) cannot take: resume with the batch_schedule, global_batch_size, "
+                "micro_batch_size and world size the checkpoint was written with"
+            )
+        self.batch = int(batch)
+        self.decisions = [[float(v) for v in d] for d in decisions]
+        self.criterion = float(criterion)
 
 
 def apply_weight_decay(optimizer: Any, multiplier: float) -> None:

@@ -15,7 +15,7 @@ from largebatch.batch_schedule import BatchController, build_batch_schedule
 from largebatch.config import derive, validate
 from largebatch.config.typed import typed
 from largebatch.engine.hook import Hook, Priority
-from largebatch.errors import ConfigError
+from largebatch.errors import ConfigError, UserError
 from largebatch.hooks.ema import ModelEmaHook
 from largebatch.launch import TrainArgs, train
 from tests.conftest import tiny_config, write_config
@@ -215,6 +215,29 @@ def test_the_adaptive_controller_doubles_only_when_the_criterion_allows_and_neve
     restored = BatchController(controller.schedule)
     restored.load_state_dict(controller.state_dict())
     assert (restored.batch, restored.decisions) == (32, controller.decisions)
+
+
+def test_a_checkpoints_batch_entry_is_checked_against_this_runs_schedule():
+    """A checkpoint may come from another config (``--ignore-config``), another world size or
+    someone else: a batch this schedule cannot take would train every later step at a wrong
+    accumulation, so it is refused, and so is a malformed entry; a good one restores."""
+    adaptive = {"type": "adaptive", "start_batch_size": 8, "max_batch_size": 32, "check_every_samples": 64}
+    schedule = build_batch_schedule(typed(validate(tiny_config(hooks=["noise_scale"], batch_schedule=adaptive))), 1)
+    good = {"batch": 16, "decisions": [[64.0, 8.0, 9.0, 16.0]], "criterion": 9.0}
+    restored = BatchController(schedule)
+    restored.load_state_dict(good)
+    assert (restored.batch, restored.decisions, restored.criterion) == (16, [[64.0, 8.0, 9.0, 16.0]], 9.0)
+    for stray in ({**good, "batch": 24}, {**good, "batch": 64}, {**good, "decisions": [[64.0, 8.0, 9.0, 48.0]]}):
+        with pytest.raises(UserError, match=r"trained at global batch (24|64|48), which this run's batch_schedule \(adaptive: 8, 16, 32"):
+            BatchController(schedule).load_state_dict(stray)
+    for malformed in ({**good, "batch": "16"}, {**good, "batch": True}, {**good, "decisions": [[1, 2]]}, {**good, "criterion": None}, [16]):
+        with pytest.raises(UserError, match="batch_schedule entry is malformed"):
+            BatchController(schedule).load_state_dict(malformed)  # type: ignore[arg-type]
+    fixed = BatchController(build_batch_schedule(typed(validate(tiny_config())), 1))
+    with pytest.raises(UserError, match="cannot take"):  # a ramp's checkpoint resumed as a fixed run
+        fixed.load_state_dict({**good, "decisions": []})
+    fixed.load_state_dict({})  # a checkpoint from before the schedule existed
+    assert fixed.batch == fixed.schedule.reference_batch
 
 
 @pytest.mark.parametrize(
