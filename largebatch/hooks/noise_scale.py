@@ -69,15 +69,14 @@ checkpoints, so a resumed run continues the same averages.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from largebatch import dtensors
 from largebatch.dist import all_reduce_sum
-from largebatch.engine.accumulation import micro_loss_weight
 from largebatch.engine.hook import Hook, Priority
 from largebatch.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class NoiseScaleHook(Hook):
@@ -139,6 +138,8 @@ class NoiseScaleHook(Hook):
             )
         if self._sharded:
             state.request_first_micro_sync()
+        import torch  # here, not at the top: loading the hook's class (checking a config) imports no torch
+
         self._ema = torch.zeros(3, dtype=torch.float64, device=state.run.backend.device)
         if self._loaded is not None:
             self._ema.copy_(torch.tensor(self._loaded["ema"], dtype=torch.float64))
@@ -148,6 +149,9 @@ class NoiseScaleHook(Hook):
         self._small_sq = None
 
     def after_backward(self, state) -> None:
+        from largebatch import dtensors
+        from largebatch.engine.accumulation import micro_loss_weight
+
         if state.current.micro_in_window != 0 or state.current.window_size < 2:
             return
         grads = [p.grad for p in state.run.model.parameters() if p.grad is not None]
@@ -175,6 +179,8 @@ class NoiseScaleHook(Hook):
             state.run.batch.b_simple = self.estimates()["b_simple"]
 
     def _estimate(self, state) -> None:
+        import torch
+
         if self._small_sq is None:
             return
         big_sq = state.compute_grad_norms().total.double().square()
@@ -190,6 +196,8 @@ class NoiseScaleHook(Hook):
         self._ema = torch.where(torch.isfinite(estimate).all(), updated, self._ema)  # no host sync
 
     def _averages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         grad_sq, trace, weight = self._ema.unbind()
         weight = torch.where(weight > 0, weight, torch.ones_like(weight))
         return grad_sq / weight, trace / weight
@@ -228,9 +236,13 @@ class NoiseScaleHook(Hook):
         self._loaded = dict(state)
         self.at_loss = state.get("at_loss")
         if self._ema is not None:
+            import torch
+
             self._ema.copy_(torch.tensor(state["ema"], dtype=torch.float64))
 
 
 def _ratio(trace: torch.Tensor, grad_sq: torch.Tensor) -> torch.Tensor:
     """B_simple, NaN while the averaged |G|^2 is not positive."""
+    import torch
+
     return torch.where(grad_sq > 0, trace / grad_sq, torch.full_like(grad_sq, float("nan")))
