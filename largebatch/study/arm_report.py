@@ -24,6 +24,7 @@ from typing import Any
 
 from largebatch.study import arm_plots, arm_trials
 from largebatch.study import statistics as study_statistics
+from largebatch.study.numbers import number_text as _num
 from largebatch.study.target import Crossing
 
 ALPHA = 0.05
@@ -158,12 +159,6 @@ def status_line(spec: Any, trials: list[Any]) -> str:
     done = len(arm_trials.results(spec, trials))
     running = sum(t.state.name == "RUNNING" and t.user_attrs.get("phase") == arm_trials.PHASE for t in trials)
     return f"arms: {done} of {len(arm_trials.keys(spec))} complete, {running} running"
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}g}"
 
 
 def _spread(s: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 from largebatch.config.redact import redact_text
 from largebatch.study import analysis, arm_report, branch_report, ledger, plots, statistics
 from largebatch.study import fit as fitting
+from largebatch.study.numbers import number_text as _num
 from largebatch.study.space import PARAMS
 from largebatch.study.spec import StudySpec, Target
 
@@ -53,12 +54,6 @@ def _efficiency(cell: statistics.CellStats) -> str:
     if cell.efficiency_below is not None:
         return f"< {cell.efficiency_below:.2f}"
     return "-"
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}g}"
 
 
 def _busy_seconds(trials: list[Any]) -> tuple[float, float]:
