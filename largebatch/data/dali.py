@@ -81,18 +81,24 @@ def _import_dali():
 
 
 def _read_records(fn, tfrec, paths: list[str], index_paths: list[str]):
-    """The reader's ``(jpegs, labels)`` of the run's record files, in index order."""
+    """The reader's ``(jpegs, labels, label_counts)`` of the run's record files, in index
+    order. The label is read as a variable-length int64 list: DALI reads a float or bytes
+    label as an empty one (as a fixed-length int64 it would hand back uninitialised memory),
+    so ``label_counts`` (1 for a well-formed record) names every record whose label is not
+    one int64; ``labels`` holds each record's first value, -1 where it has none."""
     record = fn.readers.tfrecord(
         path=paths,
         index_path=index_paths,
         features={
             "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
-            "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+            "image/class/label": tfrec.VarLenFeature(tfrec.int64, -1),
         },
         random_shuffle=False,
         name=_READER,
     )
-    return record["image/encoded"], record["image/class/label"]
+    labels = record["image/class/label"]
+    first = fn.pad(labels, axes=(0,), shape=(1,), fill_value=-1)[0:1]
+    return record["image/encoded"], first, labels.shape()
 
 
 def stand_in_jpeg() -> np.ndarray:
@@ -236,7 +242,7 @@ class DaliLoader(ShardLoader):
             enable_conditionals=True,
         )
         def pipeline():
-            jpegs, labels = _read_records(fn, tfrec, paths, index_paths)
+            jpegs, labels, label_counts = _read_records(fn, tfrec, paths, index_paths)
             # the first bytes, for _check_format: DALI decodes a PNG (or BMP, TIFF) the native loader refuses
             magic = fn.slice(jpegs, start=[0], shape=[len(JPEG_MAGIC) + 2], axes=[0], out_of_bounds_policy="pad")
             shapes = fn.peek_image_shape(jpegs, dtype=types.INT64)  # the header's, nothing decoded
@@ -261,7 +267,7 @@ class DaliLoader(ShardLoader):
                 std=std,
                 mirror=mirror,
             )
-            return images, labels, shapes, magic
+            return images, labels, label_counts, shapes, magic
 
         return pipeline()
 
@@ -286,7 +292,7 @@ class DaliLoader(ShardLoader):
         pipe = self._pipeline(paths, index_paths, batches)
         iterator = iterator_class(
             [pipe],
-            ["images", "labels", "shapes", "magic"],
+            ["images", "labels", "label_counts", "shapes", "magic"],
             reader_name=_READER,
             last_batch_policy=policy.PARTIAL,
             auto_reset=False,
@@ -302,7 +308,7 @@ class DaliLoader(ShardLoader):
                 images, labels = out["images"], out["labels"].view(-1) - self._label_offset
                 self._check_format(batch, out["magic"])
                 self._check_sizes(batch, out["shapes"])
-                self._check_labels(batch, labels)
+                self._check_labels(batch, labels, out["label_counts"].view(-1))
                 yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         finally:
             del iterator, pipe
@@ -326,12 +332,13 @@ class DaliLoader(ShardLoader):
             height, width = int(shapes[row, 0]), int(shapes[row, 1])
             raise DataError(f"{self.records.where(index)}: {too_large(height, width, self.data_cfg.max_pixels)}")
 
-    def _check_labels(self, batch: np.ndarray, labels: torch.Tensor) -> None:
-        bad = (labels < 0) | (labels >= self.num_classes)
+    def _check_labels(self, batch: np.ndarray, labels: torch.Tensor, counts: torch.Tensor) -> None:
+        """A micro-batch holding a record whose label is not one int64 in range (a float,
+        bytes, several values, none, or a class out of range) stops here, naming the record."""
+        bad = (counts != 1) | (labels < 0) | (labels >= self.num_classes)
         if bool(bad.any()):
             index = int(np.sort(batch)[int(bad.nonzero()[0, 0])])
-            # the record read as the native loader reads it names what is wrong: a label out of
-            # range, or one DALI cannot read as int64 (a float label's bits, a bytes label)
+            # the record read as the native loader reads it names what is wrong
             labelled_jpeg(self.records, index, self._label_offset, self.num_classes)
             raise AssertionError(f"DALI read label {int(labels[bad][0])} from {self.records.where(index)}, whose label is in range")
 

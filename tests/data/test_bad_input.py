@@ -279,15 +279,26 @@ def test_a_feature_of_another_kind_is_named_not_trained_on(shards, capsys, featu
 
 
 @pytest.mark.dali
-def test_dali_names_a_float_label_as_the_native_loader_does(shards):
-    """DALI reads a float label's bits as an int64 (a label of 5.9e18): the record is named
-    with what is wrong with it, as the native loader names it. (An int64 image/encoded
-    crashes DALI 2.4's reader itself; data verify names it.)"""
+@pytest.mark.parametrize(
+    ("label", "holds"),
+    [
+        ([1.5], "holds 1 float value (1.5)"),
+        ([b"7"], "holds 1 bytes value (b'7')"),
+        ([3, 4], "holds 2 int64 values"),
+        ([], "holds no value"),
+    ],
+    ids=["float", "bytes", "two-values", "none"],
+)
+def test_dali_names_a_label_that_is_not_one_int64_as_the_native_loader_does(shards, label, holds):
+    """A label DALI cannot read as one int64 (read as a fixed-length int64, a float label
+    was uninitialised memory, which could fall inside the classes): the record is named with
+    what is wrong with it, as the native loader names it, whatever its bits. (An int64
+    image/encoded crashes DALI 2.4's reader itself; data verify names it.)"""
     pytest.importorskip("nvidia.dali")
 
-    rewrite_record(shards / SHARD, 5, {"image/class/label": [1.5]})
+    rewrite_record(shards / SHARD, 5, {"image/class/label": label})
     plan = BatchPlan.create(global_batch_size=16, micro_batch_size=8, world_size=1, num_samples=16)
-    expected = "image/class/label holds 1 float value (1.5), expected one int64 class number"
+    expected = f"image/class/label {holds}, expected one int64 class number"
     message = f"{SHARD} record 5 at byte offset {record_offset(shards, 5)}: not an ImageNet-schema Example ({expected}"
     with pytest.raises(DataError, match=re.escape(message)):
         list(data_mod.build_train_loader(data_cfg(shards, 16, loader="dali"), plan, rank=0, seed=0, device=CPU))
