@@ -4,6 +4,7 @@ two nodes under ``ddp`` and ``hsdp``, sharded within a node), rank discovery see
 nodes, and an ``sbatch`` job preempted with ``scancel --signal=USR1`` checkpoints,
 requeues itself, resumes and ends with the weights of an uninterrupted run."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -153,13 +154,37 @@ def hsdp_on_two_nodes(slurm_two_nodes, tmp_path_factory) -> pathlib.Path:
     return srun_two_nodes(slurm_two_nodes, tmp_path_factory.mktemp("hsdp-two-nodes"), {**TWO_NODE_RUN, "dist": HSDP})
 
 
-def test_sbatch_job_with_a_batch_ramp_preempted_resumes_in_its_stage_exactly(slurm, tmp_path):
-    """A ramp 16 -> 32 at sample 64 (4 steps at 16, then 6 at 32): the requeued job goes on
-    at the samples it had seen, in the same stage, and ends with the uninterrupted run's bytes."""
-    cfg = resume_config(batch_schedule={"type": "ramp", "start_batch_size": 16, "ramp_samples": 64})
+# 2 ranks x micro-batch 8, 256 samples: from 16 to 32 at sample 64 (4 steps at 16, 6 at 32),
+# by a ramp, or by the branch criterion (forks of 32 samples at 16 and 32 after step 4,
+# a tolerance that grows the batch)
+GROWING = {
+    "ramp": {"type": "ramp", "start_batch_size": 16, "ramp_samples": 64},
+    "branch": {
+        "type": "adaptive",
+        "criterion": "branch",
+        "start_batch_size": 16,
+        "check_every_samples": 64,
+        "branch_samples": 32,
+        "branch_tolerance": 0.9,
+    },
+}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("schedule", list(GROWING))
+def test_sbatch_job_with_a_growing_batch_preempted_resumes_in_its_stage_exactly(slurm, tmp_path, schedule, strategy):
+    """Preempted in the first stage, the requeued job goes on at the samples it had seen, in
+    the same stage (a ramp never restarts), grows where the uninterrupted run grew, and ends
+    with its bytes."""
+    cfg = resume_config(batch_schedule=GROWING[schedule], dist={"strategy": strategy})
     (tmp_path / "reference").mkdir()
     reference = torchrun_reference(tmp_path / "reference", cfg, 2)
-    run_dir, _, _ = preempted_sbatch_job(slurm, tmp_path, cfg, steps=10)
+    batches = [r["batch/global"] for r in map(json.loads, (reference / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert batches == [16] * 4 + [32] * 6, batches
+    # the log counts an adaptive run's steps as if it never grew: 16 at most
+    run_dir, _, step = preempted_sbatch_job(slurm, tmp_path, cfg, steps=10 if schedule == "ramp" else 16)
+    resumed = [r["batch/global"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert resumed[-(10 - step) :] == batches[step:]
     assert_same_weights(reference / "model.safetensors", run_dir / "model.safetensors")
 
 
