@@ -43,6 +43,12 @@
 # 16), which leaves a GPU underused: a growing batch pays off there by adding replicas,
 # which the schedule does not do.
 #
+# Measured on Fashion-MNIST (studies/fashion-mnist-adaptive, 5 seeds): the same criterion
+# at factor 4 kept a small ViT's batch at 256 until after its accuracy targets (B_simple
+# 40-115 there), then doubled it twice: 26% fewer optimizer steps than a fixed 256 over the
+# same samples, the same wall time on fixed devices, a final accuracy the seeds did not
+# separate from the fixed batch's (0.840 against 0.842).
+#
 # Not measured: this schedule has not been run at ImageNet scale. The criterion, the
 # factor and the check interval come from the Fashion-MNIST studies and the paper's model;
 # compare its accuracy with vit-b16.py's before relying on it.

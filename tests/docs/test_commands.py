@@ -128,7 +128,13 @@ COVERED = {
         "  # `study run` on a study of branches only, on the tests' tiny source run; the shipped one runs 60 branches"
     ),
     "largebatch study report studies/fashion-mnist-cbs/study.py": (
-        "tests/study/test_shipped_study.py::test_the_shipped_critical_batch_study_reproduces_its_report_from_its_storage_alone"
+        "tests/study/test_shipped_study.py::test_a_shipped_study_of_branches_or_arms_reproduces_its_report_from_its_storage_alone[branches]"
+    ),
+    "largebatch study report studies/fashion-mnist-adaptive/study.py": (
+        "tests/study/test_shipped_study.py::test_a_shipped_study_of_branches_or_arms_reproduces_its_report_from_its_storage_alone[arms]"
+    ),
+    "largebatch study run studies/fashion-mnist-adaptive/study.py --jobs 2": (
+        "tests/study/test_study_arms.py::test_an_arms_study_reports_each_arm_from_its_trials_own_records_and_resumes_a_killed_trial  # `study run` of arms on the tests' tiny problem; the shipped one trains 25 runs, 31 minutes on two cores"
     ),
     "largebatch study status studies/fashion-mnist/study.py": "tests/study/test_study_runs.py::test_status_lists_every_cell",
     "largebatch study report studies/fashion-mnist/study.py": (

@@ -57,18 +57,25 @@ def test_the_16k_studys_longest_budgets_are_at_least_twice_the_first_studys_fit_
             assert longest >= 2 * fit["s_min"] * (1 + fit["b_crit"] / batch), (opt.label, batch, longest)
 
 
-def test_the_shipped_critical_batch_study_reproduces_its_report_from_its_storage_alone(tmp_path):
-    """studies/fashion-mnist-cbs: `study report` on a copy of its study file and storage,
-    without the source run or the data (every branch's result and the source's B_simple are
-    kept in the storage), writes the published report again, word for word."""
-    shipped = REPO / "studies" / "fashion-mnist-cbs"
-    folder = tmp_path / "studies" / "fashion-mnist-cbs"
+@pytest.mark.parametrize(
+    ("name", "drawn"),
+    [("fashion-mnist-cbs", ["critical_batch.png"]), ("fashion-mnist-adaptive", ["arms.png"])],
+    ids=["branches", "arms"],
+)
+def test_a_shipped_study_of_branches_or_arms_reproduces_its_report_from_its_storage_alone(tmp_path, name, drawn):
+    """studies/fashion-mnist-cbs and studies/fashion-mnist-adaptive: `study report` on a copy
+    of the study file and storage, without the runs or the data (every branch's and arm's
+    result, the source's B_simple and the arms' logged batches are kept in the storage),
+    writes the published report again, word for word, and draws its figure."""
+    shipped = REPO / "studies" / name
+    folder = tmp_path / "studies" / name
     folder.mkdir(parents=True)
-    for name in ("study.py", "study.db"):
-        shutil.copy(shipped / name, folder / name)
+    for file in ("study.py", "study.db"):
+        shutil.copy(shipped / file, folder / file)
     (tmp_path / "configs").symlink_to(REPO / "configs")
-    result = study_cli("report", "studies/fashion-mnist-cbs/study.py", cwd=tmp_path, timeout=300)
+    result = study_cli("report", f"studies/{name}/study.py", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for name in ("report.md", "report.json"):
-        assert (folder / name).read_text() == (shipped / name).read_text(), name
-    assert sorted(p.name for p in folder.glob("*.png")) == ["critical_batch.png"] == sorted(p.name for p in shipped.glob("*.png"))
+    for file in ("report.md", "report.json"):
+        assert (folder / file).read_text() == (shipped / file).read_text(), file
+    assert sorted(p.name for p in folder.glob("*.png")) == drawn
+    assert set(drawn) <= {p.name for p in shipped.glob("*.png")}
