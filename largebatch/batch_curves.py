@@ -30,7 +30,7 @@ import pathlib
 import sys
 from typing import Any
 
-from largebatch.errors import UserError
+from largebatch.errors import UserError, whole_number
 
 BATCH, B_SIMPLE = "batch/global", "noise_scale/b_simple"
 REPORT = "report.json"
@@ -75,12 +75,9 @@ class BatchCurves:
 
 
 def _count(value: Any) -> int | None:
-    """``value`` as a whole number at least 0 (JSON gives ints, or floats like 5120.0), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        return None
-    return int(value) if value >= 0 else None
+    """``value`` as a whole number at least 0, else None."""
+    count = whole_number(value)
+    return count if count is not None and count >= 0 else None
 
 
 def _positive(value: Any) -> float | None:

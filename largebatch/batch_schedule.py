@@ -77,7 +77,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from largebatch.batching import nearest_valid_global_batches
-from largebatch.errors import ConfigError, UserError
+from largebatch.errors import ConfigError, UserError, whole_number
 
 if TYPE_CHECKING:
     from largebatch.config.sections import Config
@@ -431,7 +431,7 @@ class BatchController:
             return isinstance(value, int | float) and not isinstance(value, bool)
 
         def whole(value: Any) -> bool:
-            return number(value) and math.isfinite(value) and float(value).is_integer()
+            return whole_number(value) is not None
 
         malformed = (
             not whole(batch)

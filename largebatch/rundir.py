@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 import sys
 
-from largebatch.errors import UserError
+from largebatch.errors import UserError, whole_number
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -131,9 +130,7 @@ def read_metric_lines(path: str | os.PathLike[str]) -> list[tuple[str, dict]]:
                 path=str(path),
             ) from None
         step = record.get("step") if isinstance(record, dict) else None
-        if not isinstance(record, dict) or not (
-            isinstance(step, int) and not isinstance(step, bool) or isinstance(step, float) and math.isfinite(step) and step.is_integer()
-        ):
+        if not isinstance(record, dict) or whole_number(step) is None:
             shown = line if len(line) <= 60 else line[:57] + "..."
             raise UserError(
                 f"line {number} is not a metrics record (a JSON object with a whole-number step), it holds {shown}; "
