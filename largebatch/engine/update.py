@@ -21,16 +21,16 @@ When the check reads its flag on the host: with an optimizer that skips an updat
 device flag by itself (torch's ``fused=True`` Adam, AdamW and SGD, which read ``found_inf``
 as under ``GradScaler``, and largebatch's LAMB and LARS, which read it on every path:
 ``largebatch.optim.layerwise``), no grad scaler and unsharded parameters (``dist.strategy``
-ddp), the check is *deferred*: the flag goes to the
-optimizer's kernel on the device (a non-finite step leaves the parameters and the
-optimizer's state bit for bit as they were) and to the host in pinned memory
-(``largebatch.host_copy``), where it is read one step later (``NonFiniteGuard.settle``: at the next step's update, once that
-step's forward and backward are queued), so the step has no host sync. It is read at once
-where the outcome is needed sooner: a hook reading ``state.current.skipped`` (the ``ema``
-hook every step, ``trust_ratio`` on logged steps), a logged step (its
-``nan_guard/...`` counts), a checkpoint, an evaluation, the end of training. Every other
-optimizer (foreach AdamW, SGD, Habana's FusedLamb, whose ``step`` takes no flag), any run
-with a grad scaler and fsdp/hsdp keep the synchronous check: one host sync per step.
+ddp), the check is *deferred*: the flag goes to the optimizer's kernel on the device (a
+non-finite step leaves the parameters and the optimizer's state bit for bit as they were)
+and to the host in pinned memory (``largebatch.host_copy``), where it is read one step
+later (``NonFiniteGuard.settle``: at the next step's update, once that step's forward and
+backward are queued), so the step has no host sync. It is read at once where the outcome
+is needed sooner: a hook reading ``state.current.skipped`` (the ``ema`` hook every step,
+``trust_ratio`` on logged steps), a logged step (its ``nan_guard/...`` counts), a
+checkpoint, an evaluation, the end of training. Every other optimizer (foreach AdamW, SGD,
+Habana's FusedLamb, whose ``step`` takes no flag), any run with a grad scaler and
+fsdp/hsdp keep the synchronous check: one host sync per step.
 ``nan_guard.action='off'`` removes both.
 
 The check (``nan_guard`` section): a gradient holds a non-finite value exactly when its

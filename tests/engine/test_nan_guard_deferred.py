@@ -182,24 +182,23 @@ class SyncsAllowed(Hook):
         torch.cuda.set_sync_debug_mode("default")
 
 
+# the optimizer's settings, and whether the check is deferred with it (foreach AdamW: not)
+ON_A_GPU = {"fused-adamw": ({"optimizer.fused": True}, True), "lamb": ({"optimizer.type": "lamb"}, True), "adamw": ({}, False)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fused", [True, False])
-def test_on_a_gpu_the_deferred_check_clip_and_step_do_not_sync(tmp_path, fused):
+@pytest.mark.parametrize("optimizer", list(ON_A_GPU))
+def test_on_a_gpu_the_deferred_check_clip_and_step_do_not_sync(tmp_path, optimizer):
     from bench.common import build_engine
     from largebatch.engine.engine import Engine
 
-    cfg = {
-        "device": "cuda",
-        "precision": "bf16",
-        "max_steps": 4,
-        "optimizer.fused": fused,
-        "model": {"name": "vit_tiny_patch16_224", "patch_size": 8, "depth": 1},
-    }
-    built = build_engine(cfg, tmp_path / "run")
+    changes, deferred = ON_A_GPU[optimizer]
+    cfg = {"device": "cuda", "precision": "bf16", "max_steps": 4, "model": {"name": "vit_tiny_patch16_224", "patch_size": 8, "depth": 1}}
+    built = build_engine({**cfg, **changes}, tmp_path / "run")
     engine = Engine(built.state, [*built.hooks, SyncsAreErrors(), SyncsAllowed()], built.train_loader)
     try:
-        if fused:
+        if deferred:
             engine.run()  # the check, the clipping and the update: no host sync
             assert engine.state.step == 4
         else:  # the reference: the synchronous check reads its flag on the host
@@ -227,11 +226,12 @@ class StateAtEachStep(Hook):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_a_gpu_a_deferred_skip_changes_nothing(tmp_path):
+@pytest.mark.parametrize("optimizer", ["fused-adamw", "lamb"])  # LAMB: its Triton kernel reads the flag
+def test_on_a_gpu_a_deferred_skip_changes_nothing(tmp_path, optimizer):
     from bench.common import build_engine
     from largebatch.engine.engine import Engine
 
-    cfg = {"device": "cuda", "precision": "bf16", "max_steps": POISON_STEP + 3, "optimizer.fused": True, "nan_guard.action": "skip"}
+    cfg = {"device": "cuda", "precision": "bf16", "max_steps": POISON_STEP + 3, "nan_guard.action": "skip", **ON_A_GPU[optimizer][0]}
     built = build_engine({**cfg, "model": {"name": "vit_tiny_patch16_224", "patch_size": 8, "depth": 1}}, tmp_path / "run")
     assert defers(built.state.run.guard.action, built.state.run)
     states = StateAtEachStep()
