@@ -20,8 +20,9 @@ attribute, a 0-dim float tensor on the parameters' device that
 fused optimizers (``skips_on_found_inf``). Where it is non-zero the step leaves the
 parameters and every state tensor bit for bit as they were, decided on the device: a
 kernel that reads the flag returns early (LAMB's Triton kernel), and around every other
-the step's tensors are copied first and put back with ``torch.where`` (``Kept``); where it
-is 0 the step is the step taken without it, bit for bit. What lives on the host (LAMB's
+the step's tensors are copied first and put back with ``torch.where`` (``Kept``; on the
+CPU, where reading the flag waits for nothing, only when it is non-zero); where it is 0
+the step is the step taken without it, bit for bit. What lives on the host (LAMB's
 step counts, state a first step created) follows when the host has the flag: it is copied
 there without waiting (``largebatch.host_copy``) and read at the next ``step``,
 ``state_dict`` or pickling, which put back what a skipped step changed (``settle``). The
@@ -58,9 +59,13 @@ class Collected(NamedTuple):
 class Kept:
     """Copies of ``tensors`` (their local slices when sharded), put back by ``restore`` where
     ``skip`` (a 0-dim tensor) is non-zero: what the step did in between is undone on the
-    device, bit for bit, with no host read. ``skip`` None: nothing is copied or put back."""
+    device, bit for bit, with no host read. ``skip`` None, or 0 and on the CPU (read where it
+    is: no device to wait for, and a copy of the step's tensors costs the CPU more than the
+    step's arithmetic): nothing is copied or put back."""
 
     def __init__(self, skip: Tensor | None, tensors: Iterable[Tensor]) -> None:
+        if skip is not None and skip.device.type == "cpu" and not skip.tolist():
+            skip = None
         self.skip = None if skip is None else skip != 0
         self.pairs = [] if skip is None else [(t, t.clone()) for t in dtensors.locals_of(tensors)]
 
