@@ -179,3 +179,24 @@ def test_a_bad_branch_setting_is_one_error_naming_the_key(section, key, words):
         derive(typed(validate(cfg)), 1, 128)
     assert error.value.key == key
     assert words in str(error.value)
+
+
+def test_a_forks_snapshot_holds_the_state_a_skipped_lamb_step_left():
+    """A fork starts from a step the deferred non-finite check skipped on the device flag:
+    LAMB's step counts in the snapshot (restored after the forks) are those before it."""
+    import types
+
+    import torch
+
+    from largebatch.engine.branch_fork import Snapshot
+    from largebatch.engine.update import step_unless
+    from largebatch.optim.lamb import Lamb
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = Lamb(model.parameters(), lr=0.01)
+    for bad in (False, True):
+        for param in model.parameters():
+            param.grad = torch.full_like(param, math.nan if bad else 1.0)
+        step_unless(optimizer, torch.tensor(float(bad)))
+    run = types.SimpleNamespace(model=model, optimizer=optimizer, scaler=None, backend=types.SimpleNamespace(device=torch.device("cpu")))
+    assert [state["step"] for state in Snapshot(run).optimizer_state.values()] == [1, 1]

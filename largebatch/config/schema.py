@@ -349,8 +349,8 @@ SCHEMA = Section(
                     str,
                     "stop",
                     "a step whose loss or gradients hold NaN or inf: stop (an error line naming the step and the first "
-                    "parameter), skip (no update that step), or off (no check); one host sync per step, none with a fused "
-                    "optimizer (its read waits a step, largebatch.engine.update)",
+                    "parameter), skip (no update that step), or off (no check); one host sync per step, none with LAMB, "
+                    "LARS or a fused AdamW (its read waits a step, largebatch.engine.update)",
                     choices=("stop", "skip", "off"),
                 ),
                 "max_skips": Field(int, 10, "skip: stop after this many skipped steps in a row", low=1),

@@ -80,6 +80,9 @@ class Snapshot:
     def __init__(self, run: Any) -> None:
         model, optimizer = run.model, run.optimizer
         _reshard(model)
+        settle = getattr(optimizer, "settle", None)  # LAMB, LARS: what a skipped step changed on the host, put back
+        if settle is not None:
+            settle()
         self.params = list(model.parameters())
         self.tensors = [*self.params, *model.buffers()]
         self.values = [t.detach().clone() for t in self.tensors]

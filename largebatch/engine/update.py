@@ -19,17 +19,19 @@ beside them (``state.current.grad_norms.clip_coef``).
 
 When the check reads its flag on the host: with an optimizer that skips an update on a
 device flag by itself (torch's ``fused=True`` Adam, AdamW and SGD, which read ``found_inf``
-as under ``GradScaler``), no grad scaler and unsharded parameters (``dist.strategy`` ddp),
-the check is *deferred*: the flag goes to the
-optimizer's kernel on the device (a non-finite step leaves the parameters and the
-optimizer's state bit for bit as they were) and to the host in pinned memory, where it is
-read one step later (``NonFiniteGuard.settle``: at the next step's update, once that
-step's forward and backward are queued), so the step has no host sync. It is read at once
-where the outcome is needed sooner: a hook reading ``state.current.skipped`` (the ``ema``
-hook every step, ``trust_ratio`` on logged steps), a logged step (its
-``nan_guard/...`` counts), a checkpoint, an evaluation, the end of training. Every other
-optimizer (foreach AdamW, SGD, LAMB, LARS), any run with a grad scaler and fsdp/hsdp keep
-the synchronous check: one host sync per step. ``nan_guard.action='off'`` removes both.
+as under ``GradScaler``, and largebatch's LAMB and LARS, which read it on every path:
+``largebatch.optim.layerwise``), no grad scaler and unsharded parameters (``dist.strategy``
+ddp), the check is *deferred*: the flag goes to the optimizer's kernel on the device (a
+non-finite step leaves the parameters and the optimizer's state bit for bit as they were)
+and to the host in pinned memory (``largebatch.host_copy``), where it is read one step
+later (``NonFiniteGuard.settle``: at the next step's update, once that step's forward and
+backward are queued), so the step has no host sync. It is read at once where the outcome
+is needed sooner: a hook reading ``state.current.skipped`` (the ``ema`` hook every step,
+``trust_ratio`` on logged steps), a logged step (its ``nan_guard/...`` counts), a
+checkpoint, an evaluation, the end of training. Every other optimizer (foreach AdamW, SGD,
+Habana's FusedLamb, whose ``step`` takes no flag), any run with a grad scaler and
+fsdp/hsdp keep the synchronous check: one host sync per step.
+``nan_guard.action='off'`` removes both.
 
 The check (``nan_guard`` section): a gradient holds a non-finite value exactly when its
 L2 norm is non-finite (a finite gradient whose norm overflows float32 is a divergence
@@ -68,6 +70,7 @@ import torch
 from largebatch.backends.base import clip_coefficient
 from largebatch.config.sections import NanGuardConfig
 from largebatch.errors import UserError
+from largebatch.host_copy import HostCopy
 
 if TYPE_CHECKING:  # the state holds the guard (``Run.guard``): imported at run time, a circle
     from largebatch.engine.state import Run, Step, TrainState
@@ -100,22 +103,28 @@ class Checked:
 
 @dataclasses.dataclass(eq=False)
 class Deferred:
-    """A step's check on its way to the host: ``values`` (the loss, then 1.0 or 0.0 for
-    each of ``flags``) are there once ``ready`` has passed (None: already there)."""
+    """A step's check on its way to the host: ``values``, the loss, then 1.0 or 0.0 for
+    each of ``flags``."""
 
     state: TrainState
     checked: Checked
-    values: torch.Tensor
-    ready: torch.cuda.Event | None
+    values: HostCopy
+
+
+def skips_on_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` skips the update by itself where ``found_inf`` says so:
+    torch's fused Adam, AdamW and SGD (``_step_supports_amp_scaling``: they read it as under
+    ``GradScaler``) and largebatch's LAMB and LARS (``skips_on_found_inf``, which
+    ``GradScaler`` does not look at)."""
+    return any(bool(getattr(optimizer, name, False)) for name in ("_step_supports_amp_scaling", "skips_on_found_inf"))
 
 
 def defers(guard_action: str, run: Run) -> bool:
     """Whether the check's host read waits a step: the optimizer skips an update on a
-    device flag by itself (torch's fused Adam, AdamW and SGD read ``found_inf`` as under
-    ``GradScaler``), no grad scaler is on (fp16 keeps the synchronous check) and the
-    parameters are not sharded (a plain flag beside DTensors: not tried)."""
-    supports = bool(getattr(run.optimizer, "_step_supports_amp_scaling", False))
-    return guard_action != "off" and supports and run.scaler is None and not run.sharded
+    device flag by itself (``skips_on_found_inf``), no grad scaler is on (fp16 keeps the
+    synchronous check) and the parameters are not sharded (a plain flag beside DTensors:
+    not tried)."""
+    return guard_action != "off" and skips_on_found_inf(run.optimizer) and run.scaler is None and not run.sharded
 
 
 class NonFiniteGuard:
@@ -156,14 +165,7 @@ class NonFiniteGuard:
         finite = torch.cat([torch.isfinite(loss), torch.isfinite(grads.norms)])
         checked = Checked(state.step, state.epoch, 0.0, [], grads.names, grads.params, state.current)
         if defers(self.action, state.run):
-            values = torch.cat([loss, finite.float()])
-            ready = None
-            if values.device.type == "cuda":  # into pinned memory, read once the event has passed
-                values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()
-                ready.record()
-            else:
-                values = values.cpu()  # the CPU: the same tensor
-            self._pending = Deferred(state, checked, values, ready)
+            self._pending = Deferred(state, checked, HostCopy(torch.cat([loss, finite.float()])))
             state.current.settle = self.settle
             return (~finite.all()).float()
         if bool(finite.all()):  # the one host sync of the synchronous path
@@ -185,8 +187,6 @@ class NonFiniteGuard:
             return
         checked = pending.checked
         checked.owner.settle = None
-        if pending.ready is not None:
-            pending.ready.synchronize()
         values = pending.values.tolist()
         checked.loss, checked.flags = values[0], [bool(v) for v in values[1:]]
         if all(checked.flags):

@@ -12,7 +12,8 @@ middle value for an even count) and ``/max`` as device tensors, and over all gro
 ``trust_ratio/lowest`` and ``trust_ratio/highest``: the ``top_k`` parameter names with
 their ratios, as text (``"blocks.0.attn.qkv.weight=0.0123, ..."``). Reading the names
 back is one host sync, on logged steps only. With a grad scaler that skipped the update
-(inf/NaN gradients) there are no fresh statistics and nothing is published.
+(inf/NaN gradients), or ``nan_guard`` skipping it (on a deferred check too: the step's
+flag is read here on logged steps), nothing is published.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ class TrustRatioHook(Hook):
             state.run.optimizer.request_stats()
 
     def after_optimizer_step(self, state) -> None:
-        if self._requested:
+        # A step the deferred non-finite check skipped on the device flag recorded statistics
+        # all the same: ``skipped`` reads the flag (logged steps only).
+        if self._requested and not state.current.skipped:
             stats = state.run.optimizer.last_stats
             self._stats = stats if stats is not self._before else None  # a new dict: recorded this step
         self._requested, self._before = False, None

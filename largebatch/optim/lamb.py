@@ -36,7 +36,7 @@ from largebatch import dtensors
 from largebatch.errors import UserError
 from largebatch.optim import lamb_cpu, lamb_update
 from largebatch.optim.lamb_update import Kernel, Settings, Tensors
-from largebatch.optim.layerwise import Collected, LayerwiseOptimizer, Stats, in_order
+from largebatch.optim.layerwise import Collected, Kept, LayerwiseOptimizer, Stats, in_order
 
 REFERENCE, FUSED_ADAM = lamb_update.Reference(), lamb_update.FusedAdam()
 MULTI_TENSOR, MULTI_TENSOR_IN_PLACE = lamb_update.MultiTensor(), lamb_update.MultiTensor(in_place=True)
@@ -49,9 +49,11 @@ def choose(
     chunk_elements: int | None = None,
     buffers: lamb_cpu.Buffers | None = None,
     sharded: bool = False,
+    skip: Tensor | None = None,
 ) -> Kernel:
     """LAMB's implementation for a bucket ``(params, grads, exp_avgs, exp_avg_sqs)``, decided
-    here only: the first that applies of
+    here only (the Triton kernel given the step's ``found_inf`` flag ``skip``, which it reads:
+    ``Kernel.reads_skip``): the first that applies of
 
     1. the per-tensor reference (``lamb_update.Reference``) when not ``foreach``;
     2. ``lamb_cpu``'s chunks of ``chunk_elements`` (``None``: ``CPU_CHUNK_ELEMENTS``; 0: off) in
@@ -66,7 +68,7 @@ def choose(
 
     limit = lamb_cpu.CPU_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     chunks = [lamb_cpu.CpuChunks(limit, buffers)] if limit and buffers is not None and not sharded else []
-    for kernel in (*chunks, lamb_triton.Triton(), FUSED_ADAM):
+    for kernel in (*chunks, lamb_triton.Triton(skip), FUSED_ADAM):
         if kernel.applies(tensors):
             return kernel
     return MULTI_TENSOR_IN_PLACE if sharded else MULTI_TENSOR
@@ -188,21 +190,27 @@ class Lamb(LayerwiseOptimizer):
             out.append((idx, Settings.of(entry.group, step, adapt, record), tensors))
         return out
 
-    def _step_group(self, entry: Collected, context: Tensor | None, record: bool) -> Stats | None:
+    def _step_group(self, entry: Collected, context: Tensor | None, record: bool, skip: Tensor | None) -> Stats | None:
         parts = []
         for idx, settings, tensors in self._buckets(entry, record):
-            kernel = choose(tensors, foreach=self.foreach, chunk_elements=self.chunk_elements, buffers=self._buffers)
+            kernel = choose(tensors, foreach=self.foreach, chunk_elements=self.chunk_elements, buffers=self._buffers, skip=skip)
+            kept = _kept(kernel, skip, tensors)
             parts.append((idx, kernel.step(settings, tensors, context)))
+            kept.restore()
         return in_order(parts) if record else None  # type: ignore[arg-type]
 
-    def _step_sharded(self, groups: list[Collected], shard_group: Any, context: Tensor | None, record: bool) -> list[Stats | None]:
+    def _step_sharded(
+        self, groups: list[Collected], shard_group: Any, context: Tensor | None, record: bool, skip: Tensor | None
+    ) -> list[Stats | None]:
         """Every bucket begins on this rank's slices; one collective adds up all their sums of
         squares (clipping took another); then every bucket finishes with the whole norms."""
-        reduction, begun = dtensors.NormReduction(shard_group), []
+        reduction, begun, kept = dtensors.NormReduction(shard_group), [], []
         for g, entry in enumerate(groups):
             for idx, settings, tensors in self._buckets(entry, record):
                 local: Tensors = tuple(dtensors.locals_of(ts) for ts in tensors)  # type: ignore[assignment]
-                pending = choose(local, sharded=True).begin(settings, local, context)
+                kernel = choose(local, sharded=True, skip=skip)
+                kept.append(_kept(kernel, skip, local))
+                pending = kernel.begin(settings, local, context)
                 handles = [reduction.add_squares(s) for s in pending.squares()] if settings.needs_norms else []
                 begun.append((g, idx, settings, pending, handles))
         if any(handles for *_, handles in begun):
@@ -213,4 +221,12 @@ class Lamb(LayerwiseOptimizer):
                 pending.finish(None)
             else:
                 done[g].append((idx, pending.complete(settings, *(reduction.norms(h) for h in handles))))
+        for bucket in kept:
+            bucket.restore()
         return [in_order(parts) if record and parts else None for parts in done]
+
+
+def _kept(kernel: Kernel, skip: Tensor | None, tensors: Tensors) -> Kept:
+    """What the bucket's step changes (parameters, moments), kept unless the kernel reads ``skip`` itself."""
+    params, _, exp_avgs, exp_avg_sqs = tensors
+    return Kept(None if kernel.reads_skip else skip, [*params, *exp_avgs, *exp_avg_sqs])

@@ -9,6 +9,11 @@ launch covers a bucket, the tensors' addresses in a small int64 table made each 
 per-tensor sums are added up from the chunks' in chunk order (a gather, no atomics: a step
 is deterministic), and the ratios come from ``lamb_update.trust`` on the device: nothing is
 read back. Per element it computes ``lamb_update``'s lines in their folded form (``_block``).
+Given the step's ``found_inf`` flag (``Triton(skip)``), every program of both passes loads
+it first and returns at once where it is non-zero: the moments and the weights are not
+touched, the norms are 0 and the ratios 1 (written against Triton's documented language;
+untested on a GPU so far: run under Triton's interpreter and compiled for sm_80 and sm_90
+in the tests).
 
 Ran on an NVIDIA H200 (torch 2.11, Triton 3.6, 2026-11-26): ``pytest -m gpu`` passed
 (equal to the fused-Adam kernel and the paper's update on ViT-B-sized tensors), the step at
@@ -86,15 +91,19 @@ def _address(table, t, ALIGNED: tl.constexpr):
 
 @_jit
 def _lamb_kernel(
-    x_addrs, g_addrs, m_addrs, v_addrs, numels, chunk_tensor, chunk_start, clip_ptr, size_ptr, partial_ptr,
+    x_addrs, g_addrs, m_addrs, v_addrs, numels, chunk_tensor, chunk_start, clip_ptr, size_ptr, partial_ptr, skip_ptr,
     beta1, beta2, scale, eps, wd, decay, step_size,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_CLIP: tl.constexpr, MOMENTS: tl.constexpr,
     NORMS: tl.constexpr, APPLY: tl.constexpr, COUPLED: tl.constexpr, PER_TENSOR: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    ALIGNED: tl.constexpr, HAS_SKIP: tl.constexpr,
 ):  # fmt: skip
     """One chunk of one tensor: advance the moments (``MOMENTS``), store the chunk's
     ``(sum u^2, sum x^2)`` (``NORMS``), take the step (``APPLY``). Chunks start at
-    multiples of ``CHUNK``, itself a multiple of 16."""
+    multiples of ``CHUNK``, itself a multiple of 16. Nothing where ``HAS_SKIP`` and the
+    flag at ``skip_ptr`` is non-zero (the partial sums stay as the caller zeroed them)."""
+    if HAS_SKIP:
+        if tl.load(skip_ptr) != 0.0:
+            return
     chunk = tl.program_id(0)
     t = tl.load(chunk_tensor + chunk)
     start = tl.multiple_of(tl.load(chunk_start + chunk), 16)
@@ -172,21 +181,28 @@ class Triton(Kernel):
     """The kernel (``Bucket`` holds a step between its halves), for float32 contiguous buckets
     on ``DEVICES`` when Triton imports (torch's CUDA wheels bring it). Nothing that decides
     depends on a rank's own slices (their addresses, say): under FSDP2 every rank takes the
-    same kernel and the same collective."""
+    same kernel and the same collective. ``skip``: the step's ``found_inf`` flag (a 0-dim
+    tensor on the bucket's device), which every launch reads, or None."""
+
+    reads_skip = True
+
+    def __init__(self, skip: Tensor | None = None) -> None:
+        self.skip = skip
 
     def applies(self, tensors: Tensors) -> bool:
         on_cpu = tensors[0][0].device.type == "cpu"  # only through the interpreter
         return triton is not None and (not on_cpu or _interpreting()) and contiguous(tensors, DEVICES, (torch.float32,))
 
     def begin(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> Pending:
-        return Bucket(settings, tensors, clip)
+        return Bucket(settings, tensors, clip, self.skip)
 
 
 class Bucket(Pending):
     """A bucket's step: ``squares`` runs the first pass, ``finish`` the second, or the whole
-    step in one pass when no norms were asked for. ``clip``: a 0-dim tensor on the device, or None."""
+    step in one pass when no norms were asked for. ``clip`` and ``skip`` (non-zero: the step
+    changes nothing): 0-dim tensors on the device, or None."""
 
-    def __init__(self, settings: Settings, tensors: Tensors, clip: Tensor | None) -> None:
+    def __init__(self, settings: Settings, tensors: Tensors, clip: Tensor | None, skip: Tensor | None = None) -> None:
         params = tensors[0]
         self.device = params[0].device
         self.layout = _layout(tuple(p.numel() for p in params), CHUNK_ELEMENTS, self.device)
@@ -203,6 +219,7 @@ class Bucket(Pending):
         }
         self.addresses = torch.tensor(table, dtype=torch.int64).to(self.device, non_blocking=True)
         self.clip = None if clip is None else clip.to(torch.float32).reshape(1)
+        self.skip = None if skip is None else skip.to(self.device, torch.float32).reshape(1)
 
     def _launch(self, size: Tensor | None, partial: Tensor | None, step_size: float, **switches: bool) -> None:
         layout, spare = self.layout, self.layout.spare  # spare: the float pointers a pass does not read
@@ -214,7 +231,8 @@ class Bucket(Pending):
             _kernel()[(layout.chunks,)](
                 *self.addresses, layout.numels, layout.chunk_tensor, layout.chunk_start,
                 spare if clip is None else clip, spare if size is None else size, spare if partial is None else partial,
-                *self.scalars, step_size, HAS_CLIP=clip is not None, PER_TENSOR=size is not None, **self.flags, **switches,
+                spare if self.skip is None else self.skip, *self.scalars, step_size,
+                HAS_CLIP=clip is not None, PER_TENSOR=size is not None, HAS_SKIP=self.skip is not None, **self.flags, **switches,
             )  # fmt: skip
 
     def squares(self) -> tuple[Tensor, Tensor]:

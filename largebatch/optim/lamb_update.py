@@ -186,7 +186,12 @@ class Pending:
 
 
 class Kernel:
-    """One way to run the update on a bucket; ``largebatch.optim.lamb.choose`` picks it."""
+    """One way to run the update on a bucket; ``largebatch.optim.lamb.choose`` picks it.
+    ``reads_skip``: it was given the step's ``found_inf`` flag and leaves the bucket as it
+    was where the flag is non-zero by itself; around the others the caller keeps the
+    bucket's tensors (``largebatch.optim.layerwise.Kept``)."""
+
+    reads_skip = False
 
     def applies(self, tensors: Tensors) -> bool:
         return True

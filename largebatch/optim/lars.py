@@ -102,14 +102,25 @@ class Lars(LayerwiseOptimizer):
     def _adapts(self, group: dict[str, Any]) -> bool:
         return group["adapt"] and (self.no_decay_adapt or group["weight_decay"] != 0)
 
-    def _step_group(self, entry: Collected, context: Any, record: bool) -> Stats | None:
+    def _step_group(self, entry: Collected, context: Any, record: bool, skip: Tensor | None) -> Stats | None:
         fn = self._group_foreach if self.foreach else self._group_per_tensor
-        return fn(entry.group, entry.params, entry.grads, record)
+        kept = self._kept(skip, entry.params)  # a first step's fresh buffers go when the host reads the flag
+        stats = fn(entry.group, entry.params, entry.grads, record)
+        kept.restore()
+        return stats
 
-    def _step_sharded(self, groups: list[Collected], shard_group: Any, context: Any, record: bool) -> list[Stats | None]:
+    def _step_sharded(
+        self, groups: list[Collected], shard_group: Any, context: Any, record: bool, skip: Tensor | None
+    ) -> list[Stats | None]:
         """The foreach step on FSDP2-sharded parameters: the weight and gradient norms
         of every group are summed across the shard group in one collective
         (``largebatch.dtensors``), then each rank updates its slices."""
+        kept = self._kept(skip, [p for entry in groups for p in entry.params])
+        results = self._sharded_steps(groups, shard_group, record)
+        kept.restore()
+        return results
+
+    def _sharded_steps(self, groups: list[Collected], shard_group: Any, record: bool) -> list[Stats | None]:
         reduction = dtensors.NormReduction(shard_group)
         handles = [
             (reduction.add(e.params), reduction.add(e.grads)) if e.params and (self._adapts(e.group) or record) else None for e in groups

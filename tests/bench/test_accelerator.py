@@ -207,6 +207,7 @@ def test_gpu_pack_then_check_rehearse_every_section_on_the_cpu(tmp_path):
     assert "bf16 + compile, mode max-autotune: skipped: " in report and "fp32 with TF32: skipped: " in report
     assert "| largebatch engine, bf16, fused AdamW (nan_guard read a step late) |" in report
     assert "fused AdamW: nan_guard on / off = " in report and "flash attention: yes (1 attention modules" in report
+    assert "| largebatch engine, bf16, LAMB (nan_guard read a step late) |" in report and "LAMB: nan_guard on / off = " in report
     assert "| DALI CPU pipeline |" in report and "| native loader (worker processes decode" in report  # d
     assert "| DALI CPU pipeline from TFRecord shards |" in report and "loader / synthetic = " in report  # e
     assert "| native loader (worker processes decode; normalised in the main process), data.decode='cpu' from TFRecord shards |" in report

@@ -163,14 +163,15 @@ def test_a_bucket_of_empty_slices_launches_nothing(interpreted, monkeypatch):
 
 @pytest.mark.parametrize("clip", [None, 1.0])
 @pytest.mark.parametrize("stats", [False, True])
-def test_the_step_reads_nothing_back(interpreted, clip, stats):
+@pytest.mark.parametrize("found_inf", [False, True])
+def test_the_step_reads_nothing_back(interpreted, clip, stats, found_inf):
     """Nothing the step dispatches reads a device value back to the host (the interpreter
     runs the kernel itself outside torch's dispatch)."""
     from tests.optim.test_no_host_sync import groups, model, steps_read_back
 
     net = model()
     optimizer = Lamb(groups(net), lr=1e-2, weight_decay=0.05, max_grad_norm=clip, chunk_elements=0)
-    assert steps_read_back(net, optimizer, stats) == []
+    assert steps_read_back(net, optimizer, stats, found_inf) == []
     assert interpreted
 
 
@@ -182,3 +183,22 @@ def test_matches_the_fused_adam_path_on_misaligned_and_multi_chunk_tensors(inter
 
     monkeypatch.setattr(lamb_update, "FUSED_DEVICES", ("cpu",))
     compare_paths(monkeypatch, "cpu", [(24, 40), (40,), (24,), (50, 24), (5,)], decoupled)
+
+
+def test_the_kernel_reads_found_inf(interpreted, monkeypatch):
+    """A flagged step (the first and a later one) changes nothing and a 0.0 flag is the plain
+    step, bit for bit, with the kernel reading the flag itself: nothing is copied around it."""
+    from largebatch.optim import lamb
+    from tests.optim.test_found_inf import check_flagged_steps, check_zero_flags
+
+    given = []
+
+    class Recorded(lamb.Kept):
+        def __init__(self, skip, tensors):
+            given.append(skip)
+            super().__init__(skip, tensors)
+
+    monkeypatch.setattr(lamb, "Kept", Recorded)
+    check_flagged_steps("lamb-multi-tensor", monkeypatch, torch.float32)
+    check_zero_flags("lamb-multi-tensor", monkeypatch, torch.float32)
+    assert interpreted and given and all(skip is None for skip in given)

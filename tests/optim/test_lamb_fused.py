@@ -77,10 +77,11 @@ def test_lower_precision_tensors_stay_close_to_the_float64_steps(monkeypatch, dt
 
 @pytest.mark.parametrize("clip", [None, 1.0])
 @pytest.mark.parametrize("stats", [False, True])
-def test_fused_path_reads_nothing_back(fused_on_cpu, clip, stats):
+@pytest.mark.parametrize("found_inf", [False, True])
+def test_fused_path_reads_nothing_back(fused_on_cpu, clip, stats, found_inf):
     net = model()
     optimizer = Lamb(groups(net), lr=1e-2, weight_decay=0.05, max_grad_norm=clip, chunk_elements=0)
-    assert steps_read_back(net, optimizer, stats) == []
+    assert steps_read_back(net, optimizer, stats, found_inf) == []
     assert fused_on_cpu
 
 

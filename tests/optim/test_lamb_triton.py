@@ -78,22 +78,23 @@ def compile_for(capability: int, switches: dict) -> dict:
     kernel = lamb_triton._kernel()
     names = list(kernel.arg_names)
     constants = {"CHUNK": lamb_triton.CHUNK_ELEMENTS, "BLOCK": lamb_triton.BLOCK_ELEMENTS, **switches}
-    signature = {name: "*i64" if name in POINTERS else "*fp32" for name in names[:10]}
-    signature |= {name: "fp32" for name in names[10:17]} | {name: "constexpr" for name in constants}
+    signature = {name: "*i64" if name in POINTERS else "*fp32" for name in names[:11]}
+    signature |= {name: "fp32" for name in names[11:18]} | {name: "constexpr" for name in constants}
     source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constants.items()})
     return triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm
 
 
 @pytest.mark.parametrize("capability", [80, 90])
 @pytest.mark.parametrize("switches", PASSES, ids=["norms", "step", "one-pass"])
-@pytest.mark.parametrize("clip,coupled", [(True, True), (False, False)])
-def test_compiles_for_a100_and_h100_with_whole_vector_loads(capability, switches, clip, coupled):
+@pytest.mark.parametrize("clip,coupled,skip", [(True, True, True), (False, False, False)])
+def test_compiles_for_a100_and_h100_with_whole_vector_loads(capability, switches, clip, coupled, skip):
     """Triton's own compiler and ptxas, without a GPU: every pass the step launches builds
-    to a cubin; with aligned tensors the unmasked vectors load 16 bytes at a time (the
-    alignment hints hold), without, one float at a time."""
+    to a cubin, with and without the ``found_inf`` flag's early return; with aligned tensors
+    the unmasked vectors load 16 bytes at a time (the alignment hints hold), without, one
+    float at a time."""
     vector_load = re.compile(r"ld\.global(\.\S+)*\.v4\.b32")
     for aligned in (True, False):
-        asm = compile_for(capability, switches | {"HAS_CLIP": clip, "COUPLED": coupled, "ALIGNED": aligned})
+        asm = compile_for(capability, switches | {"HAS_CLIP": clip, "COUPLED": coupled, "ALIGNED": aligned, "HAS_SKIP": skip})
         assert asm["cubin"]
         assert bool(vector_load.search(asm["ptx"])) == aligned
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from largebatch.engine.update import step_unless
 from largebatch.optim import lamb_cpu
 from largebatch.optim.lamb import Lamb
 from largebatch.optim.lars import Lars
@@ -49,32 +50,41 @@ def groups(net: torch.nn.Module) -> list[dict]:
     return [{"params": decay, "name": "decay"}, {"params": no_decay, "name": "no_decay", "weight_decay": 0.0}]
 
 
-def steps_read_back(net: torch.nn.Module, optimizer: torch.optim.Optimizer, stats: bool) -> list[str]:
+def steps_read_back(net: torch.nn.Module, optimizer: torch.optim.Optimizer, stats: bool, found_inf: bool = False) -> list[str]:
+    """Three steps; with ``found_inf`` under the flag 0.0, 1.0, 0.0 (the deferred non-finite
+    check's ``step_unless``: the second step is undone on the device, its step counts when
+    the third settles it)."""
     seen = []
-    for _ in range(3):
+    for flag in (0.0, 1.0, 0.0):
         optimizer.zero_grad()
         net(torch.randn(8, 16)).square().mean().backward()
         if stats:
             optimizer.request_stats()
         with ReadBacks() as mode:
-            optimizer.step()
+            if found_inf:
+                step_unless(optimizer, torch.tensor(flag))
+            else:
+                optimizer.step()
         seen += mode.seen
     return seen
 
 
 @pytest.mark.parametrize("clip", [None, 1.0])
 @pytest.mark.parametrize("stats", [False, True])
-def test_lamb_multi_tensor_path_reads_nothing_back(clip, stats):
+@pytest.mark.parametrize("found_inf", [False, True])
+def test_lamb_multi_tensor_path_reads_nothing_back(clip, stats, found_inf):
     net = model()
     optimizer = Lamb(groups(net), lr=1e-2, weight_decay=0.05, max_grad_norm=clip, chunk_elements=0)
-    assert steps_read_back(net, optimizer, stats) == []
+    assert steps_read_back(net, optimizer, stats, found_inf) == []
+    assert optimizer.state_dict()["state"][0]["step"] == (2 if found_inf else 3)
 
 
 @pytest.mark.parametrize("stats", [False, True])
-def test_lars_reads_nothing_back(stats):
+@pytest.mark.parametrize("found_inf", [False, True])
+def test_lars_reads_nothing_back(stats, found_inf):
     net = model()
     optimizer = Lars(groups(net), lr=0.5, momentum=0.9, weight_decay=5e-4)
-    assert steps_read_back(net, optimizer, stats) == []
+    assert steps_read_back(net, optimizer, stats, found_inf) == []
 
 
 def test_the_detector_sees_a_read_back_and_the_cpu_kernel_never_takes_accelerator_tensors():

@@ -5,7 +5,8 @@ gradient: after every step the gathered sharded weights, the recorded trust rati
 norms must equal the reference's (float64, up to reduction order). The profiler counts
 the collectives inside ``step()``: one all-reduce for all norms of the step (the
 per-tensor path over DTensors, one reduction per norm, shows the count can fail).
-Under HSDP (2 x 2 mesh) the norms are reduced over the shard group only.
+Under HSDP (2 x 2 mesh) the norms are reduced over the shard group only. A last step
+under ``found_inf`` 1.0 (NaN gradients) leaves the weights and the state as they were.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from largebatch.engine.update import step_unless
 from largebatch.optim.lamb import Lamb
 from largebatch.optim.lars import Lars
 from largebatch.optim.param_groups import build_param_groups
@@ -124,6 +126,16 @@ def _worker(rank: int, world: int, port: int, kind: str, mesh_shape: tuple[int, 
                 assert stats["param_names"] == ref_stats["param_names"]
                 for key in ("trust_ratio", "weight_norm", "update_norm"):  # the norms, not only their ratios
                     torch.testing.assert_close(stats[key], ref_stats[key], **tolerance, msg=f"{group} {key}")
+        # a step under found_inf 1.0: the weights and the state as they were, still one collective
+        held = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in _flat_state(opt).items()}
+        weights = [p.full_tensor() for p in model.parameters()]
+        for param in model.parameters():
+            param.grad.to_local().fill_(float("nan"))
+        assert collectives_in(lambda: step_unless(opt, torch.tensor(1.0))) == 1
+        assert all(torch.equal(p.full_tensor(), w) for p, w in zip(model.parameters(), weights))
+        now = _flat_state(opt)
+        assert now.keys() == held.keys()
+        assert all(torch.equal(now[k].full_tensor(), v) if isinstance(v, torch.Tensor) else now[k] == v for k, v in held.items())
         # the state is sharded like the parameters (DCP saves it shard by shard)
         assert all(isinstance(t, DTensor) for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.ndim)
         # the per-tensor path over DTensors is correct too, but reduces once per norm
@@ -135,6 +147,10 @@ def _worker(rank: int, world: int, port: int, kind: str, mesh_shape: tuple[int, 
         assert fused_calls is None or fused_calls  # the path under test ran
     finally:
         torch.distributed.destroy_process_group()
+
+
+def _flat_state(optimizer) -> dict:
+    return {(i, k): v for i, entry in optimizer.state_dict()["state"].items() for k, v in entry.items()}
 
 
 @pytest.mark.parametrize("kind", ["lamb", "lars", "lamb-fused", "lamb-triton"])
