@@ -51,6 +51,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "flops.py",
             "run_curves.py",
             "batch_curves.py",
+            "host_copy.py",
         ),
         ("runtime", "base"),
     ),
