@@ -430,13 +430,12 @@ class BatchController:
         def number(value: Any) -> bool:
             return isinstance(value, int | float) and not isinstance(value, bool)
 
-        def whole(value: Any) -> bool:
-            return whole_number(value) is not None
-
         malformed = (
-            not whole(batch)
+            whole_number(batch) is None
             or not isinstance(decisions, list)
-            or not all(isinstance(d, list) and len(d) == 4 and all(number(v) for v in d) and whole(d[3]) for d in decisions)
+            or not all(
+                isinstance(d, list) and len(d) == 4 and all(number(v) for v in d) and whole_number(d[3]) is not None for d in decisions
+            )
             or not number(criterion)
         )
         if malformed:
