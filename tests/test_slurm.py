@@ -91,14 +91,17 @@ def preempted_sbatch_job(
     signalled = slurm.run("scancel", "--signal=USR1", job)
     assert signalled.returncode == 0, signalled.stderr
     # Rank 0 checkpoints and runs `scontrol requeue`; Slurm holds a requeued job ~120 s
-    # before it may start again, so release it as an operator would.
+    # before it may start again, so release it as an operator would, once the first
+    # incarnation's steps are gone from the nodes (a release while they are still being
+    # cleaned up relaunches the job id beside them).
     wait_until(lambda: slurm.job_field(job, "Restarts") == "1", 120, f"job {job} to be requeued")
     wait_until(lambda: slurm.job_field(job, "JobState") in ("PENDING", "RUNNING", "COMPLETED"), 60, "the requeued job to settle")
     if slurm.job_field(job, "JobState") == "PENDING":
+        wait_until(slurm.nodes_idle, 60, f"the nodes to be idle after job {job} was requeued")
         slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     wait_until(lambda: slurm.job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, f"job {job} to end")
     text = log.read_text()
-    assert slurm.job_field(job, "JobState") == "COMPLETED", text[-4000:]
+    assert slurm.job_field(job, "JobState") == "COMPLETED", text[-3000:] + "\n" + slurm.diagnosis(job)
     assert "restart 0" in text and "restart 1" in text
     assert "preempted by SIGUSR1" in text and f"requeued Slurm job {job}" in text
     checkpointed = [line for line in text.splitlines() if "checkpoint written" in line]

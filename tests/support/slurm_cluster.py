@@ -225,8 +225,7 @@ class SlurmCluster:
             self._start_daemon([_which("slurmd"), "-D", *named, "-f", str(self.conf)], f"slurmd-{node}", env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            states = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.split()
-            if states[1::2] == ["idle"] * len(self.nodes):
+            if self.nodes_idle():
                 return
             if any(d.poll() is not None for d in self.daemons):
                 break
@@ -263,6 +262,19 @@ class SlurmCluster:
             if token.startswith(f"{field}="):
                 return token.split("=", 1)[1]
         return ""
+
+    def nodes_idle(self) -> bool:
+        """Every node idle: no job, and no step of an ended one still being cleaned up."""
+        states = self.run("sinfo", "-h", "-N", "-o", "%t").stdout.split()
+        return states == ["idle"] * len(self.nodes)
+
+    def diagnosis(self, job: str) -> str:
+        """The job's record and the last lines of the daemons' logs, for a failure message."""
+        parts = [self.run("scontrol", "show", "job", job).stdout]
+        for log in sorted(self.folder.glob("slurm*.log")):
+            lines = [line for line in log.read_text(errors="replace").splitlines() if "debug" not in line]
+            parts.append(f"--- {log.name}\n" + "\n".join(lines[-25:]))
+        return "\n".join(parts)
 
     def stop(self) -> None:
         if self.daemons:
