@@ -36,7 +36,7 @@ from largebatch import dtensors
 from largebatch.errors import UserError
 from largebatch.optim import lamb_cpu, lamb_update
 from largebatch.optim.lamb_update import Kernel, Settings, Tensors
-from largebatch.optim.layerwise import Collected, Kept, LayerwiseOptimizer, Stats, in_order
+from largebatch.optim.layerwise import Collected, LayerwiseOptimizer, Stats, in_order
 
 REFERENCE, FUSED_ADAM = lamb_update.Reference(), lamb_update.FusedAdam()
 MULTI_TENSOR, MULTI_TENSOR_IN_PLACE = lamb_update.MultiTensor(), lamb_update.MultiTensor(in_place=True)
@@ -194,7 +194,7 @@ class Lamb(LayerwiseOptimizer):
         parts = []
         for idx, settings, tensors in self._buckets(entry, record):
             kernel = choose(tensors, foreach=self.foreach, chunk_elements=self.chunk_elements, buffers=self._buffers, skip=skip)
-            kept = _kept(kernel, skip, tensors)
+            kept = self._kept(None if kernel.reads_skip else skip, tensors[0])
             parts.append((idx, kernel.step(settings, tensors, context)))
             kept.restore()
         return in_order(parts) if record else None  # type: ignore[arg-type]
@@ -209,7 +209,7 @@ class Lamb(LayerwiseOptimizer):
             for idx, settings, tensors in self._buckets(entry, record):
                 local: Tensors = tuple(dtensors.locals_of(ts) for ts in tensors)  # type: ignore[assignment]
                 kernel = choose(local, sharded=True, skip=skip)
-                kept.append(_kept(kernel, skip, local))
+                kept.append(self._kept(None if kernel.reads_skip else skip, tensors[0]))
                 pending = kernel.begin(settings, local, context)
                 handles = [reduction.add_squares(s) for s in pending.squares()] if settings.needs_norms else []
                 begun.append((g, idx, settings, pending, handles))
@@ -224,9 +224,3 @@ class Lamb(LayerwiseOptimizer):
         for bucket in kept:
             bucket.restore()
         return [in_order(parts) if record and parts else None for parts in done]
-
-
-def _kept(kernel: Kernel, skip: Tensor | None, tensors: Tensors) -> Kept:
-    """What the bucket's step changes (parameters, moments), kept unless the kernel reads ``skip`` itself."""
-    params, _, exp_avgs, exp_avg_sqs = tensors
-    return Kept(None if kernel.reads_skip else skip, [*params, *exp_avgs, *exp_avg_sqs])
