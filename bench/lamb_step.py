@@ -23,6 +23,7 @@ import torch
 from timm.optim import Lamb as TimmLamb
 
 from bench.common import machine_description, options, per_round_ratio, table, time_blocks
+from largebatch.engine.update import step_unless
 from largebatch.optim import lamb_triton, lamb_update
 from largebatch.optim.lamb import Lamb
 
@@ -73,12 +74,25 @@ class FusedPathOn:
             lamb_update.FUSED_DEVICES, lamb_triton.DEVICES = saved
 
 
+class UnderFlag:
+    """Ours stepped as the engine's deferred non-finite check steps it: given a ``found_inf``
+    flag of 0 (``largebatch.engine.update.step_unless``), read by the optimizer and copied to
+    the host for ``settle``; the update is the plain step's."""
+
+    def __init__(self, params: list) -> None:
+        self.inner, self.flag = ours(params), torch.zeros(())
+
+    def step(self) -> None:
+        step_unless(self.inner, self.flag)
+
+
 def candidates() -> list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]]:
     """(label, factory, matched factory of ours or None); ours first, the A/A control second."""
     out: list[tuple[str, Callable[[list], Any], Callable[[list], Any] | None]] = [
         ("ours foreach", ours, None),
         ("A/A control: ours foreach, second instance", ours, ours),
         ("ours per-tensor", functools.partial(ours, foreach=False), None),
+        ("ours foreach under a found_inf flag of 0 (the deferred non-finite check)", UnderFlag, ours),
         ("reference: torch.optim.Adam fused (not LAMB)", functools.partial(torch.optim.Adam, lr=LR, fused=True), None),
         ("ours, CUDA's path (fused Adam kernel, whole tensors) on the CPU", functools.partial(FusedPathOn, devices=("cpu",)), ours),
         ("ours, plain multi-tensor path (other accelerators') on the CPU", functools.partial(ours, chunk_elements=0), ours),
