@@ -7,9 +7,10 @@ sends it by hand; submitit asks for SIGUSR2 by default. On SIGUSR1, SIGUSR2 or S
 run:
 
 1. notes the signal (the handler only sets a flag, so the micro-step in flight finishes);
-2. at the next optimizer-step boundary, all ranks all-reduce the flag
-   (``largebatch.hooks.preemption``), so every rank stops after the same step even when
-   only some of them received the signal;
+2. at the next optimizer-step boundary stops there (one process), or all-reduces the flag
+   with the other ranks and reads it on the host a step later
+   (``largebatch.hooks.preemption``), so every rank stops after the same step, the one
+   after the signal, even when only some of them received it;
 3. writes a checkpoint of that step, skips the end-of-run evaluation and final weights;
 4. on rank 0, with ``slurm.requeue = True`` inside a Slurm job, runs
    ``scontrol requeue $SLURM_JOB_ID`` (the job keeps its id, so a run directory named
@@ -41,7 +42,7 @@ def _on_signal(signum: int, frame: object) -> None:
     name = signal.Signals(signum).name
     if not _received:
         # os.write, not print: a handler may interrupt a print of the main thread.
-        os.write(2, f"largebatch: received {name}; stopping after the current optimizer step to checkpoint\n".encode())
+        os.write(2, f"largebatch: received {name}; stopping at an optimizer-step boundary to checkpoint\n".encode())
     _received.append(name)
 
 

@@ -70,7 +70,8 @@ def test_signal_mid_accumulation_window_stops_at_the_step_boundary_and_resumes_e
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
-    """Two ranks started by hand (torchrun's variables); only rank 1 gets SIGTERM."""
+    """Two ranks started by hand (torchrun's variables); only rank 1 gets SIGTERM, during
+    step index 1. The all-reduced flag is read a step later: both stop after step index 2."""
     config = str(write_config(tmp_path, resume_config()))
     run_dir = tmp_path / "run"
     signal_hook = {"type": f"{SIGNAL_HOOKS}:SendSignal", "step": 1, "micro": 0, "signal": "SIGTERM", "rank": 1}
@@ -84,24 +85,24 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert [p.returncode for p in procs] == [EXIT_REQUEUE, EXIT_REQUEUE], outputs
     assert not (run_dir / "signal-sent-rank0").exists() and (run_dir / "signal-sent-rank1").exists()
     records = [json.loads((run_dir / f"stop-rank{r}.json").read_text()) for r in range(2)]
-    assert records[0]["step"] == records[1]["step"] == 2
+    assert records[0]["step"] == records[1]["step"] == 3
     assert records[0]["reason"] == "preempted (another rank received a signal)"
     assert records[1]["reason"] == "preempted by SIGTERM"
-    assert [p.name for p in ckpt.list_checkpoints(run_dir)] == ["step-00000002.pt"]
+    assert [p.name for p in ckpt.list_checkpoints(run_dir)] == ["step-00000003.pt"]
 
 
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_preempted_fsdp_run_ends_once_its_background_checkpoint_is_complete(tmp_path, fsdp_two_rank_reference):
     """Two fsdp ranks started by hand (torchrun's variables) with ``checkpoint.async_save``;
-    SIGUSR1 to both during step index 2. The checkpoint of step 3 is written in the
+    SIGUSR1 to both during step index 1, read a step later: the checkpoint of step 3 is written in the
     background and held for 3 s after the slices (before ``meta.pt`` and the rename): the
     run must end, and exit with 75, only once it is complete; the resumed run ends with
     the uninterrupted run's weights."""
     cfg = resume_config(**{"dist.strategy": "fsdp", "checkpoint.async_save": True, "checkpoint.interval_steps": 2})
     config = str(write_config(tmp_path, cfg))
     run_dir = tmp_path / "run"
-    signal_hook = {"type": f"{SIGNAL_HOOKS}:SendSignal", "step": 2, "micro": 1, "signal": "SIGUSR1"}
+    signal_hook = {"type": f"{SIGNAL_HOOKS}:SendSignal", "step": 1, "micro": 1, "signal": "SIGUSR1"}
     port = str(free_port())
     procs = []
     for rank in range(2):

@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from largebatch import checkpoint as ckpt
 from largebatch.engine.hook import Hook, Priority
@@ -19,27 +18,13 @@ from largebatch.hooks.checkpoint import CheckpointHook
 from largebatch.hooks.trust_ratio import TrustRatioHook
 from tests.hooks.common import build
 from tests.hooks.test_nan_guard import POISON_STEP, PoisonGrad, PoisonInput, Snapshots
+from tests.support.host_reads import HostReads
 
 STEPS = 6
 # fused AdamW reads ``found_inf`` in torch's kernel; LAMB and LARS on their CPU paths here
 # (``tests/optim/test_found_inf.py`` has every path)
 OPTIMIZERS = ["adamw", "lamb", "lars"]
 TIMINGS = ("time", "elapsed_seconds", "images_per_second", "data_wait_fraction", "step_seconds")
-
-
-class HostReads(TorchDispatchMode):
-    """Counts the host's reads of a tensor's value (``.item()``, ``bool()``, ``float()``:
-    ``aten._local_scalar_dense``) and ``nonzero`` (whose size the host reads): on a GPU, each
-    waits for the device."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 class SeesSkip(Hook):
@@ -125,7 +110,7 @@ def test_the_deferred_check_reads_nothing_on_the_host(tmp_path, optimizer):
             hide_device_skip(engine.state.run.optimizer)
         with HostReads() as reads:
             engine.run()
-        counts[label] = reads.count
+        counts[label] = len(reads.seen)
     assert counts["sync"] == counts["off"] + STEPS  # the synchronous check: one read per step
     assert counts["deferred"] == counts["off"]
 
@@ -174,11 +159,12 @@ class SyncsAreErrors(Hook):
 
 
 class SyncsAllowed(Hook):
-    """Ends ``SyncsAreErrors``' span at the first ``after_optimizer_step`` hook."""
+    """Ends ``SyncsAreErrors``' span after the last ``after_step`` hook: the update and the
+    default hooks after it (``preemption``'s flag among them) do not sync either."""
 
-    priority = Priority.HIGHEST
+    priority = Priority.LOWEST
 
-    def after_optimizer_step(self, state) -> None:
+    def after_step(self, state) -> None:
         torch.cuda.set_sync_debug_mode("default")
 
 
