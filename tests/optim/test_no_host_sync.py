@@ -13,27 +13,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from largebatch.engine.update import step_unless
 from largebatch.optim import lamb_cpu
 from largebatch.optim.lamb import Lamb
 from largebatch.optim.lars import Lars
-
-READ_BACKS = {"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.equal.default", "aten.nonzero.default"}
-
-
-class ReadBacks(TorchDispatchMode):
-    """Records the operators of ``READ_BACKS`` run inside the block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func) in READ_BACKS:
-            self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
+from tests.support.host_reads import HostReads
 
 
 def model() -> torch.nn.Module:
@@ -60,7 +45,7 @@ def steps_read_back(net: torch.nn.Module, optimizer: torch.optim.Optimizer, stat
         net(torch.randn(8, 16)).square().mean().backward()
         if stats:
             optimizer.request_stats()
-        with ReadBacks() as mode:
+        with HostReads() as mode:
             if found_inf:
                 step_unless(optimizer, torch.tensor(flag))
             else:
@@ -88,7 +73,7 @@ def test_lars_reads_nothing_back(stats, found_inf):
 
 
 def test_the_detector_sees_a_read_back_and_the_cpu_kernel_never_takes_accelerator_tensors():
-    with ReadBacks() as mode:
+    with HostReads() as mode:
         float(torch.ones(2).sum())
         bool(torch.ones(()) > 0)
     assert len(mode.seen) == 2  # the check above can fail
