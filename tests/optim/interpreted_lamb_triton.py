@@ -188,17 +188,17 @@ def test_matches_the_fused_adam_path_on_misaligned_and_multi_chunk_tensors(inter
 def test_the_kernel_reads_found_inf(interpreted, monkeypatch):
     """A flagged step (the first and a later one) changes nothing and a 0.0 flag is the plain
     step, bit for bit, with the kernel reading the flag itself: nothing is copied around it."""
-    from largebatch.optim import lamb
+    from largebatch.optim import layerwise
     from tests.optim.test_found_inf import check_flagged_steps, check_zero_flags
 
     given = []
 
-    class Recorded(lamb.Kept):
+    class Recorded(layerwise.Kept):
         def __init__(self, skip, tensors):
             given.append(skip)
             super().__init__(skip, tensors)
 
-    monkeypatch.setattr(lamb, "Kept", Recorded)
+    monkeypatch.setattr(layerwise, "Kept", Recorded)
     check_flagged_steps("lamb-multi-tensor", monkeypatch, torch.float32)
     check_zero_flags("lamb-multi-tensor", monkeypatch, torch.float32)
     assert interpreted and given and all(skip is None for skip in given)
