@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 
 import pytest
 import torch
@@ -92,12 +93,15 @@ def preempted_sbatch_job(
     assert signalled.returncode == 0, signalled.stderr
     # Rank 0 checkpoints and runs `scontrol requeue`; Slurm holds a requeued job ~120 s
     # before it may start again, so release it as an operator would, once the first
-    # incarnation's steps are gone from the nodes (a release while they are still being
-    # cleaned up relaunches the job id beside them).
+    # incarnation's steps are gone from the nodes and a whole second has passed: slurmd
+    # refuses a launch whose credential bears the second in which it revoked the job's
+    # credential ("Job credential revoked", "already killed, do not launch batch job"),
+    # and the job then fails without running.
     wait_until(lambda: slurm.job_field(job, "Restarts") == "1", 120, f"job {job} to be requeued")
     wait_until(lambda: slurm.job_field(job, "JobState") in ("PENDING", "RUNNING", "COMPLETED"), 60, "the requeued job to settle")
     if slurm.job_field(job, "JobState") == "PENDING":
         wait_until(slurm.nodes_idle, 60, f"the nodes to be idle after job {job} was requeued")
+        time.sleep(2)
         slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     wait_until(lambda: slurm.job_field(job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, f"job {job} to end")
     text = log.read_text()
