@@ -8,8 +8,10 @@ update on with torch's sync debug mode."""
 
 from __future__ import annotations
 
+from largebatch.config.sections import CheckpointConfig, EmaConfig, LogConfig
 from largebatch.engine.hook import Hook, Priority
-from largebatch.hooks import BUILTIN_HOOKS, DEFAULT_HOOKS, load_hook_class
+from largebatch.hooks import build_hooks
+from largebatch.hooks.logger import MetricsLogger
 from tests.hooks.common import build
 from tests.support.host_reads import HostReads
 
@@ -47,8 +49,10 @@ class CountTo(Hook):
 
 
 def default_hooks() -> list[Hook]:
-    """The default hooks but the logger (``build`` adds one)."""
-    return [load_hook_class(BUILTIN_HOOKS[name], name)() for name in DEFAULT_HOOKS if name != "logger"]
+    """The default hooks as a run builds them from the config's default sections, but the
+    logger (``build`` adds one)."""
+    hooks = build_hooks([], checkpoint=CheckpointConfig(), log=LogConfig(console=False), ema=EmaConfig())
+    return [hook for hook in hooks if not isinstance(hook, MetricsLogger)]
 
 
 def test_an_unlogged_step_with_the_default_hooks_reads_nothing_back(tmp_path):
