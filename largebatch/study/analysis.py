@@ -26,7 +26,7 @@ from largebatch.study.space import edges
 from largebatch.study.spec import StudySpec, Target
 from largebatch.study.target import first_crossing
 
-HELDOUT, TEST = 1, 2  # columns of a recorded curve
+HELDOUT, TEST, LOSS = 1, 2, 3  # columns of a recorded curve (LOSS: the held-out loss)
 
 
 @dataclasses.dataclass
@@ -86,7 +86,10 @@ def _run(trial: Any, target: Target, reported: int) -> statistics.Run:
         at = {p[0]: p[column] for p in curve}
         if at.get(crossing.lo) is not None and at.get(crossing.hi) is not None:
             slope = (at[crossing.hi] - at[crossing.lo]) / math.log(crossing.hi / crossing.lo)
-    noise = (outcome.get("noise_at_loss") or {}).get("b_simple")
+    noise_at = outcome.get("noise_at_loss") or {}
+    noise = noise_at.get("b_simple")
+    losses = {p[0]: p[LOSS] for p in curve if len(p) > LOSS}
+    noise_loss = losses.get(int(noise_at["step"])) if isinstance(noise_at.get("step"), int | float) else None
     return statistics.Run(
         optimizer=info["optimizer"],
         batch=int(info["batch"]),
@@ -100,6 +103,7 @@ def _run(trial: Any, target: Target, reported: int) -> statistics.Run:
         final_score=math.inf if final is None else (-final if target.mode == "max" else final),
         slope=slope,
         b_simple=float(noise) if isinstance(noise, int | float) and math.isfinite(noise) else None,
+        b_simple_loss=float(noise_loss) if isinstance(noise_loss, int | float) and math.isfinite(noise_loss) else None,
         number=trial.number,
         stopped=stopped,
     )

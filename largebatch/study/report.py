@@ -277,6 +277,7 @@ def _optimizer_json(o: statistics.OptimizerStats) -> dict[str, Any]:
         "b20_measured": o.b20_measured,
         "b20_measured_range": list(o.b20_measured_range),
         "b_simple": o.b_simple,
+        "b_simple_read_at_losses": None if o.b_simple_losses is None else list(o.b_simple_losses),
     }
 
 
@@ -409,8 +410,8 @@ def markdown(spec: StudySpec, data: dict[str, Any], sections: list[Section], ima
         "",
         f"- Base config `{spec.base_config.name}` with {len(spec.overrides)} study override(s); cells: {', '.join(labels)} at global "
         f"batches {', '.join(f'{b:,}' for b in batches)}.",
-        f"- Tuning, the same in every cell: {spec.trials} trials at the first {spec.trials} points of a scrambled Sobol sequence "
-        f"(Optuna's QMCSampler, seed {spec.sampler_seed}), seed {spec.tune_seed}; {choice} on the held-out split "
+        f"- Tuning, the same in every cell: {spec.trials} trials, {_sampling(spec)}, training seed {spec.tune_seed}; "
+        f"{choice} on the held-out split "
         f"`{data['heldout_split']}` in the fewest steps (none: the best held-out value at its end). A tuning trial stops once it "
         f"can no longer beat its cell's best so far{' for any target' if several else ''}.",
         f"- Re-runs: each cell's choice{' for each target (targets with the same choice share its re-runs)' if several else ''} "
@@ -418,8 +419,8 @@ def markdown(spec: StudySpec, data: dict[str, Any], sections: list[Section], ima
         f"[min, max] over them, on the `{data['reported_split']}` split, which no choice was made on.",
         f"- Evaluation: steps {spec.evaluation['coarse']}x apart; "
         + (
-            f"around a crossing, the weights kept every {spec.evaluation['fine']}x steps between the two evaluations are "
-            "evaluated by bisection"
+            f"around the first crossing, every copy of the weights kept every {spec.evaluation['fine']}x steps between the two "
+            "evaluations is evaluated (held-out curves dip, so none is skipped)"
             if spec.evaluation["refine"]
             else f"{spec.evaluation['fine']}x apart within {spec.evaluation['dense_within']:g} of the target"
         )
@@ -563,6 +564,18 @@ def _pct(value: float | None) -> str:
     return "unbounded (reached at the first evaluation)" if math.isinf(value) else f"{100 * value:.1f}%"
 
 
+def _sampling(spec: Any) -> str:
+    """How a cell's tuning points were drawn, in the report's words."""
+    sobol = f"scrambled Sobol sequence (Optuna's QMCSampler, seed {spec.sampler_seed})"
+    if spec.quasi_random >= spec.trials:
+        return f"all at the first {spec.trials} points of a {sobol}"
+    return (
+        f"the first {spec.quasi_random} at the first points of a {sobol}, the other {spec.trials - spec.quasi_random} "
+        "proposed one at a time by Optuna's multivariate TPE from the cell's finished trials (seeded by the cell and the slot: "
+        "the same storage gives the same points)"
+    )
+
+
 def _resolution_line(res: statistics.Resolution, t: Any, split: str) -> str:
     line = (
         f"- **Resolution**: the evaluations around a reported crossing are {_pct(res.median)} apart at the median over its "
@@ -608,9 +621,17 @@ def _fit_section(optimizers: list[statistics.OptimizerStats], spec: StudySpec, s
     if spec.noise_scale is not None:
         lines += [
             "",
-            f"B_simple: the `noise_scale` hook's estimate at the first evaluation with held-out loss <= {spec.noise_scale['at_eval_loss']:g} in the re-runs (micro-batch against the step's batch, at least {spec.noise_scale['min_ratio']}x apart), median over every re-run of the optimizer.",
+            f"B_simple: the `noise_scale` hook's estimate at the first evaluation with held-out loss <= {spec.noise_scale['at_eval_loss']:g} in the re-runs (micro-batch against the step's batch, at least {spec.noise_scale['min_ratio']}x apart), median over every re-run of the optimizer."
+            + _read_at(optimizers),
         ]
     return lines
+
+
+def _read_at(optimizers: list[statistics.OptimizerStats]) -> str:
+    """The held-out losses B_simple was read at: B_simple grows as the loss falls, so a read
+    below the fixed loss is larger than at it."""
+    parts = [f"{o.optimizer} {o.b_simple_losses[0]:.3f} to {o.b_simple_losses[1]:.3f}" for o in optimizers if o.b_simple_losses is not None]
+    return f" The evaluations it was read at had held-out losses of {'; '.join(parts)} (B_simple grows as the loss falls)." if parts else ""
 
 
 def _band(intervals: dict[str, statistics.Interval], name: str, value: float | None) -> str:

@@ -104,6 +104,8 @@ class Run:
             maximise): the choice among runs that did not reach the target.
         slope: the metric's change per unit of log(step) across the crossing of ``steps``.
         b_simple: the noise-scale estimate at the study's fixed loss, when measured.
+        b_simple_loss: the held-out loss of the evaluation it was read at (the first at or
+            below the fixed loss: on a coarse grid, often well below it).
         number, stopped: the trial's number and why it stopped (for the record).
     """
 
@@ -119,6 +121,7 @@ class Run:
     final_score: float = math.inf
     slope: float | None = None
     b_simple: float | None = None
+    b_simple_loss: float | None = None
     number: int = -1
     stopped: str = ""
 
@@ -192,6 +195,7 @@ class OptimizerStats:
     b20_measured: float | None = None
     b20_measured_range: tuple[float | None, float | None] = (None, None)
     b_simple: float | None = None
+    b_simple_losses: tuple[float, float] | None = None  # the held-out losses it was read at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,6 +405,8 @@ def _optimizer(label: str, cells: list[CellStats], groups, draws: Draws, level: 
     )
     noise = [r.b_simple for c in mine for r in c.reruns if r.b_simple is not None]
     out.b_simple = statistics.median(noise) if noise else None
+    losses = [r.b_simple_loss for c in mine for r in c.reruns if r.b_simple is not None and r.b_simple_loss is not None]
+    out.b_simple_losses = (min(losses), max(losses)) if losses else None
     if out.fit is None:
         return out
     out.b20 = (OVERHEAD - 1) * out.fit.b_crit

@@ -4,6 +4,7 @@ own curve, the summary lists both, and it says whether the B_crit intervals sepa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -128,3 +129,19 @@ def test_status_shows_each_targets_reruns_and_steps(two_targets):
     low, high = steps("lamb", 16, LOW), steps("lamb", 16, HIGH)
     assert f"{LOW}: 3/3, {low:.0f} [{low * SEED[1]:.0f}, {low * SEED[3]:.0f}]" in line
     assert f"{HIGH}: 3/3, {high:.0f} [{high * SEED[1]:.0f}, {high * SEED[3]:.0f}]" in line
+
+
+def test_the_protocol_says_how_each_cells_points_were_drawn_and_evaluated(two_targets):
+    spec, _, folder, _ = two_targets
+    text = (folder / "report.md").read_text()
+    assert spec.quasi_random == spec.trials
+    assert f"{spec.trials} trials, all at the first {spec.trials} points of a scrambled Sobol sequence" in text
+    if spec.evaluation["refine"]:
+        assert f"every copy of the weights kept every {spec.evaluation['fine']}x steps between the two evaluations is evaluated" in text
+    else:
+        assert f"{spec.evaluation['fine']}x apart within {spec.evaluation['dense_within']:g} of the target" in text
+    assert "bisection" not in text
+    mixed = dataclasses.replace(spec, trials=16, quasi_random=8)
+    assert report._sampling(mixed).startswith(
+        "the first 8 at the first points of a scrambled Sobol sequence (Optuna's QMCSampler, seed "
+    ) and "the other 8 proposed one at a time by Optuna's multivariate TPE" in report._sampling(mixed)
