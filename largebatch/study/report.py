@@ -485,7 +485,7 @@ def _target_sections(spec: StudySpec, data: dict[str, Any], section: Section, sh
         "",
         f"## Steps to {_aim(t)} on `{data['reported_split']}`",
         "",
-        f"Median [range] over seeds; `{EDGE_MARK}`: the cell's choice sits in the outer 10% of a searched range; `{TUNING_MARK}`: its "
+        f"Median [range] over seeds; `{EDGE_MARK}`: the cell's choice sits in the outer 10% of a searched range or at the shortest or longest epoch budget its cell allowed; `{TUNING_MARK}`: its "
         "margin over the runner-up tuning trial lies within its seeds' spread, so tuning, not the batch, decides its figure (see below).",
         "",
         header,
@@ -713,7 +713,7 @@ def _edge_section(spec: StudySpec, cells: list[analysis.CellResult]) -> list[str
     lines = ["", "## Choices at the edge of a searched range", ""]
     marked = [(c, e) for c in cells if c.best for e in c.best["edges"]]
     if not marked:
-        return lines + ["No cell's choice sits in the outer 10% of a searched range."]
+        return lines + ["No cell's choice sits in the outer 10% of a searched range or at an end of its cell's epoch budgets."]
     lines += [
         "Whether or not the cell reached the target, its best trial may lie beyond the range: widen it and run a new study "
         "(where the range already starts or ends at what the parameter allows, there is nothing wider to search).",

@@ -207,14 +207,17 @@ def overrides(values: dict[str, float | int], optimizer: str, base_epochs: int, 
 
 def edges(space: tuple[Param, ...], values: dict[str, float | int], batch: int, smallest: int) -> list[tuple[str, str, float]]:
     """``(param, 'low' or 'high', position)`` for every value in the outer ``EDGE`` of its range,
-    and for a whole number (the epoch budget) at the top of its range: the longest run the cell allowed."""
+    and for a whole number (the epoch budget) at either end of its range: the shortest or the
+    longest run the cell allowed (a shorter schedule can reach a target in fewer steps, so a
+    choice at the shortest is an edge for steps to target as much as one at the longest)."""
     marks = []
     for p in space:
         if p.name not in values:
             continue
         u = p.position(values[p.name], batch, smallest)
-        if u < EDGE:
+        low, high = p.bounds(batch, smallest)
+        if u < EDGE or (p.integer and values[p.name] <= math.ceil(low)):
             marks.append((p.name, "low", u))
-        elif u > 1 - EDGE or (p.integer and values[p.name] >= math.floor(p.bounds(batch, smallest)[1])):
+        elif u > 1 - EDGE or (p.integer and values[p.name] >= math.floor(high)):
             marks.append((p.name, "high", u))
     return marks

@@ -127,11 +127,14 @@ COVERED = {
         "tests/study/test_study_branches.py::test_branches_run_as_trials_and_the_report_has_the_critical_batch_along_training"
         "  # `study run` on a study of branches only, on the tests' tiny source run; the shipped one runs 60 branches"
     ),
+    "largebatch study report studies/fashion-mnist-16k/study.py": (
+        "tests/study/test_shipped_study.py::test_a_shipped_study_reproduces_its_report_from_its_storage_alone[cells]"
+    ),
     "largebatch study report studies/fashion-mnist-cbs/study.py": (
-        "tests/study/test_shipped_study.py::test_a_shipped_study_of_branches_or_arms_reproduces_its_report_from_its_storage_alone[branches]"
+        "tests/study/test_shipped_study.py::test_a_shipped_study_reproduces_its_report_from_its_storage_alone[branches]"
     ),
     "largebatch study report studies/fashion-mnist-adaptive/study.py": (
-        "tests/study/test_shipped_study.py::test_a_shipped_study_of_branches_or_arms_reproduces_its_report_from_its_storage_alone[arms]"
+        "tests/study/test_shipped_study.py::test_a_shipped_study_reproduces_its_report_from_its_storage_alone[arms]"
     ),
     "largebatch study run studies/fashion-mnist-adaptive/study.py --jobs 2": (
         "tests/study/test_study_arms.py::test_an_arms_study_reports_each_arm_from_its_trials_own_records_and_resumes_a_killed_trial  # `study run` of arms on the tests' tiny problem; the shipped one trains 25 runs, 31 minutes on two cores"

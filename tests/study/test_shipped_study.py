@@ -59,14 +59,19 @@ def test_the_16k_studys_longest_budgets_are_at_least_twice_the_first_studys_fit_
 
 @pytest.mark.parametrize(
     ("name", "drawn"),
-    [("fashion-mnist-cbs", ["critical_batch.png"]), ("fashion-mnist-adaptive", ["arms.png"])],
-    ids=["branches", "arms"],
+    [
+        ("fashion-mnist-16k", ["noise_scale.png", "steps_vs_batch.png", "steps_vs_samples.png"]),
+        ("fashion-mnist-cbs", ["critical_batch.png"]),
+        ("fashion-mnist-adaptive", ["arms.png"]),
+    ],
+    ids=["cells", "branches", "arms"],
 )
-def test_a_shipped_study_of_branches_or_arms_reproduces_its_report_from_its_storage_alone(tmp_path, name, drawn):
-    """studies/fashion-mnist-cbs and studies/fashion-mnist-adaptive: `study report` on a copy
-    of the study file and storage, without the runs or the data (every branch's and arm's
-    result, the source's B_simple and the arms' logged batches are kept in the storage),
-    writes the published report again, word for word, and draws its figure."""
+def test_a_shipped_study_reproduces_its_report_from_its_storage_alone(tmp_path, name, drawn):
+    """studies/fashion-mnist-16k, -cbs and -adaptive: `study report` on a copy of the study
+    file and storage, without the runs or the data (every trial's curve and crossings,
+    every branch's and arm's result, the source's B_simple and the arms' logged batches are
+    kept in the storage), writes the published report again, word for word (its bootstrap
+    seeded), and draws its figures."""
     shipped = REPO / "studies" / name
     folder = tmp_path / "studies" / name
     folder.mkdir(parents=True)

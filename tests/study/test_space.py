@@ -107,12 +107,14 @@ def test_both_warmup_forms_at_once_are_refused():
     assert math.isfinite(Param("warmup_epochs", 0.0, 1.0, log=False).value(0.3, 64, 64))
 
 
-def test_a_choice_that_used_its_cells_longest_budget_is_an_edge():
+def test_a_choice_that_used_its_cells_longest_or_shortest_budget_is_an_edge():
     """Epochs 1 to 4: 4 sits at 0.875 of the range (each whole number a quarter), inside the
-    10% margin's reach no more, yet it is the longest run the cell allowed."""
+    10% margin's reach no more, yet it is the longest run the cell allowed; 1, at 0.125, the
+    shortest (a shorter schedule might reach a target sooner)."""
     epochs = (Param("epochs", 1, 4, log=False),)
     assert epochs[0].position(4, 256, 256) == pytest.approx(0.875)
     assert edges(epochs, {"epochs": 4}, 256, 256) == [("epochs", "high", pytest.approx(0.875))]
-    assert edges(epochs, {"epochs": 3}, 256, 256) == []
+    assert edges(epochs, {"epochs": 1}, 256, 256) == [("epochs", "low", pytest.approx(0.125))]
+    assert edges(epochs, {"epochs": 3}, 256, 256) == edges(epochs, {"epochs": 2}, 256, 256) == []
     piloted = (Param("epochs", 1, 4, log=False, scale="pilot", pilot_b_crit=256),)  # twice the range at 768
     assert piloted[0].bounds(768, 256) == (2.0, 8.0) and edges(piloted, {"epochs": 8}, 768, 256)[0][1] == "high"

@@ -5,6 +5,7 @@ any trial: tests/cli/test_bad_input_catalogue.py)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -49,7 +50,13 @@ def test_a_tiny_study_reports_its_cells_seeds_fit_and_edge_marks(tiny):
         assert cell["steps_median"] == pytest.approx(sorted(steps)[0] / 2 + sorted(steps)[1] / 2)
         assert (cell["steps_low"], cell["steps_high"]) == (min(steps), max(steps))
         opt = spec.optimizer(cell["optimizer"])
-        outside = [p.name for p in opt.space if not 0.1 <= p.position(cell["best"]["params"][p.name], cell["batch"], 16) <= 0.9]
+        chosen = cell["best"]["params"]
+        outside = [  # in the outer 10% of a range, or a whole number (the epochs) at its shortest or longest
+            p.name
+            for p in opt.space
+            if not 0.1 <= p.position(chosen[p.name], cell["batch"], 16) <= 0.9
+            or (p.integer and chosen[p.name] in {math.ceil(p.bounds(cell["batch"], 16)[0]), math.floor(p.bounds(cell["batch"], 16)[1])})
+        ]
         assert [e["param"] for e in cell["best"]["edges"]] == outside
     assert any(c["best"]["edges"] for c in report["cells"])  # adamw's range is too low on purpose
     fitted = [o for o in report["optimizers"] if o["fit"]]
