@@ -564,7 +564,7 @@ def _pct(value: float | None) -> str:
     return "unbounded (reached at the first evaluation)" if math.isinf(value) else f"{100 * value:.1f}%"
 
 
-def _sampling(spec: Any) -> str:
+def _sampling(spec: StudySpec) -> str:
     """How a cell's tuning points were drawn, in the report's words."""
     sobol = f"scrambled Sobol sequence (Optuna's QMCSampler, seed {spec.sampler_seed})"
     if spec.quasi_random >= spec.trials:
