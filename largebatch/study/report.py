@@ -419,8 +419,15 @@ def markdown(spec: StudySpec, data: dict[str, Any], sections: list[Section], ima
         f"[min, max] over them, on the `{data['reported_split']}` split, which no choice was made on.",
         f"- Evaluation: steps {spec.evaluation['coarse']}x apart; "
         + (
-            f"around the first crossing, every copy of the weights kept every {spec.evaluation['fine']}x steps between the two "
-            "evaluations is evaluated (held-out curves dip, so none is skipped)"
+            (
+                f"around the first crossing, every copy of the weights kept every {spec.evaluation['fine']}x steps between the "
+                "two evaluations is evaluated (held-out curves dip, so none is skipped)"
+                if "threads_per_trial" in data
+                # a storage without a recorded thread count was written by the version before, whose
+                # refining bisected the kept copies (both changed together)
+                else f"around a crossing, the weights kept every {spec.evaluation['fine']}x steps between the two evaluations "
+                "are evaluated by bisection"
+            )
             if spec.evaluation["refine"]
             else f"{spec.evaluation['fine']}x apart within {spec.evaluation['dense_within']:g} of the target"
         )

@@ -13,6 +13,7 @@ import pytest
 from largebatch.study import ledger, report
 from largebatch.study.spec import load_study
 from largebatch.study.target import first_crossing
+from tests.conftest import REPO
 from tests.study.helpers import write_study
 from tests.study.test_plan import decide, finish, memory_study
 
@@ -136,11 +137,13 @@ def test_the_protocol_says_how_each_cells_points_were_drawn_and_evaluated(two_ta
     text = (folder / "report.md").read_text()
     assert spec.quasi_random == spec.trials
     assert f"{spec.trials} trials, all at the first {spec.trials} points of a scrambled Sobol sequence" in text
-    if spec.evaluation["refine"]:
-        assert f"every copy of the weights kept every {spec.evaluation['fine']}x steps between the two evaluations is evaluated" in text
-    else:
-        assert f"{spec.evaluation['fine']}x apart within {spec.evaluation['dense_within']:g} of the target" in text
-    assert "bisection" not in text
+    assert spec.evaluation["refine"] and "threads_per_trial" not in json.loads((folder / "report.json").read_text())
+    # a storage without a recorded thread count comes from the version whose refining bisected
+    assert f"the weights kept every {spec.evaluation['fine']}x steps between the two evaluations are evaluated by bisection" in text
+    for name, every in (("fashion-mnist-16k", True), ("fashion-mnist", False)):  # the shipped studies: one of each
+        shipped = (REPO / "studies" / name / "report.md").read_text()
+        assert ("every copy of the weights kept every 1.04x steps between the two evaluations is evaluated" in shipped) is every
+        assert ("evaluated by bisection" in shipped) is not every
     mixed = dataclasses.replace(spec, trials=16, quasi_random=8)
     assert report._sampling(mixed).startswith(
         "the first 8 at the first points of a scrambled Sobol sequence (Optuna's QMCSampler, seed "
