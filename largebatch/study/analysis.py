@@ -88,8 +88,8 @@ def _run(trial: Any, target: Target, reported: int) -> statistics.Run:
             slope = (at[crossing.hi] - at[crossing.lo]) / math.log(crossing.hi / crossing.lo)
     noise_at = outcome.get("noise_at_loss") or {}
     noise = noise_at.get("b_simple")
-    losses = {p[0]: p[LOSS] for p in curve if len(p) > LOSS}
-    noise_loss = losses.get(int(noise_at["step"])) if isinstance(noise_at.get("step"), int | float) else None
+    step = noise_at.get("step")  # from the storage: compared, never converted (an infinite or NaN step matches nothing)
+    noise_loss = next((p[LOSS] for p in curve if len(p) > LOSS and p[0] == step), None) if isinstance(step, int | float) else None
     return statistics.Run(
         optimizer=info["optimizer"],
         batch=int(info["batch"]),

@@ -3,7 +3,9 @@ reference (its stored crossings and the choices its re-runs were made for)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 import shutil
 
 import pytest
@@ -70,6 +72,17 @@ def test_b_simple_comes_with_the_held_out_loss_it_was_read_at(shipped):
     lamb = next(o for o in statistics.findings(table, spec.target.value, samples=0).optimizers if o.optimizer == "lamb")
     read = [r.b_simple_loss for r in runs if r.optimizer == "lamb" and r.rerun]
     assert lamb.b_simple_losses == (min(read), max(read)) == (pytest.approx(0.535, abs=5e-4), pytest.approx(0.641, abs=5e-4))
+
+
+@pytest.mark.parametrize("step", [math.inf, math.nan, "300", [300], None])
+def test_a_storage_whose_b_simple_step_is_not_a_number_reads_no_loss_and_raises_nothing(shipped, step):
+    """The step B_simple was read at comes from the storage, which may come from someone
+    else: a value that is no step of the curve gives no loss (the estimate itself stays)."""
+    spec, trials = shipped
+    trial = copy.deepcopy(next(t for t in trials if (ledger.attrs(t)["outcome"].get("noise_at_loss") or {}).get("step")))
+    trial.user_attrs["outcome"]["noise_at_loss"]["step"] = step
+    (run,) = [r for r in analysis.runs(spec, [trial]) if r.number == trial.number]
+    assert run.b_simple is not None and run.b_simple_loss is None
 
 
 def test_another_target_is_read_from_the_same_trials(shipped):
